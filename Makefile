@@ -1,0 +1,135 @@
+# mnistcu: build, test, run.  `make help` lists the targets.
+#
+# Knobs (override on the command line, e.g. `make CC=clang OMP=`):
+#   CC, CXX, CLANG      C, C++ and fuzzing compilers
+#   OPT                 optimisation flags of the programs (not of the compile tests)
+#   OMP                 OpenMP flag for the CPU backend ('' for none)
+#   NVCC                CUDA compiler ('' to skip every CUDA build)
+#   CUDA_ARCH           e.g. 90 for sm_90; default: the local GPU, else every major architecture
+#   MNISTCU_MIRROR      a folder or URL that `make data` fetches from first
+
+CC      ?= cc
+CXX     ?= c++
+CLANG   ?= clang
+OPT     ?= -O3 -march=native
+OMP     ?= -fopenmp
+WARN    := -Wall -Wextra -Werror -pedantic
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+CUDA_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')
+ifneq ($(strip $(CUDA_ARCH)),)
+NVCC_ARCH := -gencode arch=compute_$(CUDA_ARCH),code=[sm_$(CUDA_ARCH),compute_$(CUDA_ARCH)]
+else
+NVCC_ARCH := -arch=all-major
+endif
+NVCC_WARN := -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror
+NVCC_HOST := -Xcompiler -O3,-march=native$(if $(OMP),$(comma)$(OMP))
+comma := ,
+
+B := build
+HDR := mnistcu.h
+TEST_SRC := tests/test_main.c tests/test_idx.c tests/test_model.c tests/test_train.c tests/test_torch_fixtures.c
+TEST_HDR := tests/harness.h tests/asserts.h tests/test_util.h
+# Tests read the datasets from the local mirror when make data has not run.
+MNISTCU_MIRROR ?= $(wildcard ../shared/datasets)
+export MNISTCU_MIRROR
+
+.PHONY: all help data run test test-cpu test-compile test-harness test-gpu fuzz bench clean
+
+all: $(B)/mnistcu $(B)/mnistcu-cpu $(B)/train_mnist
+	@if [ -n "$(NVCC)" ]; then echo "CUDA: built with $(NVCC) ($(NVCC_ARCH))"; \
+	 else echo "CUDA: nvcc not found, built the CPU backend only"; fi
+
+help:
+	@echo "make            build the CLI (build/mnistcu) and the ten-line example"
+	@echo "make run        fetch MNIST, build, train 784-128-10, print the test accuracy"
+	@echo "make data       fetch and verify MNIST and Fashion-MNIST into data/"
+	@echo "make test       CPU test suites, compile tests, fuzzing (what CI runs)"
+	@echo "make test-gpu   the suites with CUDA parity tests and compute-sanitizer (needs a GPU)"
+	@echo "make fuzz       fuzz the IDX/gzip loader for FUZZ_SECONDS (default 30)"
+	@echo "make bench      time our configurations against PyTorch (needs a GPU and PyTorch)"
+	@echo "make clean      remove build/"
+
+$(B):
+	@mkdir -p $(B)
+
+# ---- programs ----------------------------------------------------------------
+$(B)/mnistcu-cpu: examples/mnistcu_cli.c $(HDR) | $(B)
+	$(CC) -std=c99 $(WARN) $(OPT) $(OMP) -o $@ examples/mnistcu_cli.c -lm
+
+ifneq ($(strip $(NVCC)),)
+$(B)/mnistcu: examples/mnistcu_cli.c $(HDR) | $(B)
+	$(NVCC) -x cu -std=c++17 $(NVCC_ARCH) $(NVCC_WARN) $(NVCC_HOST) -o $@ examples/mnistcu_cli.c $(if $(OMP),-Xcompiler $(OMP) -lgomp)
+$(B)/train_mnist_cuda: examples/train_mnist.cu $(HDR) | $(B)
+	$(NVCC) $(NVCC_ARCH) -o $@ examples/train_mnist.cu
+else
+$(B)/mnistcu: $(B)/mnistcu-cpu
+	cp $< $@
+endif
+
+$(B)/train_mnist: examples/train_mnist.cu $(HDR) | $(B)
+	$(CC) -x c $(OPT) $(OMP) -o $@ examples/train_mnist.cu -lm
+
+# ---- data and the main job ------------------------------------------------------
+data:
+	sh data/fetch.sh
+
+run: data $(B)/mnistcu
+	$(B)/mnistcu train --data data --dataset mnist --layers 784-128-10
+
+# ---- tests --------------------------------------------------------------------
+test: test-harness test-compile test-cpu fuzz
+	@echo "make test: all passed"
+
+$(B)/tests: $(TEST_SRC) $(TEST_HDR) $(HDR) | $(B)
+	$(CC) -std=c99 $(WARN) -O2 -march=native $(OMP) -o $@ $(TEST_SRC) -lz -lm
+
+test-cpu: $(B)/tests
+	sh data/fetch.sh mnist
+	MNISTCU_DEVICE=cpu $(B)/tests
+
+test-harness: | $(B)
+	$(CC) -std=c99 $(WARN) -o $(B)/harness_selftest tests/test_harness_selftest.c tests/test_harness_selftest2.c
+	sh tests/harness_selftest.sh $(B)/harness_selftest
+
+# The header must compile cleanly in every way a user may include it.
+test-compile: | $(B)
+	$(CC) -std=c99 $(WARN) -fsyntax-only tests/compile/impl.c
+	$(CLANG) -std=c99 $(WARN) -fsyntax-only tests/compile/impl.c
+	$(CXX) -std=c++17 $(WARN) -x c++ -fsyntax-only tests/compile/impl.c
+	$(CC) -std=c99 $(WARN) -Wunused-function -DMNISTCU_STATIC -fsyntax-only tests/compile/impl.c
+	$(CC) -std=c99 $(WARN) $(OMP) -fsyntax-only tests/compile/impl.c
+	$(CC) -std=c99 $(WARN) -o $(B)/two_units tests/compile/unit_a.c tests/compile/unit_b.c -lm && $(B)/two_units
+	$(CC) -x c $(WARN) -o $(B)/train_mnist_c examples/train_mnist.cu -lm
+	@lines=$$(grep -v '^\s*$$' examples/train_mnist.cu | grep -v '^\s*//' | grep -v '^\s*/\*' | grep -v '^\s*\*' | wc -l); \
+	 echo "examples/train_mnist.cu: $$lines lines of code"; test $$lines -le 10
+ifneq ($(strip $(NVCC)),)
+	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -c -o $(B)/impl_cuda.o tests/compile/impl.c
+	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -DMNISTCU_CUBLAS -c -o $(B)/impl_cublas.o tests/compile/impl.c
+	$(NVCC) -arch=sm_75 -o $(B)/train_mnist_nvcc examples/train_mnist.cu
+else
+	@echo "nvcc not found: CUDA compile tests skipped"
+endif
+
+FUZZ_SECONDS ?= 30
+fuzz: | $(B)
+	@if echo 'int LLVMFuzzerTestOneInput(const char*d,unsigned long n){(void)d;(void)n;return 0;}' | \
+	    $(CLANG) -fsanitize=fuzzer -x c -o $(B)/fuzz_probe - >/dev/null 2>&1; then \
+	  $(CLANG) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -o $(B)/fuzz_idx tests/fuzz_idx.c && \
+	  rm -rf $(B)/fuzz-corpus && mkdir -p $(B)/fuzz-corpus && sh tests/make_fuzz_corpus.sh $(B)/fuzz-corpus && \
+	  $(B)/fuzz_idx -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 $(B)/fuzz-corpus; \
+	else echo "clang with libFuzzer not found: fuzzing skipped"; fi
+
+# ---- GPU ------------------------------------------------------------------------
+# The CUDA parity suite (tests/test_cuda.h) is compiled into test_main.c, which holds the implementation.
+$(B)/tests-cuda: $(TEST_SRC) tests/test_cuda.h $(TEST_HDR) $(HDR) | $(B)
+	$(NVCC) -x cu -std=c++17 $(NVCC_ARCH) $(NVCC_WARN) -lineinfo $(NVCC_HOST) -DMNISTCU_CUBLAS -o $@ \
+	  $(TEST_SRC) -lcublas -lz $(if $(OMP),-Xcompiler $(OMP) -lgomp)
+
+test-gpu: $(B)/tests-cuda $(B)/train_mnist_cuda
+	sh tests/run_gpu_tests.sh $(B)
+
+bench:
+	sh bench/run.sh
+
+clean:
+	rm -rf $(B)

@@ -1,0 +1,39 @@
+#!/bin/sh
+# `make test-gpu`: every suite built with nvcc (the public-API suites then run on
+# the GPU, and the CUDA parity suite is added), the latched-error test in a
+# process of its own (it breaks that process's CUDA context on purpose), the
+# ten-line example, and compute-sanitizer's four tools over small configurations.
+# Exits non-zero if anything fails. Usage: sh tests/run_gpu_tests.sh BUILD_DIR
+set -u
+B=${1:-build}
+fail=0
+run() {
+    echo "== $*"
+    "$@" || { echo "FAILED ($?): $*"; fail=1; }
+}
+
+nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader || true
+run "$B/tests-cuda"
+MNISTCU_TEST_STICKY=1 run "$B/tests-cuda" -s cuda_suite -t cuda_sticky
+
+if command -v compute-sanitizer >/dev/null 2>&1; then
+    cs="compute-sanitizer --error-exitcode 99 --print-limit 20"
+    for t in cuda_gemm_own cuda_elementwise cuda_sgd cuda_step_stats cuda_streaming cuda_out_of_memory; do
+        run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t "$t"
+    done
+    for tool in racecheck initcheck synccheck; do
+        for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_streaming; do
+            run $cs --tool "$tool" "$B/tests-cuda" -s cuda_suite -t "$t"
+        done
+    done
+else
+    echo "FAILED: compute-sanitizer not found"
+    fail=1
+fi
+
+if [ -x "$B/train_mnist_cuda" ] && [ -d data/mnist ]; then
+    run "$B/train_mnist_cuda"
+fi
+
+[ "$fail" -eq 0 ] && echo "test-gpu: all passed" || echo "test-gpu: FAILED"
+exit "$fail"

@@ -1,0 +1,511 @@
+/* CUDA parity tests: every CUDA op against its CPU reference, training parity,
+   determinism, both matrix-product paths, streaming, out-of-memory handling.
+   Included by test_main.c under nvcc, so the library's internals are in scope.
+   Outputs are poisoned with NaN before each call and every element is checked. */
+#include <cuda_runtime.h>
+
+/* ---- device buffers for the tests -------------------------------------------- */
+static float *tc_up(const float *h, size_t n)
+{
+    float *d = NULL;
+    if (cudaMalloc((void **)&d, (n ? n : 1) * sizeof(float)) != cudaSuccess) return NULL;
+    cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+    return d;
+}
+
+static float *tc_poisoned(size_t n)
+{
+    float *d = NULL, *h = (float *)malloc((n ? n : 1) * sizeof(float));
+    size_t i;
+    for (i = 0; i < n; ++i) h[i] = tu_nan();
+    d = tc_up(h, n);
+    free(h);
+    return d;
+}
+
+static float *tc_down(const float *d, size_t n)
+{
+    float *h = (float *)malloc((n ? n : 1) * sizeof(float));
+    cudaDeviceSynchronize();
+    cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+    return h;
+}
+
+/* Normwise relative error ||got - ref|| / ||ref|| over n elements; NaN anywhere gives +inf. */
+static double tc_relerr(const float *got, const float *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        double d = (double)got[i] - (double)ref[i];
+        if (got[i] != got[i] || ref[i] != ref[i]) return INFINITY;
+        num += d * d;
+        den += (double)ref[i] * (double)ref[i];
+    }
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+static mnistcu_ctx *tc_ctx(mnistcu_gemm gemm)
+{
+    mnistcu_ctx_desc d;
+    mnistcu_ctx *ctx = NULL;
+    memset(&d, 0, sizeof d);
+    d.device = MNISTCU_DEVICE_CUDA;
+    d.log_level = MNISTCU_LOG_SILENT;
+    d.seed = 1234;
+    d.gemm = gemm;
+    if (mnistcu_ctx_create(&ctx, &d) != MNISTCU_OK) {
+        mnistcu_ctx_destroy(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+#define TC_MAX_REL 1e-5
+
+/* ---- ops ------------------------------------------------------------------------- */
+static int tc_gemm_case(mnistcu_ctx *g, mnistcu_ctx *c, int ta, int tb, size_t M, size_t N, size_t K, int fuse, int act,
+                        double *err)
+{
+    tu_rng rng = tu_rng_make(M * 131 + N * 7 + K + (size_t)ta * 3 + (size_t)tb * 5 + (size_t)act);
+    size_t lda = ta ? M : K, ldb = tb ? K : N;
+    float *A = tu_random_floats(&rng, M * K, -1, 1), *B = tu_random_floats(&rng, K * N, -1, 1);
+    float *bias = tu_random_floats(&rng, N, -1, 1), *ref = (float *)malloc(M * N * sizeof(float) + 4), *got;
+    float *dA = tc_up(A, M * K), *dB = tc_up(B, K * N), *dbias = tc_up(bias, N), *dC = tc_poisoned(M * N);
+    mnistcu_result r;
+    mnistcu__cpu_gemm(c, ta, tb, M, N, K, A, lda, B, ldb, ref, N);
+    if (fuse) mnistcu__cpu_bias_act(c, ref, bias, M, N, (mnistcu_act)act);
+    r = mnistcu__cuda_gemm(g, ta, tb, M, N, K, dA, lda, dB, ldb, dC, N, fuse ? dbias : NULL, act);
+    got = tc_down(dC, M * N);
+    *err = r == MNISTCU_OK ? tc_relerr(got, ref, M * N) : INFINITY;
+    free(A); free(B); free(bias); free(ref); free(got);
+    cudaFree(dA); cudaFree(dB); cudaFree(dbias); cudaFree(dC);
+    return *err <= TC_MAX_REL;
+}
+
+static int tc_gemm_all(mnistcu_gemm path, char *msg, size_t msg_size)
+{
+    static const size_t dims[][3] = {{1, 1, 1}, {1, 10, 784}, {7, 37, 100}, {33, 100, 784}, {64, 128, 784},
+                                     {65, 63, 17}, {128, 784, 64}, {100, 784, 33}, {200, 1024, 300}};
+    mnistcu_ctx *g = tc_ctx(path), *c = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    size_t i;
+    int ta, tb, act, ok = 1;
+    double err;
+    if (!g || !c) {
+        snprintf(msg, msg_size, "no CUDA context for gemm path %d", (int)path);
+        ok = 0;
+    }
+    mnistcu__cpu_reserve(c);
+    for (i = 0; ok && i < sizeof dims / sizeof dims[0]; ++i) {
+        for (ta = 0; ok && ta < 2; ++ta)
+            for (tb = 0; ok && tb < 2; ++tb)
+                if (!tc_gemm_case(g, c, ta, tb, dims[i][0], dims[i][1], dims[i][2], 0, 0, &err)) {
+                    snprintf(msg, msg_size, "gemm path %d ta=%d tb=%d %lux%lux%lu: relative error %.3g", (int)path, ta,
+                             tb, (unsigned long)dims[i][0], (unsigned long)dims[i][1], (unsigned long)dims[i][2], err);
+                    ok = 0;
+                }
+        for (act = MNISTCU_ACT_RELU; ok && act <= MNISTCU_ACT_TANH; ++act)
+            if (!tc_gemm_case(g, c, 0, 1, dims[i][0], dims[i][1], dims[i][2], 1, act, &err)) {
+                snprintf(msg, msg_size, "fused gemm path %d act %d %lux%lux%lu: relative error %.3g", (int)path, act,
+                         (unsigned long)dims[i][0], (unsigned long)dims[i][1], (unsigned long)dims[i][2], err);
+                ok = 0;
+            }
+    }
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(c);
+    return ok;
+}
+
+TEST cuda_gemm_own_kernel_matches_cpu(void)
+{
+    char msg[256];
+    if (!tc_gemm_all(MNISTCU_GEMM_OWN, msg, sizeof msg)) FAILm(msg);
+    PASS();
+}
+
+TEST cuda_gemm_cublas_matches_cpu(void)
+{
+#ifdef MNISTCU_CUBLAS
+    char msg[256];
+    if (!tc_gemm_all(MNISTCU_GEMM_CUBLAS, msg, sizeof msg)) FAILm(msg);
+    PASS();
+#else
+    SKIPm("built without MNISTCU_CUBLAS");
+#endif
+}
+
+TEST cuda_elementwise_ops_match_cpu(void)
+{
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN), *c = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    tu_rng rng = tu_rng_make(77);
+    size_t B = 33, OUT = 37, n = B * OUT;
+    int act;
+    ASSERT(g && c);
+    for (act = MNISTCU_ACT_RELU; act <= MNISTCU_ACT_TANH; ++act) {
+        float *y = tu_random_floats(&rng, n, -3, 3), *dz = tu_random_floats(&rng, n, -1, 1);
+        float *ref_dz = (float *)malloc(n * sizeof(float)), *got;
+        float *dy, *ddz;
+        size_t i;
+        /* act_backward takes the activation's output: make y a valid output first */
+        for (i = 0; i < n; ++i) y[i] = mnistcu__act_f((mnistcu_act)act, y[i]);
+        memcpy(ref_dz, dz, n * sizeof(float));
+        mnistcu__cpu_act_backward(c, ref_dz, y, n, (mnistcu_act)act);
+        dy = tc_up(y, n);
+        ddz = tc_up(dz, n);
+        mnistcu__k_act_backward<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(ddz, dy, n, act);
+        got = tc_down(ddz, n);
+        ASSERT_ARRAY_NEAR_F(got, ref_dz, n, 1e-7, TC_MAX_REL);
+        free(y); free(dz); free(ref_dz); free(got); cudaFree(dy); cudaFree(ddz);
+    }
+    { /* bias gradient: column sums */
+        float *dz = tu_random_floats(&rng, n, -1, 1), ref[37], *got, *ddz = tc_up(dz, n), *ddb = tc_poisoned(OUT);
+        mnistcu__cpu_bias_grad(ref, dz, B, OUT);
+        mnistcu__k_bias_grad<<<mnistcu__blocks(OUT), MNISTCU__THREADS>>>(ddz, (int)B, (int)OUT, ddb);
+        got = tc_down(ddb, OUT);
+        ASSERT_ARRAY_NEAR_F(got, ref, OUT, 1e-6, TC_MAX_REL);
+        free(dz); free(got); cudaFree(ddz); cudaFree(ddb);
+    }
+    { /* softmax cross-entropy with gradient, loss, predictions */
+        size_t C = 10, Bs = 33;
+        float *z = tu_random_floats(&rng, Bs * C, -8, 8), g_ref[330], l_ref[33], *gg, *gl;
+        int32_t lab[33], p_ref[33], p_got[33], *dlab, *dpred;
+        float *dz_ = tc_up(z, Bs * C), *dg = tc_poisoned(Bs * C), *dl = tc_poisoned(Bs);
+        size_t i;
+        for (i = 0; i < Bs; ++i) lab[i] = (int32_t)(tu_next(&rng) % C);
+        mnistcu__cpu_softmax_ce(c, z, lab, Bs, C, 1.0f / (float)Bs, g_ref, l_ref, p_ref);
+        cudaMalloc((void **)&dlab, sizeof lab);
+        cudaMalloc((void **)&dpred, sizeof lab);
+        cudaMemcpy(dlab, lab, sizeof lab, cudaMemcpyHostToDevice);
+        mnistcu__k_softmax_ce<<<1, MNISTCU__THREADS>>>(dz_, dlab, (int)Bs, (int)C, 1.0f / (float)Bs, dg, dl, dpred);
+        gg = tc_down(dg, Bs * C);
+        gl = tc_down(dl, Bs);
+        cudaMemcpy(p_got, dpred, sizeof p_got, cudaMemcpyDeviceToHost);
+        ASSERT_ARRAY_NEAR_F(gg, g_ref, Bs * C, 1e-7, TC_MAX_REL);
+        ASSERT_ARRAY_NEAR_F(gl, l_ref, Bs, 1e-6, TC_MAX_REL);
+        ASSERT_MEM_EQ(p_ref, p_got, sizeof p_ref);
+        free(z); free(gg); free(gl); cudaFree(dz_); cudaFree(dg); cudaFree(dl); cudaFree(dlab); cudaFree(dpred);
+    }
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(c);
+    PASS();
+}
+
+TEST cuda_sgd_matches_cpu(void)
+{
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN), *c = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    tu_rng rng = tu_rng_make(8);
+    size_t n = 100003;
+    int variant;
+    ASSERT(g && c);
+    for (variant = 0; variant < 4; ++variant) {
+        float mu = variant >= 1 ? 0.9f : 0.0f, wd = variant == 3 ? 0.01f : 0.0f;
+        int nest = variant == 2;
+        float *w = tu_random_floats(&rng, n, -1, 1), *gr = tu_random_floats(&rng, n, -1, 1);
+        float *v = tu_random_floats(&rng, n, -1, 1), *dw = tc_up(w, n), *dg = tc_up(gr, n), *dv = tc_up(v, n);
+        float *gw, *gv;
+        int step;
+        for (step = 0; step < 3; ++step) {
+            mnistcu__cpu_sgd(c, w, gr, mu > 0 ? v : NULL, n, 0.05f, mu, nest, wd);
+            mnistcu__k_sgd<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(dw, dg, mu > 0 ? dv : NULL, n, 0.05f, mu, nest, wd);
+        }
+        gw = tc_down(dw, n);
+        gv = tc_down(dv, n);
+        ASSERT_ARRAY_NEAR_F(gw, w, n, 1e-6, TC_MAX_REL);
+        ASSERT_ARRAY_NEAR_F(gv, v, n, 1e-6, TC_MAX_REL);
+        free(w); free(gr); free(v); free(gw); free(gv); cudaFree(dw); cudaFree(dg); cudaFree(dv);
+    }
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(c);
+    PASS();
+}
+
+TEST cuda_step_stats_and_gather(void)
+{
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN);
+    tu_rng rng = tu_rng_make(21);
+    size_t B = 300, i;
+    float *loss = tu_random_floats(&rng, B, 0, 5), *dl = tc_up(loss, B);
+    int32_t pred[300], lab[300], *dp, *dlab;
+    double *dout, out[2], ref_l = 0.0, ref_c = 0.0;
+    ASSERT(g);
+    for (i = 0; i < B; ++i) {
+        pred[i] = (int32_t)(tu_next(&rng) % 3);
+        lab[i] = (int32_t)(tu_next(&rng) % 3);
+        ref_l += loss[i];
+        ref_c += pred[i] == lab[i];
+    }
+    cudaMalloc((void **)&dp, sizeof pred);
+    cudaMalloc((void **)&dlab, sizeof lab);
+    cudaMalloc((void **)&dout, sizeof out);
+    cudaMemcpy(dp, pred, sizeof pred, cudaMemcpyHostToDevice);
+    cudaMemcpy(dlab, lab, sizeof lab, cudaMemcpyHostToDevice);
+    mnistcu__k_step_stats<<<1, MNISTCU__THREADS>>>(dl, dp, dlab, (int)B, dout, dout + 1);
+    cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost);
+    ASSERT_NEAR(out[0], ref_l, 1e-9, 1e-12);
+    ASSERT_EQ((long)ref_c, (long)out[1]);
+    free(loss); cudaFree(dl); cudaFree(dp); cudaFree(dlab); cudaFree(dout);
+    mnistcu_ctx_destroy(g);
+    PASS();
+}
+
+/* ---- whole-model parity ------------------------------------------------------------- */
+static mnistcu_dataset *tc_synthetic(mnistcu_ctx *ctx, size_t n, size_t F, int classes, uint64_t seed)
+{
+    tu_rng rng = tu_rng_make(seed);
+    float *x = tu_random_floats(&rng, n * F, 0, 1);
+    int32_t *y = (int32_t *)malloc(n * sizeof(int32_t));
+    mnistcu_dataset *ds = NULL;
+    size_t i, j;
+    for (i = 0; i < n; ++i) { /* a learnable rule: the class of the largest of the first `classes` features */
+        size_t best = 0;
+        for (j = 1; j < (size_t)classes; ++j)
+            if (x[i * F + j] > x[i * F + best]) best = j;
+        y[i] = (int32_t)best;
+    }
+    mnistcu_dataset_create(ctx, x, y, n, F, classes, &ds);
+    free(x);
+    free(y);
+    return ds;
+}
+
+typedef struct tc_curve { double loss[256]; int n; } tc_curve;
+
+static int tc_record(void *user, const mnistcu_progress *p)
+{
+    tc_curve *c = (tc_curve *)user;
+    if (c->n < 256) c->loss[c->n++] = p->train_loss;
+    return 0;
+}
+
+/* Trains `spec` for 200 steps of batch B on ctx; returns the params (malloc'ed) and the loss curve. */
+static float *tc_train(mnistcu_ctx *ctx, const char *spec, size_t B, float momentum, tc_curve *curve, size_t *np)
+{
+    mnistcu_dataset *ds = tc_synthetic(ctx, 200 * B, 784, 10, 99);
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    float *p;
+    memset(&td, 0, sizeof td);
+    td.epochs = 1;
+    td.batch_size = (int)B;
+    td.optim.learning_rate = 0.05f;
+    td.optim.momentum = momentum;
+    td.progress_every = 1;
+    td.progress = tc_record;
+    td.progress_user = curve;
+    curve->n = 0;
+    if (!ds || mnistcu_model_create_mlp(ctx, spec, &m) || mnistcu_train(m, ds, &td, NULL)) return NULL;
+    *np = mnistcu_model_num_params(m);
+    p = (float *)malloc(*np * sizeof(float));
+    mnistcu_model_get_params(m, p, *np);
+    return p;
+}
+
+static int tc_parity(mnistcu_gemm path, size_t B, char *msg, size_t msg_size)
+{
+    mnistcu_ctx *g = tc_ctx(path), *c = tu_ctx(MNISTCU_DEVICE_CPU, 0);
+    tc_curve cg, cc;
+    size_t np = 0, i;
+    float *pg, *pc;
+    int ok = 1;
+    if (!g || !c) return 0;
+    pg = tc_train(g, "784-100-37-10", B, 0.9f, &cg, &np);
+    pc = tc_train(c, "784-100-37-10", B, 0.9f, &cc, &np);
+    if (!pg || !pc || cg.n != 200 || cc.n != 200) {
+        snprintf(msg, msg_size, "training failed: %s / %s", mnistcu_ctx_error(g), mnistcu_ctx_error(c));
+        ok = 0;
+    }
+    for (i = 0; ok && i < 200; ++i)
+        if (!(fabs(cg.loss[i] - cc.loss[i]) <= 1e-4 * fabs(cc.loss[i]))) {
+            snprintf(msg, msg_size, "path %d batch %lu step %lu: GPU loss %.9g, CPU loss %.9g", (int)path,
+                     (unsigned long)B, (unsigned long)i + 1, cg.loss[i], cc.loss[i]);
+            ok = 0;
+        }
+    if (ok) {
+        double e = tc_relerr(pg, pc, np);
+        if (!(e <= 1e-3)) {
+            snprintf(msg, msg_size, "path %d batch %lu: parameters differ by %.3g after 200 steps", (int)path,
+                     (unsigned long)B, e);
+            ok = 0;
+        }
+    }
+    free(pg);
+    free(pc);
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(c);
+    return ok;
+}
+
+TEST cuda_training_matches_cpu_for_200_steps(void)
+{
+    static const size_t batches[] = {1, 7, 33};
+    char msg[256];
+    size_t i;
+    for (i = 0; i < 3; ++i) {
+        if (!tc_parity(MNISTCU_GEMM_OWN, batches[i], msg, sizeof msg)) FAILm(msg);
+#ifdef MNISTCU_CUBLAS
+        if (!tc_parity(MNISTCU_GEMM_CUBLAS, batches[i], msg, sizeof msg)) FAILm(msg);
+#endif
+    }
+    PASS();
+}
+
+TEST cuda_two_runs_are_bitwise_identical(void)
+{
+    int path;
+    for (path = MNISTCU_GEMM_OWN; path <= MNISTCU_GEMM_CUBLAS; ++path) {
+        mnistcu_ctx *a, *b;
+        tc_curve ca, cb;
+        size_t np = 0;
+        float *pa, *pb;
+#ifndef MNISTCU_CUBLAS
+        if (path == MNISTCU_GEMM_CUBLAS) break;
+#endif
+        a = tc_ctx((mnistcu_gemm)path);
+        b = tc_ctx((mnistcu_gemm)path);
+        ASSERT(a && b);
+        pa = tc_train(a, "784-100-37-10", 33, 0.9f, &ca, &np);
+        pb = tc_train(b, "784-100-37-10", 33, 0.9f, &cb, &np);
+        ASSERT(pa && pb);
+        ASSERT_ARRAY_EQ_BITS_F(pa, pb, np);
+        free(pa); free(pb);
+        mnistcu_ctx_destroy(a);
+        mnistcu_ctx_destroy(b);
+    }
+    PASS();
+}
+
+TEST cuda_streaming_equals_resident(void)
+{
+    mnistcu_ctx_desc d;
+    mnistcu_ctx *res = tc_ctx(MNISTCU_GEMM_OWN), *str = NULL;
+    tc_curve c1, c2;
+    size_t np = 0;
+    float *p1, *p2;
+    memset(&d, 0, sizeof d);
+    d.device = MNISTCU_DEVICE_CUDA;
+    d.log_level = MNISTCU_LOG_SILENT;
+    d.seed = 1234;
+    d.gemm = MNISTCU_GEMM_OWN;
+    d.data_mode = MNISTCU_DATA_STREAM;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_ctx_create(&str, &d));
+    ASSERT(res);
+    p1 = tc_train(res, "784-100-37-10", 33, 0.0f, &c1, &np);
+    p2 = tc_train(str, "784-100-37-10", 33, 0.0f, &c2, &np);
+    ASSERT(p1 && p2);
+    ASSERT_ARRAY_EQ_BITS_F(p1, p2, np);
+    free(p1); free(p2);
+    mnistcu_ctx_destroy(res);
+    mnistcu_ctx_destroy(str);
+    PASS();
+}
+
+/* ---- out of memory: a device allocator that refuses after N allocations ----------- */
+typedef struct tc_alloc { int left, live; } tc_alloc;
+static void *tc_dev_alloc(void *user, size_t size)
+{
+    tc_alloc *a = (tc_alloc *)user;
+    void *p = NULL;
+    if (a->left-- <= 0) return NULL;
+    if (cudaMalloc(&p, size) != cudaSuccess) return NULL;
+    a->live++;
+    return p;
+}
+static void tc_dev_free(void *user, void *p)
+{
+    tc_alloc *a = (tc_alloc *)user;
+    a->live--;
+    cudaFree(p);
+}
+
+TEST cuda_out_of_memory_frees_and_stays_usable(void)
+{
+    int limit, failures = 0;
+    for (limit = 0; limit < 16; ++limit) {
+        tc_alloc a;
+        mnistcu_ctx_desc d;
+        mnistcu_ctx *ctx = NULL;
+        mnistcu_dataset *ds;
+        mnistcu_model *m = NULL, *m2 = NULL;
+        mnistcu_train_desc td;
+        mnistcu_result r;
+        a.left = limit;
+        a.live = 0;
+        memset(&d, 0, sizeof d);
+        d.device = MNISTCU_DEVICE_CUDA;
+        d.log_level = MNISTCU_LOG_SILENT;
+        d.allocator.device_alloc = tc_dev_alloc;
+        d.allocator.device_free = tc_dev_free;
+        d.allocator.user = &a;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_ctx_create(&ctx, &d));
+        ds = tc_synthetic(ctx, 100, 784, 10, 5);
+        memset(&td, 0, sizeof td);
+        td.epochs = 1;
+        td.batch_size = 10;
+        td.optim.momentum = 0.9f;
+        r = mnistcu_model_create_mlp(ctx, "784-32-10", &m);
+        if (r == MNISTCU_OK) r = mnistcu_train(m, ds, &td, NULL);
+        if (r != MNISTCU_OK) {
+            failures++;
+            ASSERT_EQ_FMT((int)MNISTCU_ERR_OUT_OF_MEMORY, (int)r, "%d");
+            /* the context stays usable: with memory back, the same work succeeds */
+            a.left = 1000;
+            mnistcu_model_destroy(m);
+            ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "784-32-10", &m2));
+            ASSERT_EQ(MNISTCU_OK, mnistcu_train(m2, ds, &td, NULL));
+        }
+        mnistcu_ctx_destroy(ctx);
+        ASSERT_EQ_FMT(0, a.live, "%d"); /* every device allocation was freed */
+    }
+    ASSERT_GT(failures, 3);
+    PASS();
+}
+
+TEST cuda_reports_device(void)
+{
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_DEFAULT);
+    ASSERT(g);
+    ASSERT_EQ(MNISTCU_DEVICE_CUDA, mnistcu_ctx_device(g));
+    ASSERT(strstr(mnistcu_ctx_device_name(g), "sm_") != NULL);
+    mnistcu_ctx_destroy(g);
+    PASS();
+}
+
+/* Run alone (it breaks the CUDA context of the process): -t cuda_sticky */
+__global__ void tc_k_bad_write(float *p) { p[(size_t)1 << 40] = 1.0f; }
+TEST cuda_sticky_error_is_latched(void)
+{
+    mnistcu_ctx *g;
+    mnistcu_model *m = NULL;
+    mnistcu_result r;
+    if (!getenv("MNISTCU_TEST_STICKY")) SKIPm("set MNISTCU_TEST_STICKY=1 and run alone (-t cuda_sticky)");
+    g = tc_ctx(MNISTCU_GEMM_OWN);
+    ASSERT(g);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(g, "4-3-2", &m));
+    tc_k_bad_write<<<1, 1, 0, mnistcu__cu(g)->stream>>>(m->params);
+    r = mnistcu__cuda_check(g, cudaStreamSynchronize(mnistcu__cu(g)->stream), "planted bad write");
+    ASSERT_EQ(MNISTCU_ERR_CUDA, r);
+    /* every later call reports it */
+    {
+        float p[17];
+        ASSERT_EQ(MNISTCU_ERR_CUDA, mnistcu_model_get_params(m, p, 17));
+        ASSERT(strstr(mnistcu_ctx_error(g), "unrecoverable") != NULL);
+        ASSERT_EQ(MNISTCU_ERR_CUDA, mnistcu_model_set_params(m, p, 17));
+    }
+    mnistcu_ctx_destroy(g);
+    PASS();
+}
+
+SUITE(cuda_suite)
+{
+    RUN_TEST(cuda_reports_device);
+    RUN_TEST(cuda_gemm_own_kernel_matches_cpu);
+    RUN_TEST(cuda_gemm_cublas_matches_cpu);
+    RUN_TEST(cuda_elementwise_ops_match_cpu);
+    RUN_TEST(cuda_sgd_matches_cpu);
+    RUN_TEST(cuda_step_stats_and_gather);
+    RUN_TEST(cuda_training_matches_cpu_for_200_steps);
+    RUN_TEST(cuda_two_runs_are_bitwise_identical);
+    RUN_TEST(cuda_streaming_equals_resident);
+    RUN_TEST(cuda_out_of_memory_frees_and_stays_usable);
+    RUN_TEST(cuda_sticky_error_is_latched);
+}

@@ -1,0 +1,238 @@
+/* The test program's entry point and the one translation unit that holds the
+   implementation. The other test files include mnistcu.h plainly, so the test
+   binary itself checks that the header links across translation units.
+   Tests that need the library's internals (the CPU kernels, the RNG) live here. */
+#define MNISTCU_IMPLEMENTATION
+#include "../mnistcu.h"
+#include "harness.h"
+#include "asserts.h"
+#include "test_util.h"
+
+/* ---- the CPU matrix product against a double-precision reference -------- */
+
+/* C = op(A) op(B) in double, from the same float inputs. */
+static void ref_gemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B,
+                     size_t ldb, double *C)
+{
+    size_t i, j, k;
+    for (i = 0; i < M; ++i)
+        for (j = 0; j < N; ++j) {
+            double s = 0.0;
+            for (k = 0; k < K; ++k)
+                s += (double)(ta ? A[k * lda + i] : A[i * lda + k]) * (double)(tb ? B[j * ldb + k] : B[k * ldb + j]);
+            C[i * N + j] = s;
+        }
+}
+
+typedef struct gemm_case { int ta, tb; size_t M, N, K; } gemm_case;
+
+static int check_gemm(mnistcu_ctx *ctx, const gemm_case *c, tu_rng *rng, char *msg, size_t msg_size)
+{
+    size_t lda = c->ta ? c->M : c->K, ldb = c->tb ? c->K : c->N, ldc = c->N + 3; /* a padded C row */
+    size_t na = c->M * c->K, nb = c->K * c->N, i, j;
+    float *A = tu_random_floats(rng, na, -1.0f, 1.0f), *B = tu_random_floats(rng, nb, -1.0f, 1.0f);
+    float *C = (float *)malloc((c->M * ldc + 1) * sizeof(float));
+    double *R = (double *)malloc((c->M * c->N + 1) * sizeof(double));
+    int ok = 1;
+    for (i = 0; i < c->M * ldc; ++i) C[i] = tu_nan(); /* poison: every element must be written */
+    mnistcu__cpu_gemm(ctx, c->ta, c->tb, c->M, c->N, c->K, A, lda, B, ldb, C, ldc);
+    ref_gemm(c->ta, c->tb, c->M, c->N, c->K, A, lda, B, ldb, R);
+    for (i = 0; i < c->M && ok; ++i) {
+        for (j = 0; j < c->N && ok; ++j) {
+            double got = C[i * ldc + j], ref = R[i * c->N + j];
+            /* float sums of K terms of size <= 1: error grows like K * eps */
+            if (!(fabs(got - ref) <= 1e-5 + 2e-7 * (double)c->K)) {
+                snprintf(msg, msg_size, "gemm ta=%d tb=%d %lux%lux%lu: C[%lu][%lu] = %.9g, reference %.9g", c->ta, c->tb,
+                         (unsigned long)c->M, (unsigned long)c->N, (unsigned long)c->K, (unsigned long)i,
+                         (unsigned long)j, got, ref);
+                ok = 0;
+            }
+        }
+        for (j = c->N; j < ldc && ok; ++j)
+            if (!tu_isnan(C[i * ldc + j])) {
+                snprintf(msg, msg_size, "gemm wrote outside its %lu columns (row %lu col %lu)", (unsigned long)c->N,
+                         (unsigned long)i, (unsigned long)j);
+                ok = 0;
+            }
+    }
+    free(A); free(B); free(C); free(R);
+    return ok;
+}
+
+TEST cpu_gemm_matches_reference(void)
+{
+    /* Shapes on and off every block size: MR 6, NR 16, KC 256, MC 144, NC 1024. */
+    static const size_t sizes[] = {1, 5, 6, 7, 16, 17, 33, 145, 257};
+    static const size_t big[][3] = {{64, 128, 784}, {128, 784, 64}, {300, 1030, 300}, {1, 1025, 513}};
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_CPU, 0);
+    tu_rng rng = tu_rng_make(11);
+    char msg[256];
+    int ta, tb;
+    size_t a, b, k, i;
+    mnistcu__cpu_reserve(ctx);
+    for (ta = 0; ta < 2; ++ta)
+        for (tb = 0; tb < 2; ++tb) {
+            for (a = 0; a < 9; a += 2)
+                for (b = 0; b < 9; b += 3)
+                    for (k = 0; k < 9; k += 4) {
+                        gemm_case c;
+                        c.ta = ta; c.tb = tb; c.M = sizes[a]; c.N = sizes[b]; c.K = sizes[k];
+                        if (!check_gemm(ctx, &c, &rng, msg, sizeof msg)) { mnistcu_ctx_destroy(ctx); FAILm(msg); }
+                    }
+            for (i = 0; i < 4; ++i) {
+                gemm_case c;
+                c.ta = ta; c.tb = tb; c.M = big[i][0]; c.N = big[i][1]; c.K = big[i][2];
+                if (!check_gemm(ctx, &c, &rng, msg, sizeof msg)) { mnistcu_ctx_destroy(ctx); FAILm(msg); }
+            }
+        }
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+TEST cpu_gemm_same_bits_for_any_thread_count(void)
+{
+    mnistcu_ctx *c1 = tu_ctx(MNISTCU_DEVICE_CPU, 1), *c2 = tu_ctx(MNISTCU_DEVICE_CPU, 2), *c3 = tu_ctx(MNISTCU_DEVICE_CPU, 3);
+    tu_rng rng = tu_rng_make(5);
+    size_t M = 200, N = 300, K = 600;
+    float *A = tu_random_floats(&rng, M * K, -1, 1), *B = tu_random_floats(&rng, K * N, -1, 1);
+    float *C1 = (float *)malloc(M * N * 4), *C2 = (float *)malloc(M * N * 4), *C3 = (float *)malloc(M * N * 4);
+    int same;
+    mnistcu__cpu_reserve(c1); mnistcu__cpu_reserve(c2); mnistcu__cpu_reserve(c3);
+    mnistcu__cpu_gemm(c1, 0, 1, M, N, K, A, K, B, K, C1, N);
+    mnistcu__cpu_gemm(c2, 0, 1, M, N, K, A, K, B, K, C2, N);
+    mnistcu__cpu_gemm(c3, 0, 1, M, N, K, A, K, B, K, C3, N);
+    same = memcmp(C1, C2, M * N * 4) == 0 && memcmp(C1, C3, M * N * 4) == 0;
+    free(A); free(B); free(C1); free(C2); free(C3);
+    mnistcu_ctx_destroy(c1); mnistcu_ctx_destroy(c2); mnistcu_ctx_destroy(c3);
+    ASSERTm("1, 2 and 3 threads must give bitwise-identical products", same);
+    PASS();
+}
+
+/* ---- the random generator ------------------------------------------------ */
+TEST rng_is_reproducible_and_streams_differ(void)
+{
+    mnistcu__rng a, b, c;
+    int i, same_ab = 1, same_ac = 1;
+    mnistcu__rng_seed(&a, 42, 1);
+    mnistcu__rng_seed(&b, 42, 1);
+    mnistcu__rng_seed(&c, 42, 2);
+    for (i = 0; i < 1000; ++i) {
+        uint64_t x = mnistcu__rng_next(&a), y = mnistcu__rng_next(&b), z = mnistcu__rng_next(&c);
+        same_ab &= x == y;
+        same_ac &= x == z;
+    }
+    ASSERT(same_ab);
+    ASSERT_FALSE(same_ac);
+    PASS();
+}
+
+TEST rng_float_and_below_ranges(void)
+{
+    mnistcu__rng r;
+    int i, counts[7] = {0};
+    double mean = 0.0;
+    mnistcu__rng_seed(&r, 9, 0);
+    for (i = 0; i < 70000; ++i) {
+        float f = mnistcu__rng_float(&r);
+        uint64_t k = mnistcu__rng_below(&r, 7);
+        ASSERT(f >= 0.0f && f < 1.0f);
+        ASSERT(k < 7);
+        counts[k]++;
+        mean += f;
+    }
+    mean /= 70000.0;
+    ASSERT_IN_RANGE(0.5, mean, 0.01);
+    for (i = 0; i < 7; ++i) ASSERT_IN_RANGE(10000, counts[i], 500); /* ~5 sigma */
+    ASSERT_EQ(0, (int)mnistcu__rng_below(&r, 1));
+    PASS();
+}
+
+TEST shuffle_is_a_permutation(void)
+{
+    mnistcu__rng r;
+    uint32_t idx[1000];
+    int seen[1000] = {0}, moved = 0, i;
+    mnistcu__rng_seed(&r, 1, 0);
+    for (i = 0; i < 1000; ++i) idx[i] = (uint32_t)i;
+    mnistcu__shuffle(&r, idx, 1000);
+    for (i = 0; i < 1000; ++i) {
+        ASSERT(idx[i] < 1000);
+        seen[idx[i]]++;
+        moved += idx[i] != (uint32_t)i;
+    }
+    for (i = 0; i < 1000; ++i) ASSERT_EQ(1, seen[i]);
+    ASSERT_GT(moved, 900);
+    PASS();
+}
+
+/* ---- the fused CPU ops against double references ------------------------- */
+TEST softmax_ce_matches_double_reference(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_CPU, 0);
+    tu_rng rng = tu_rng_make(3);
+    size_t B = 9, C = 13, i, j;
+    float *z = tu_random_floats(&rng, B * C, -20.0f, 20.0f), g[9 * 13], loss[9];
+    int32_t labels[9], pred[9];
+    for (i = 0; i < B; ++i) labels[i] = (int32_t)(i % C);
+    z[5] = 80.0f; /* large logits must not overflow */
+    mnistcu__cpu_softmax_ce(ctx, z, labels, B, C, 1.0f / (float)B, g, loss, pred);
+    for (i = 0; i < B; ++i) {
+        double mx = -1e300, s = 0.0;
+        size_t arg = 0;
+        for (j = 0; j < C; ++j)
+            if (z[i * C + j] > mx) { mx = z[i * C + j]; arg = j; }
+        for (j = 0; j < C; ++j) s += exp((double)z[i * C + j] - mx);
+        ASSERT_NEAR(loss[i], mx + log(s) - z[i * C + (size_t)labels[i]], 1e-5, 1e-5);
+        ASSERT_EQ((int32_t)arg, pred[i]);
+        for (j = 0; j < C; ++j) {
+            double p = exp((double)z[i * C + j] - mx) / s - (j == (size_t)labels[i] ? 1.0 : 0.0);
+            ASSERT_NEAR(g[i * C + j], p / (double)B, 1e-7, 1e-5);
+        }
+    }
+    free(z);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+SUITE(cpu_ops_suite)
+{
+    RUN_TEST(cpu_gemm_matches_reference);
+    RUN_TEST(cpu_gemm_same_bits_for_any_thread_count);
+    RUN_TEST(rng_is_reproducible_and_streams_differ);
+    RUN_TEST(rng_float_and_below_ranges);
+    RUN_TEST(shuffle_is_a_permutation);
+    RUN_TEST(softmax_ce_matches_double_reference);
+}
+
+#ifdef __CUDACC__
+#include "test_cuda.h" /* SUITE(cuda_suite): every CUDA op against the CPU reference */
+#endif
+
+SUITE_EXTERN(gzip_suite);
+SUITE_EXTERN(idx_suite);
+SUITE_EXTERN(dataset_suite);
+SUITE_EXTERN(model_suite);
+SUITE_EXTERN(grad_suite);
+SUITE_EXTERN(train_suite);
+SUITE_EXTERN(api_suite);
+SUITE_EXTERN(torch_fixture_suite);
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(cpu_ops_suite);
+    RUN_SUITE(gzip_suite);
+    RUN_SUITE(idx_suite);
+    RUN_SUITE(dataset_suite);
+    RUN_SUITE(model_suite);
+    RUN_SUITE(grad_suite);
+    RUN_SUITE(api_suite);
+    RUN_SUITE(torch_fixture_suite);
+    RUN_SUITE(train_suite);
+#ifdef __CUDACC__
+    RUN_SUITE(cuda_suite);
+#endif
+    GREATEST_MAIN_END();
+}
