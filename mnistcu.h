@@ -275,13 +275,16 @@ MNISTCU_DEF uint32_t mnistcu_crc32(uint32_t crc, const void *data, size_t size);
 /* ---- datasets --------------------------------------------------------------
    A dataset holds count samples of rows x cols features and one label each.
    Features are stored as loaded (uint8 or float) and normalised on the way
-   into a batch: x = stored * scale + shift. */
+   into a batch: x = stored * scale + shift. Training records the training set's
+   scale and shift in the model, and a trained model normalises every dataset
+   it evaluates (and every image it predicts) the same way: test data is never
+   normalised with its own statistics. */
 typedef struct mnistcu_dataset mnistcu_dataset;
 
 typedef enum mnistcu_split { MNISTCU_SPLIT_TRAIN = 0, MNISTCU_SPLIT_TEST } mnistcu_split;
 
 typedef enum mnistcu_norm {
-    MNISTCU_NORM_DEFAULT = 0, /* = UNIT */
+    MNISTCU_NORM_DEFAULT = 0, /* STANDARD for uint8 images, NONE for other types */
     MNISTCU_NORM_NONE,        /* values as stored */
     MNISTCU_NORM_UNIT,        /* uint8 pixels / 255; other types as stored */
     MNISTCU_NORM_STANDARD     /* UNIT, then zero mean and unit variance over this dataset */
@@ -297,7 +300,7 @@ typedef struct mnistcu_dataset_desc {
     const void *labels_data;
     size_t labels_size;
     int num_classes;              /* 0: 10 */
-    mnistcu_norm norm;            /* DEFAULT: UNIT */
+    mnistcu_norm norm;            /* DEFAULT: STANDARD for uint8 images, NONE otherwise */
     size_t limit;                 /* 0: all samples; else only the first `limit` */
 } mnistcu_dataset_desc;
 
@@ -413,7 +416,7 @@ typedef struct mnistcu_progress {
 typedef int (*mnistcu_progress_fn)(void *user, const mnistcu_progress *p);
 
 typedef struct mnistcu_train_desc {
-    int epochs;                          /* 0: 5 */
+    int epochs;                          /* 0: 10 */
     int batch_size;                      /* 0: 64; the last partial batch is trained too */
     mnistcu_optim_desc optim;            /* zero: SGD, learning rate 0.1 */
     int no_shuffle;                      /* 0: reshuffle every epoch with the model's RNG */
@@ -1661,7 +1664,7 @@ static void mnistcu__object_unlink(mnistcu__object *o)
 }
 
 #ifdef __CUDACC__
-static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx, int quiet);
+static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx);
 static void mnistcu__cuda_ctx_free(mnistcu_ctx *ctx);
 static void mnistcu__cuda_dataset_free(mnistcu_dataset *ds);
 #endif
@@ -1720,7 +1723,7 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
     }
     if (want == MNISTCU_DEVICE_CUDA) {
 #ifdef __CUDACC__
-        mnistcu_result r = mnistcu__cuda_ctx_init(ctx, 0);
+        mnistcu_result r = mnistcu__cuda_ctx_init(ctx);
         if (r) return r;
 #else
         return mnistcu__fail(ctx, MNISTCU_ERR_NO_DEVICE,
@@ -1728,8 +1731,15 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
 #endif
     } else if (want == MNISTCU_DEVICE_AUTO) {
 #ifdef __CUDACC__
-        if (mnistcu__cuda_ctx_init(ctx, 1) != MNISTCU_OK) {
-            ctx->device = MNISTCU_DEVICE_CPU; /* no usable GPU: the CPU backend takes over */
+        /* No usable GPU is not an error here: the CPU backend takes over. */
+        mnistcu_log_level level = ctx->desc.log_level;
+        mnistcu_result r;
+        ctx->desc.log_level = MNISTCU_LOG_SILENT;
+        r = mnistcu__cuda_ctx_init(ctx);
+        ctx->desc.log_level = level;
+        if (r != MNISTCU_OK) {
+            mnistcu__log(ctx, MNISTCU_LOG_INFO, "%s: training on the CPU", ctx->error);
+            ctx->device = MNISTCU_DEVICE_CPU;
             ctx->error[0] = 0;
             ctx->last_result = MNISTCU_OK;
         }
@@ -1833,7 +1843,9 @@ static float mnistcu__ds_value(const mnistcu_dataset *ds, size_t i)
 
 static void mnistcu__dataset_set_norm(mnistcu_dataset *ds, mnistcu_norm norm)
 {
-    float unit = (ds->u8 && norm != MNISTCU_NORM_NONE) ? 1.0f / 255.0f : 1.0f;
+    float unit;
+    if (norm == MNISTCU_NORM_DEFAULT) norm = ds->u8 ? MNISTCU_NORM_STANDARD : MNISTCU_NORM_NONE;
+    unit = (ds->u8 && norm != MNISTCU_NORM_NONE) ? 1.0f / 255.0f : 1.0f;
     ds->scale = unit;
     ds->shift = 0.0f;
     if (norm == MNISTCU_NORM_STANDARD && ds->count) {
@@ -2472,7 +2484,8 @@ struct mnistcu_model {
     float *velocity;      /* [num_params] momentum buffer, made on the first step that needs it */
     uint64_t steps;       /* optimizer steps taken */
     mnistcu__rng rng;     /* initialisation and shuffling */
-    int has_norm;         /* the training set's normalisation, for predict_u8 */
+    int has_norm;         /* the training set's normalisation, applied to what the model evaluates */
+    int norm_u8;          /* ... when it was stored as uint8 */
     float norm_scale, norm_shift;
     /* Workspace for batches of up to ws_batch samples, on the model's device. */
     size_t ws_batch;
@@ -2944,7 +2957,8 @@ MNISTCU_DEF mnistcu_result mnistcu_model_apply_grads(mnistcu_model *m, const mni
 #ifdef __CUDACC__
 static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx,
                                                 size_t n, size_t steps);
-static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B);
+static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
+                                           float scale, float shift);
 static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
 static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
 #endif
@@ -2965,23 +2979,34 @@ static mnistcu_result mnistcu__epoch_begin(mnistcu_model *m, const mnistcu_datas
     return MNISTCU_OK;
 }
 
+/* How the model normalises ds: as its training set when it was trained on data
+   stored the same way, else as the dataset says. */
+static void mnistcu__norm_for(const mnistcu_model *m, const mnistcu_dataset *ds, float *scale, float *shift)
+{
+    int same_kind = m->norm_u8 == (ds->u8 != NULL);
+    *scale = m->has_norm && same_kind ? m->norm_scale : ds->scale;
+    *shift = m->has_norm && same_kind ? m->norm_shift : ds->shift;
+}
+
 /* x and labels of samples idx[offset .. offset+B) into act[0] and labels. */
 static mnistcu_result mnistcu__gather(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t offset,
                                       size_t B)
 {
     size_t i, j, F = ds->features;
+    float scale, shift;
+    mnistcu__norm_for(m, ds, &scale, &shift);
 #ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_gather(m, ds, offset, B);
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_gather(m, ds, offset, B, scale, shift);
 #endif
     for (i = 0; i < B; ++i) {
         size_t s = idx[offset + i];
         float *x = m->act[0] + i * F;
         if (ds->u8) {
             const uint8_t *src = ds->u8 + s * F;
-            for (j = 0; j < F; ++j) x[j] = (float)src[j] * ds->scale + ds->shift;
+            for (j = 0; j < F; ++j) x[j] = (float)src[j] * scale + shift;
         } else {
             const float *src = ds->f32 + s * F;
-            for (j = 0; j < F; ++j) x[j] = src[j] * ds->scale + ds->shift;
+            for (j = 0; j < F; ++j) x[j] = src[j] * scale + shift;
         }
         m->labels[i] = ds->labels[s];
     }
@@ -3026,7 +3051,7 @@ MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnis
     if (!out) return;
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
-    if (d.epochs == 0) d.epochs = 5;
+    if (d.epochs == 0) d.epochs = 10;
     if (d.batch_size == 0) d.batch_size = 64;
     if (d.optim.kind == MNISTCU_OPTIM_DEFAULT) d.optim.kind = MNISTCU_OPTIM_SGD;
     if (d.optim.learning_rate == 0.0f) d.optim.learning_rate = 0.1f;
@@ -3090,9 +3115,10 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu indices", (unsigned long)n);
         goto done;
     }
-    m->has_norm = 1; /* predict_u8 normalises as this training set does */
-    m->norm_scale = train->u8 ? train->scale : 1.0f / 255.0f;
-    m->norm_shift = train->u8 ? train->shift : 0.0f;
+    m->has_norm = 1; /* evaluation and predict_u8 normalise as this training set does */
+    m->norm_u8 = train->u8 != NULL;
+    m->norm_scale = train->scale;
+    m->norm_shift = train->shift;
 
     for (epoch = 1; epoch <= d.epochs && !stop; ++epoch) {
         double t_epoch = mnistcu__now(), loss_sum = 0.0;
@@ -3299,8 +3325,8 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
         return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict_u8: pixels, n and labels or probs must be given");
     in = (size_t)m->sizes[0];
     C = (size_t)m->sizes[m->num_layers];
-    scale = m->has_norm ? m->norm_scale : 1.0f / 255.0f;
-    shift = m->has_norm ? m->norm_shift : 0.0f;
+    scale = m->has_norm && m->norm_u8 ? m->norm_scale : 1.0f / 255.0f;
+    shift = m->has_norm && m->norm_u8 ? m->norm_shift : 0.0f;
     chunk = MNISTCU__MIN(n, (size_t)MNISTCU__EVAL_CHUNK);
     x = (float *)mnistcu__alloc(m->ctx, chunk * in * sizeof(float));
     if (!x) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict_u8: out of memory");
@@ -3545,6 +3571,7 @@ __global__ void mnistcu__k_act_backward(float *dz, const float *y, size_t n, int
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         float v = y[e], g;
         switch (act) {
+        case MNISTCU_ACT_IDENTITY: g = 1.0f; break;
         case MNISTCU_ACT_SIGMOID: g = v * (1.0f - v); break;
         case MNISTCU_ACT_TANH: g = 1.0f - v * v; break;
         default: g = v > 0.0f ? 1.0f : 0.0f; break;
@@ -3647,14 +3674,13 @@ __global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int
 }
 
 /* ---- context ----------------------------------------------------------------- */
-static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx, int quiet)
+static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
 {
     mnistcu__cuda *cu;
     struct cudaDeviceProp prop;
     struct cudaFuncAttributes fa;
     int count = 0, want = ctx->desc.cuda_device;
     cudaError_t e = cudaGetDeviceCount(&count);
-    (void)quiet;
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
         return mnistcu__fail(ctx, MNISTCU_ERR_NO_DEVICE, "no CUDA GPU available (%s)",
@@ -4067,7 +4093,8 @@ static mnistcu_result mnistcu__cuda_stream_reserve(mnistcu_model *m, size_t B)
     return MNISTCU_OK;
 }
 
-static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B)
+static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
+                                           float scale, float shift)
 {
     mnistcu_ctx *ctx = m->ctx;
     mnistcu__cuda *cu = mnistcu__cu(ctx);
@@ -4078,7 +4105,7 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
     if (!cm->streaming) {
         const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
         mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
-            dc->u8, dc->f32, dc->labels, cm->idx, offset, (int)B, (int)F, ds->scale, ds->shift, m->act[0], m->labels);
+            dc->u8, dc->f32, dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->act[0], m->labels);
         MNISTCU__LAUNCHED(ctx, "gather");
         return MNISTCU_OK;
     } else {
@@ -4105,7 +4132,7 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
             const unsigned char *dev = (const unsigned char *)cm->staged[s];
             mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
                 ds->u8 ? dev : NULL, ds->u8 ? NULL : (const float *)dev, (const int32_t *)(dev + lab_off), NULL, 0,
-                (int)B, (int)F, ds->scale, ds->shift, m->act[0], m->labels);
+                (int)B, (int)F, scale, shift, m->act[0], m->labels);
             MNISTCU__LAUNCHED(ctx, "gather (streamed)");
         }
         cm->slot_used[s] = 1;

@@ -311,7 +311,7 @@ static int tc_parity(mnistcu_gemm path, size_t B, char *msg, size_t msg_size)
     pg = tc_train(g, "784-100-37-10", B, 0.9f, &cg, &np);
     pc = tc_train(c, "784-100-37-10", B, 0.9f, &cc, &np);
     if (!pg || !pc || cg.n != 200 || cc.n != 200) {
-        snprintf(msg, msg_size, "training failed: %s / %s", mnistcu_ctx_error(g), mnistcu_ctx_error(c));
+        snprintf(msg, msg_size, "training failed: %.100s / %.100s", mnistcu_ctx_error(g), mnistcu_ctx_error(c));
         ok = 0;
     }
     for (i = 0; ok && i < 200; ++i)
@@ -486,10 +486,12 @@ TEST cuda_sticky_error_is_latched(void)
     ASSERT_EQ(MNISTCU_ERR_CUDA, r);
     /* every later call reports it */
     {
-        float p[17];
-        ASSERT_EQ(MNISTCU_ERR_CUDA, mnistcu_model_get_params(m, p, 17));
+        float p[23]; /* 4*3 + 3 + 3*2 + 2 */
+        ASSERT_EQ(23, (int)mnistcu_model_num_params(m));
+        ASSERT_EQ(MNISTCU_ERR_CUDA, mnistcu_model_get_params(m, p, 23));
         ASSERT(strstr(mnistcu_ctx_error(g), "unrecoverable") != NULL);
-        ASSERT_EQ(MNISTCU_ERR_CUDA, mnistcu_model_set_params(m, p, 17));
+        ASSERT_EQ(MNISTCU_ERR_CUDA, mnistcu_model_set_params(m, p, 23));
+        ASSERT_EQ(MNISTCU_ERR_CUDA, mnistcu_model_create_mlp(g, "4-3-2", &m));
     }
     mnistcu_ctx_destroy(g);
     PASS();
