@@ -33,7 +33,7 @@ TEST_HDR := tests/harness.h tests/asserts.h tests/test_util.h
 MNISTCU_MIRROR ?= $(wildcard ../shared/datasets)
 export MNISTCU_MIRROR
 
-.PHONY: all help data run test test-cpu test-compile test-harness test-gpu fuzz bench clean
+.PHONY: all help data run test test-cpu test-cli test-compile test-harness test-gpu fuzz bench clean
 
 all: $(B)/mnistcu $(B)/mnistcu-cpu $(B)/train_mnist
 	@if [ -n "$(NVCC)" ]; then echo "CUDA: built with $(NVCC) ($(NVCC_ARCH))"; \
@@ -77,7 +77,7 @@ run: data $(B)/mnistcu
 	$(B)/mnistcu train --data data --dataset mnist --layers 784-128-10
 
 # ---- tests --------------------------------------------------------------------
-test: test-harness test-compile test-cpu fuzz
+test: test-harness test-compile test-cpu test-cli fuzz
 	@echo "make test: all passed"
 
 $(B)/tests: $(TEST_SRC) $(TEST_HDR) $(HDR) | $(B)
@@ -86,6 +86,10 @@ $(B)/tests: $(TEST_SRC) $(TEST_HDR) $(HDR) | $(B)
 test-cpu: $(B)/tests
 	sh data/fetch.sh mnist
 	MNISTCU_DEVICE=cpu $(B)/tests
+
+test-cli: $(B)/mnistcu-cpu
+	sh data/fetch.sh mnist
+	sh tests/cli_test.sh $(B)/mnistcu-cpu
 
 test-harness: | $(B)
 	$(CC) -std=c99 $(WARN) -o $(B)/harness_selftest tests/test_harness_selftest.c tests/test_harness_selftest2.c

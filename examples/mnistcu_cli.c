@@ -1,0 +1,1165 @@
+/* mnistcu_cli.c - the `mnistcu` command-line tool: train, evaluate and inspect.
+
+   Build:  make build/mnistcu-cpu   (C99, CPU backend)
+           make build/mnistcu       (nvcc: CUDA backend, CPU fallback)
+
+   Commands (run `mnistcu --help` for every option):
+     mnistcu train [options]        train an MLP on MNIST or Fashion-MNIST, test it
+     mnistcu eval --weights FILE    test weights saved by `train --save-weights`
+     mnistcu info FILE              describe an IDX file (raw or .gz)
+
+   Output: human-readable progress, tables and messages go to stderr; the LAST
+   line on stdout is always one JSON object with the results, for scripts.
+
+   Exit status: 0 success, 1 a failed library call or file operation (the
+   message is printed as "mnistcu: error: ..."), 2 a usage error (unknown
+   option, missing or invalid value).
+
+   The whole program is a thin layer over mnistcu.h; read it top to bottom as a
+   tour of the library's API. */
+
+/* isatty() and fileno() are POSIX, not C99: ask for them before any include. */
+#define _POSIX_C_SOURCE 200809L
+
+#define MNISTCU_IMPLEMENTATION
+#include "../mnistcu.h"
+
+#include <errno.h>
+#include <float.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _WIN32
+#include <io.h>
+#define isatty _isatty
+#define fileno _fileno
+#else
+#include <unistd.h>
+#endif
+
+enum { EXIT_OK = 0, EXIT_ERROR = 1, EXIT_USAGE = 2 };
+
+/* ==========================================================================
+   Help text
+   ========================================================================== */
+
+static void print_synopsis(FILE *f)
+{
+    fprintf(f,
+            "usage: mnistcu train [options]\n"
+            "       mnistcu eval --weights FILE [options]\n"
+            "       mnistcu info FILE\n"
+            "       mnistcu --help | --version\n");
+}
+
+static void print_help(FILE *f)
+{
+    /* In pieces: C99 only promises string literals of up to 4095 characters. */
+    print_synopsis(f);
+    fprintf(f, "\n"
+               "Train and test multilayer perceptrons on MNIST-style data (mnistcu %s).\n"
+               "Progress and tables go to stderr; the last line on stdout is a JSON object.\n",
+            MNISTCU_VERSION_STRING);
+    fputs("\n"
+          "Data and model (train and eval):\n"
+          "  --data DIR            folder holding mnist/ and fashion-mnist/ (default: data)\n"
+          "  --dataset NAME        mnist or fashion (default: mnist)\n"
+          "  --layers SPEC         layer widths, input first (default: 784-128-10)\n"
+          "  --act NAME            hidden activation: relu, tanh, sigmoid, identity (default: relu)\n"
+          "  --norm NAME           pixel scaling: standard (x/255, then zero mean and unit\n"
+          "                        variance over the training set), unit (x/255), none\n"
+          "                        (default: standard)\n"
+          "  --limit N             use only the first N training samples\n"
+          "  --device NAME         cpu, cuda or auto (default: auto; MNISTCU_DEVICE=cpu|cuda\n"
+          "                        in the environment decides when auto)\n"
+          "  --threads N           CPU threads, 0 = all cores (default: 0)\n"
+          "  --quiet               no progress, summary or confusion matrix on stderr\n",
+          f);
+    fputs("\n"
+          "Training (train only):\n"
+          "  --epochs N            passes over the training set (default: 10)\n"
+          "  --batch N             samples per step (default: 64)\n"
+          "  --lr X                learning rate (default: 0.1)\n"
+          "  --momentum X          SGD momentum in [0, 1) (default: 0)\n"
+          "  --nesterov            Nesterov momentum (needs --momentum > 0)\n"
+          "  --weight-decay X      L2 penalty added to the gradient (default: 0)\n"
+          "  --seed N              seed of initialisation, shuffling and --val (default: 1)\n"
+          "  --val N               hold out N random training samples for validation\n"
+          "  --no-shuffle          keep the training order fixed\n"
+          "  --progress-every N    steps between progress-bar updates on a terminal\n"
+          "                        (default: about 20 per epoch; 0: epoch lines only)\n"
+          "  --save-weights FILE   write the trained weights (format below)\n"
+          "\n"
+          "Evaluation (eval only):\n"
+          "  --weights FILE        weights written by train --save-weights (required)\n",
+          f);
+    fputs("\n"
+          "Weights file: the parameters as raw little-endian float32 values, no header,\n"
+          "in the library's (PyTorch's) order: for each layer W[out][in], then b[out].\n"
+          "A 784-128-10 model has 101770 values (407080 bytes). Because there is no\n"
+          "header, eval must be given the same --layers and --act as train (and, with\n"
+          "--norm standard, the same --limit: it recomputes the training statistics).\n"
+          "\n"
+          "Options take their value as `--lr 0.05` or `--lr=0.05`.\n"
+          "Exit status: 0 success, 1 error (a failed library call or file operation),\n"
+          "2 usage error (unknown option, missing or invalid value).\n"
+          "\n"
+          "Examples:\n"
+          "  mnistcu train --layers 784-256-128-10 --epochs 20 --momentum 0.9 --val 5000\n"
+          "  mnistcu train --dataset fashion --save-weights fashion.f32\n"
+          "  mnistcu eval --dataset fashion --weights fashion.f32\n"
+          "  mnistcu info data/mnist/train-labels-idx1-ubyte.gz\n",
+          f);
+}
+
+/* A usage error: the message, the synopsis, and the caller exits with 2. */
+static void usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "mnistcu: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    print_synopsis(stderr);
+    fprintf(stderr, "Run `mnistcu --help` for the options.\n");
+}
+
+/* ==========================================================================
+   Errors and logging
+
+   Every library call returns MNISTCU_OK or an error code, and the context
+   keeps a message naming the cause. We print that message exactly once, here,
+   so the library's logger must not print errors too (see cli_log below).
+   ========================================================================== */
+
+/* Returns 1 (and prints the context's message) when r is an error. */
+static int failed(const mnistcu_ctx *ctx, mnistcu_result r)
+{
+    const char *msg;
+    if (r == MNISTCU_OK) return 0;
+    msg = ctx ? mnistcu_ctx_error(ctx) : "";
+    if (msg[0] == '\0') msg = mnistcu_result_str(r); /* e.g. no context at all: out of memory */
+    fprintf(stderr, "mnistcu: error: %s\n", msg);
+    return 1;
+}
+
+/* The library's logger. Errors are reported by failed() from the context's
+   message; the per-epoch INFO lines are replaced by our own progress output.
+   That leaves warnings (for example threads asked for in a build without OpenMP). */
+static void cli_log(void *user, mnistcu_log_level level, const char *message)
+{
+    (void)user;
+    if (level == MNISTCU_LOG_WARN) fprintf(stderr, "mnistcu: warning: %s\n", message);
+}
+
+/* ==========================================================================
+   Parsing numbers and names
+
+   strtol/strtod report where they stopped; a value is accepted only when the
+   whole text was a number and it lies in range. (atoi("abc") would be 0.)
+   ========================================================================== */
+
+static int parse_integer(const char *opt, const char *text, long long lo, long long hi, long long *out)
+{
+    char *end;
+    long long v;
+    errno = 0;
+    v = strtoll(text, &end, 10);
+    if (end == text || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+        usage_error("%s: expected an integer from %lld to %lld, got '%s'", opt, lo, hi, text);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Any 64-bit unsigned value (strtoull would quietly negate "-1"). */
+static int parse_u64(const char *opt, const char *text, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+    errno = 0;
+    v = strtoull(text, &end, 10);
+    if (text[0] < '0' || text[0] > '9' || *end != '\0' || errno == ERANGE) {
+        usage_error("%s: expected an integer from 0 to 18446744073709551615, got '%s'", opt, text);
+        return 0;
+    }
+    *out = (uint64_t)v;
+    return 1;
+}
+
+/* A finite number in float range (the library computes in float). */
+static int parse_number(const char *opt, const char *text, double *out)
+{
+    char *end;
+    double v;
+    errno = 0;
+    v = strtod(text, &end);
+    /* The range test also rejects "nan" (every comparison with NaN is false) and "inf". */
+    if (end == text || *end != '\0' || errno == ERANGE || !(v >= -FLT_MAX && v <= FLT_MAX)) {
+        usage_error("%s: expected a number, got '%s'", opt, text);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* "784-128-10" -> {784, 128, 10, 0}. */
+static int parse_layers(const char *text, int sizes[MNISTCU_MAX_LAYERS + 1])
+{
+    const char *p = text;
+    int n = 0;
+    for (;;) {
+        char *end;
+        long v;
+        if (*p < '0' || *p > '9') break; /* strtol would also take signs and spaces */
+        errno = 0;
+        v = strtol(p, &end, 10);
+        if (errno == ERANGE || v < 1 || v > (1L << 24) || n == MNISTCU_MAX_LAYERS + 1) break;
+        sizes[n++] = (int)v;
+        if (*end == '\0') {
+            if (n < 2) break;
+            if (n <= MNISTCU_MAX_LAYERS) sizes[n] = 0; /* zero-terminated unless full */
+            return 1;
+        }
+        if (*end != '-') break;
+        p = end + 1;
+    }
+    usage_error("--layers: expected 2 to %d widths from 1 to 16777216 joined by '-', e.g. 784-128-10; got '%s'",
+                MNISTCU_MAX_LAYERS + 1, text);
+    return 0;
+}
+
+/* {784, 128, 10, 0} -> "784-128-10" */
+static void format_layers(const int *sizes, char *out, size_t size)
+{
+    size_t len = 0;
+    int l;
+    out[0] = '\0';
+    for (l = 0; l <= MNISTCU_MAX_LAYERS && sizes[l] != 0; ++l) {
+        int n = snprintf(out + len, size - len, l ? "-%d" : "%d", sizes[l]);
+        if (n < 0 || (size_t)n >= size - len) break;
+        len += (size_t)n;
+    }
+}
+
+static const char *act_name(mnistcu_act act)
+{
+    switch (act) {
+    case MNISTCU_ACT_TANH: return "tanh";
+    case MNISTCU_ACT_SIGMOID: return "sigmoid";
+    case MNISTCU_ACT_IDENTITY: return "identity";
+    default: return "relu";
+    }
+}
+
+static const char *norm_name(mnistcu_norm norm)
+{
+    switch (norm) {
+    case MNISTCU_NORM_NONE: return "none";
+    case MNISTCU_NORM_STANDARD: return "standard";
+    default: return "unit";
+    }
+}
+
+/* ==========================================================================
+   Options of train and eval
+
+   One table lists every option: its name, whether it takes a value, and the
+   commands that accept it. parse_options() looks each argument up in the
+   table, fetches its value, and a switch stores it.
+   ========================================================================== */
+
+enum { CMD_TRAIN = 1, CMD_EVAL = 2, CMD_BOTH = CMD_TRAIN | CMD_EVAL };
+
+typedef enum option_id {
+    OPT_HELP, OPT_DATA, OPT_DATASET, OPT_LAYERS, OPT_ACT, OPT_NORM, OPT_LIMIT, OPT_DEVICE, OPT_THREADS, OPT_QUIET,
+    OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WEIGHT_DECAY, OPT_SEED, OPT_VAL, OPT_NO_SHUFFLE,
+    OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS
+} option_id;
+
+typedef struct option_spec {
+    const char *name;
+    option_id id;
+    int takes_value;
+    int commands; /* CMD_TRAIN, CMD_EVAL or both */
+} option_spec;
+
+static const option_spec option_table[] = {
+    {"--help", OPT_HELP, 0, CMD_BOTH},
+    {"--data", OPT_DATA, 1, CMD_BOTH},
+    {"--dataset", OPT_DATASET, 1, CMD_BOTH},
+    {"--layers", OPT_LAYERS, 1, CMD_BOTH},
+    {"--act", OPT_ACT, 1, CMD_BOTH},
+    {"--norm", OPT_NORM, 1, CMD_BOTH},
+    {"--limit", OPT_LIMIT, 1, CMD_BOTH},
+    {"--device", OPT_DEVICE, 1, CMD_BOTH},
+    {"--threads", OPT_THREADS, 1, CMD_BOTH},
+    {"--quiet", OPT_QUIET, 0, CMD_BOTH},
+    {"--epochs", OPT_EPOCHS, 1, CMD_TRAIN},
+    {"--batch", OPT_BATCH, 1, CMD_TRAIN},
+    {"--lr", OPT_LR, 1, CMD_TRAIN},
+    {"--momentum", OPT_MOMENTUM, 1, CMD_TRAIN},
+    {"--nesterov", OPT_NESTEROV, 0, CMD_TRAIN},
+    {"--weight-decay", OPT_WEIGHT_DECAY, 1, CMD_TRAIN},
+    {"--seed", OPT_SEED, 1, CMD_TRAIN},
+    {"--val", OPT_VAL, 1, CMD_TRAIN},
+    {"--no-shuffle", OPT_NO_SHUFFLE, 0, CMD_TRAIN},
+    {"--progress-every", OPT_PROGRESS_EVERY, 1, CMD_TRAIN},
+    {"--save-weights", OPT_SAVE_WEIGHTS, 1, CMD_TRAIN},
+    {"--weights", OPT_WEIGHTS, 1, CMD_EVAL},
+};
+
+typedef struct cli_options {
+    /* data and model */
+    const char *data_dir;
+    const char *dataset;         /* "mnist" or "fashion" */
+    int sizes[MNISTCU_MAX_LAYERS + 1];
+    char layers[256];            /* the widths as text, "784-128-10" */
+    mnistcu_act act;
+    mnistcu_norm norm;
+    size_t limit;                /* 0: every training sample */
+    mnistcu_device device;
+    int threads;
+    int quiet;
+    /* training */
+    int epochs;
+    int batch;
+    double lr, momentum, weight_decay;
+    int nesterov;
+    uint64_t seed;
+    size_t val;                  /* validation samples, 0: none */
+    int no_shuffle;
+    long long progress_every;    /* -1: automatic */
+    const char *save_weights;
+    /* evaluation */
+    const char *weights;
+} cli_options;
+
+static void default_options(cli_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->data_dir = "data";
+    o->dataset = "mnist";
+    parse_layers("784-128-10", o->sizes);
+    format_layers(o->sizes, o->layers, sizeof o->layers);
+    o->act = MNISTCU_ACT_RELU;
+    o->norm = MNISTCU_NORM_STANDARD; /* the library's default for uint8 images */
+    o->device = MNISTCU_DEVICE_AUTO;
+    o->epochs = 10;
+    o->batch = 64;
+    o->lr = 0.1;
+    o->seed = 1;
+    o->progress_every = -1;
+}
+
+/* Stores one option's value; 0 (after a usage message) when it is invalid. */
+static int set_option(cli_options *o, const char *name, option_id id, const char *v)
+{
+    long long n;
+    switch (id) {
+    case OPT_HELP: return 1; /* handled by the caller */
+    case OPT_DATA: o->data_dir = v; return 1;
+    case OPT_DATASET:
+        if (strcmp(v, "mnist") == 0) o->dataset = "mnist";
+        else if (strcmp(v, "fashion") == 0 || strcmp(v, "fashion-mnist") == 0) o->dataset = "fashion";
+        else break;
+        return 1;
+    case OPT_LAYERS:
+        if (!parse_layers(v, o->sizes)) return 0;
+        format_layers(o->sizes, o->layers, sizeof o->layers);
+        return 1;
+    case OPT_ACT:
+        if (strcmp(v, "relu") == 0) o->act = MNISTCU_ACT_RELU;
+        else if (strcmp(v, "tanh") == 0) o->act = MNISTCU_ACT_TANH;
+        else if (strcmp(v, "sigmoid") == 0) o->act = MNISTCU_ACT_SIGMOID;
+        else if (strcmp(v, "identity") == 0) o->act = MNISTCU_ACT_IDENTITY;
+        else break;
+        return 1;
+    case OPT_NORM:
+        if (strcmp(v, "unit") == 0) o->norm = MNISTCU_NORM_UNIT;
+        else if (strcmp(v, "standard") == 0) o->norm = MNISTCU_NORM_STANDARD;
+        else if (strcmp(v, "none") == 0) o->norm = MNISTCU_NORM_NONE;
+        else break;
+        return 1;
+    case OPT_DEVICE:
+        if (strcmp(v, "auto") == 0) o->device = MNISTCU_DEVICE_AUTO;
+        else if (strcmp(v, "cpu") == 0) o->device = MNISTCU_DEVICE_CPU;
+        else if (strcmp(v, "cuda") == 0) o->device = MNISTCU_DEVICE_CUDA;
+        else break;
+        return 1;
+    case OPT_LIMIT:
+        if (!parse_integer(name, v, 1, 1LL << 40, &n)) return 0;
+        o->limit = (size_t)n;
+        return 1;
+    case OPT_THREADS:
+        if (!parse_integer(name, v, 0, 4096, &n)) return 0;
+        o->threads = (int)n;
+        return 1;
+    case OPT_QUIET: o->quiet = 1; return 1;
+    case OPT_EPOCHS:
+        if (!parse_integer(name, v, 1, 1000000, &n)) return 0;
+        o->epochs = (int)n;
+        return 1;
+    case OPT_BATCH:
+        if (!parse_integer(name, v, 1, 1000000, &n)) return 0;
+        o->batch = (int)n;
+        return 1;
+    case OPT_LR:
+        if (!parse_number(name, v, &o->lr)) return 0;
+        /* (float) because a value that rounds to 0.0f would mean "default" to the library */
+        if (!((float)o->lr > 0.0f)) {
+            usage_error("--lr: the learning rate must be greater than 0, got '%s'", v);
+            return 0;
+        }
+        return 1;
+    case OPT_MOMENTUM:
+        if (!parse_number(name, v, &o->momentum)) return 0;
+        if (!(o->momentum >= 0.0 && (float)o->momentum < 1.0f)) {
+            usage_error("--momentum: expected a value in [0, 1), got '%s'", v);
+            return 0;
+        }
+        return 1;
+    case OPT_NESTEROV: o->nesterov = 1; return 1;
+    case OPT_WEIGHT_DECAY:
+        if (!parse_number(name, v, &o->weight_decay)) return 0;
+        if (!(o->weight_decay >= 0.0)) {
+            usage_error("--weight-decay: expected a value >= 0, got '%s'", v);
+            return 0;
+        }
+        return 1;
+    case OPT_SEED: return parse_u64(name, v, &o->seed);
+    case OPT_VAL:
+        if (!parse_integer(name, v, 0, 1LL << 40, &n)) return 0;
+        o->val = (size_t)n;
+        return 1;
+    case OPT_NO_SHUFFLE: o->no_shuffle = 1; return 1;
+    case OPT_PROGRESS_EVERY: return parse_integer(name, v, 0, 1LL << 40, &o->progress_every);
+    case OPT_SAVE_WEIGHTS: o->save_weights = v; return 1;
+    case OPT_WEIGHTS: o->weights = v; return 1;
+    }
+    /* The name-valued options that matched nothing end up here. */
+    usage_error("%s: unknown value '%s'", name, v);
+    return 0;
+}
+
+enum { PARSE_OK, PARSE_HELP, PARSE_ERROR };
+
+static int parse_options(int argc, char **argv, int command, cli_options *o)
+{
+    const char *command_name = command == CMD_TRAIN ? "train" : "eval";
+    int i;
+    default_options(o);
+    for (i = 0; i < argc; ++i) {
+        const char *arg = argv[i], *value = NULL, *eq;
+        const option_spec *spec = NULL;
+        char name[32];
+        size_t name_len, k;
+
+        /* Split "--name=value"; otherwise the value is the next argument. */
+        eq = strchr(arg, '=');
+        name_len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (strncmp(arg, "--", 2) != 0) {
+            usage_error("%s: unexpected argument '%s' (options start with --)", command_name, arg);
+            return PARSE_ERROR;
+        }
+        if (name_len < sizeof name) {
+            memcpy(name, arg, name_len);
+            name[name_len] = '\0';
+            for (k = 0; k < sizeof option_table / sizeof option_table[0]; ++k)
+                if (strcmp(option_table[k].name, name) == 0) spec = &option_table[k];
+        }
+        if (!spec || !(spec->commands & command)) {
+            usage_error("%s: unknown option '%.*s'", command_name, (int)name_len, arg);
+            return PARSE_ERROR;
+        }
+        if (spec->id == OPT_HELP) return PARSE_HELP;
+        if (!spec->takes_value) {
+            if (eq) {
+                usage_error("%s takes no value", name);
+                return PARSE_ERROR;
+            }
+        } else if (eq) {
+            value = eq + 1;
+        } else if (i + 1 < argc) {
+            value = argv[++i];
+        } else {
+            usage_error("%s needs a value", name);
+            return PARSE_ERROR;
+        }
+        if (!set_option(o, name, spec->id, value)) return PARSE_ERROR;
+    }
+
+    /* Checks that involve several options. */
+    if (o->nesterov && o->momentum == 0.0) {
+        usage_error("--nesterov needs --momentum greater than 0");
+        return PARSE_ERROR;
+    }
+    if (command == CMD_EVAL && !o->weights) {
+        usage_error("eval needs --weights FILE (written by train --save-weights)");
+        return PARSE_ERROR;
+    }
+    return PARSE_OK;
+}
+
+/* ==========================================================================
+   Context, datasets and model
+   ========================================================================== */
+
+static int create_context(mnistcu_device device, uint64_t seed, int threads, mnistcu_ctx **ctx)
+{
+    mnistcu_ctx_desc desc;
+    mnistcu_result r;
+    memset(&desc, 0, sizeof desc); /* zero = default for every field */
+    desc.device = device;
+    desc.seed = seed;
+    desc.threads = threads;
+    desc.log_level = MNISTCU_LOG_WARN; /* no INFO lines: we print our own progress */
+    desc.log = cli_log;
+    r = mnistcu_ctx_create(ctx, &desc); /* on failure *ctx may still hold the message */
+    return !failed(*ctx, r);
+}
+
+/* Loads DIR/mnist or DIR/fashion-mnist, train or test split. */
+static int load_split(mnistcu_ctx *ctx, const cli_options *o, mnistcu_split split, mnistcu_dataset **out)
+{
+    mnistcu_dataset_desc desc;
+    mnistcu_result r;
+    char dir[4096];
+    int n = snprintf(dir, sizeof dir, "%s/%s", o->data_dir,
+                     strcmp(o->dataset, "fashion") == 0 ? "fashion-mnist" : "mnist");
+    if (n < 0 || (size_t)n >= sizeof dir) {
+        fprintf(stderr, "mnistcu: error: --data: folder name too long\n");
+        return 0;
+    }
+    memset(&desc, 0, sizeof desc);
+    desc.dir = dir;
+    desc.split = split;
+    desc.norm = o->norm;
+    desc.limit = split == MNISTCU_SPLIT_TRAIN ? o->limit : 0; /* --limit trims the training set only */
+    r = mnistcu_dataset_load(ctx, &desc, out);
+    if (failed(ctx, r)) {
+        if (r == MNISTCU_ERR_NOT_FOUND)
+            fprintf(stderr, "mnistcu: hint: run `make data` first (it fetches MNIST and Fashion-MNIST into data/),\n"
+                            "               or point --data at the folder that holds mnist/ and fashion-mnist/\n");
+        return 0;
+    }
+    return 1;
+}
+
+static int create_model(mnistcu_ctx *ctx, const cli_options *o, mnistcu_model **net)
+{
+    mnistcu_model_desc desc;
+    memset(&desc, 0, sizeof desc);
+    memcpy(desc.sizes, o->sizes, sizeof desc.sizes);
+    desc.hidden_act = o->act;
+    return !failed(ctx, mnistcu_model_create(ctx, &desc, net));
+}
+
+/* ==========================================================================
+   Progress on stderr
+
+   On a terminal: one line redrawn in place with '\r' while an epoch runs,
+   replaced by a permanent line when it ends. Elsewhere (a file, a pipe, CI
+   logs): only the permanent per-epoch lines.
+   ========================================================================== */
+
+#define BAR_WIDTH 20
+
+typedef struct progress_state {
+    int tty;              /* stderr is a terminal */
+    int line_len;         /* characters of the progress bar now on screen; 0: none */
+    double prev_seconds;  /* training time at the end of the previous epoch */
+} progress_state;
+
+static int digits(long long v)
+{
+    int d = 1;
+    while (v >= 10) {
+        v /= 10;
+        ++d;
+    }
+    return d;
+}
+
+/* Blanks the progress bar, so the next output starts on a clean line. */
+static void progress_clear(progress_state *s)
+{
+    if (s->line_len > 0) {
+        fprintf(stderr, "\r%*s\r", s->line_len, "");
+        s->line_len = 0;
+    }
+}
+
+static void progress_draw_bar(progress_state *s, const mnistcu_progress *p)
+{
+    char bar[BAR_WIDTH + 1], line[256];
+    size_t filled = BAR_WIDTH * p->step / p->steps;
+    int len;
+    memset(bar, '#', filled);
+    memset(bar + filled, '.', BAR_WIDTH - filled);
+    bar[BAR_WIDTH] = '\0';
+    len = snprintf(line, sizeof line, "epoch %d/%d [%s] %zu/%zu loss %.4f acc %.2f%% %.0f img/s", p->epoch, p->epochs,
+                   bar, p->step, p->steps, p->train_loss, 100.0 * p->train_accuracy, p->images_per_second);
+    if (len < 0) return;
+    if (len >= (int)sizeof line) len = (int)sizeof line - 1;
+    /* Overwrite the previous line; pad with spaces if it was longer. */
+    fprintf(stderr, "\r%s%*s", line, s->line_len > len ? s->line_len - len : 0, "");
+    fflush(stderr);
+    s->line_len = len;
+}
+
+/* The mnistcu_progress_fn given to mnistcu_train. Returning non-zero would stop training. */
+static int on_progress(void *user, const mnistcu_progress *p)
+{
+    progress_state *s = (progress_state *)user;
+    double epoch_seconds;
+    if (!p->epoch_end) {
+        if (s->tty) progress_draw_bar(s, p);
+        return 0;
+    }
+    progress_clear(s);
+    epoch_seconds = p->seconds - s->prev_seconds;
+    s->prev_seconds = p->seconds;
+    fprintf(stderr, "epoch %*d/%d  loss %.4f  acc %6.2f%%", digits(p->epochs), p->epoch, p->epochs, p->train_loss,
+            100.0 * p->train_accuracy);
+    if (p->has_validation)
+        fprintf(stderr, "  val loss %.4f  val acc %6.2f%%", p->val_loss, 100.0 * p->val_accuracy);
+    fprintf(stderr, "  %.2f s  %.0f img/s\n", epoch_seconds, p->images_per_second);
+    return 0;
+}
+
+/* ==========================================================================
+   Results: confusion matrix and JSON
+   ========================================================================== */
+
+/* Rows: true labels; columns: predictions; the last column is the per-class accuracy. */
+static void print_confusion(const int64_t *confusion, size_t classes)
+{
+    size_t t, p;
+    int64_t largest = 0;
+    int w;
+    if (classes > 20) {
+        fprintf(stderr, "(confusion matrix omitted: %zu classes)\n", classes);
+        return;
+    }
+    for (t = 0; t < classes * classes; ++t)
+        if (confusion[t] > largest) largest = confusion[t];
+    w = digits(largest) + 1;
+    if (w < 4) w = 4;
+
+    fprintf(stderr, "confusion matrix (rows: true label, columns: predicted label)\n     ");
+    for (p = 0; p < classes; ++p) fprintf(stderr, "%*zu", w, p);
+    fprintf(stderr, "   accuracy\n");
+    for (t = 0; t < classes; ++t) {
+        int64_t row_total = 0;
+        fprintf(stderr, "%4zu ", t);
+        for (p = 0; p < classes; ++p) {
+            fprintf(stderr, "%*lld", w, (long long)confusion[t * classes + p]);
+            row_total += confusion[t * classes + p];
+        }
+        if (row_total > 0)
+            fprintf(stderr, "   %6.2f%%\n", 100.0 * (double)confusion[t * classes + t] / (double)row_total);
+        else
+            fprintf(stderr, "   %7s\n", "-");
+    }
+}
+
+static void print_fashion_legend(void)
+{
+    fprintf(stderr, "classes: 0 T-shirt/top, 1 trouser, 2 pullover, 3 dress, 4 coat, 5 sandal, 6 shirt, "
+                    "7 sneaker, 8 bag, 9 ankle boot\n");
+}
+
+/* Evaluates on `test`, printing the summary and confusion matrix unless quiet. */
+static int evaluate_and_report(mnistcu_ctx *ctx, mnistcu_model *net, const mnistcu_dataset *test,
+                               const cli_options *o, mnistcu_metrics *m)
+{
+    size_t classes;
+    mnistcu_model_info info;
+    int64_t *confusion;
+    int ok;
+    mnistcu_model_info_get(net, &info);
+    classes = info.classes;
+    confusion = (int64_t *)malloc(classes * classes * sizeof *confusion);
+    if (!confusion) {
+        fprintf(stderr, "mnistcu: error: out of memory for the confusion matrix\n");
+        return 0;
+    }
+    ok = !failed(ctx, mnistcu_evaluate(net, test, m, confusion));
+    if (ok && !o->quiet) {
+        fprintf(stderr, "test  loss %.4f  accuracy %.2f%%  (%zu of %zu correct)\n", m->loss, 100.0 * m->accuracy,
+                m->correct, m->count);
+        print_confusion(confusion, classes);
+        if (strcmp(o->dataset, "fashion") == 0) print_fashion_legend();
+    }
+    free(confusion);
+    return ok;
+}
+
+/* Writes s as a JSON string: quoted, with " \ and control characters escaped. */
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; ++s) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* ,"key":"value" */
+static void json_field_str(const char *key, const char *value)
+{
+    printf(",\"%s\":", key);
+    json_string(stdout, value);
+}
+
+/* ==========================================================================
+   Weights files: raw little-endian float32, no header (see --help)
+
+   Bytes are assembled by hand so the file is the same on every machine,
+   whatever the host's byte order.
+   ========================================================================== */
+
+static void float_to_le(float f, unsigned char b[4])
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    b[0] = (unsigned char)(u & 0xFF);
+    b[1] = (unsigned char)((u >> 8) & 0xFF);
+    b[2] = (unsigned char)((u >> 16) & 0xFF);
+    b[3] = (unsigned char)((u >> 24) & 0xFF);
+}
+
+static float float_from_le(const unsigned char b[4])
+{
+    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static int save_weights(mnistcu_ctx *ctx, const mnistcu_model *net, const char *path)
+{
+    size_t count = mnistcu_model_num_params(net), i;
+    float *params = (float *)malloc(count * sizeof *params);
+    unsigned char *bytes = (unsigned char *)malloc(count * 4);
+    FILE *f = NULL;
+    int ok = 0;
+    if (!params || !bytes) {
+        fprintf(stderr, "mnistcu: error: out of memory for %zu parameters\n", count);
+        goto done;
+    }
+    if (failed(ctx, mnistcu_model_get_params(net, params, count))) goto done;
+    for (i = 0; i < count; ++i) float_to_le(params[i], bytes + 4 * i);
+    f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "mnistcu: error: %s: cannot create: %s\n", path, strerror(errno));
+        goto done;
+    }
+    if (fwrite(bytes, 4, count, f) != count) {
+        fprintf(stderr, "mnistcu: error: %s: write failed: %s\n", path, strerror(errno));
+        goto done;
+    }
+    ok = 1;
+done:
+    if (f && fclose(f) != 0 && ok) {
+        fprintf(stderr, "mnistcu: error: %s: write failed: %s\n", path, strerror(errno));
+        ok = 0;
+    }
+    free(params);
+    free(bytes);
+    return ok;
+}
+
+static int load_weights(mnistcu_ctx *ctx, mnistcu_model *net, const char *path, const char *layers)
+{
+    size_t count = mnistcu_model_num_params(net), i;
+    float *params = NULL;
+    unsigned char *bytes = NULL;
+    long size;
+    int ok = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "mnistcu: error: %s: cannot open: %s\n", path, strerror(errno));
+        return 0;
+    }
+    /* The file must hold exactly one float32 per parameter of this model. */
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fprintf(stderr, "mnistcu: error: %s: cannot determine the file size\n", path);
+        goto done;
+    }
+    if ((unsigned long)size != (unsigned long)(count * 4)) {
+        fprintf(stderr,
+                "mnistcu: error: %s: %ld bytes, but a %s model has %zu parameters (%zu bytes);\n"
+                "               give eval the --layers the weights were trained with\n",
+                path, size, layers, count, count * 4);
+        goto done;
+    }
+    params = (float *)malloc(count * sizeof *params);
+    bytes = (unsigned char *)malloc(count * 4);
+    if (!params || !bytes) {
+        fprintf(stderr, "mnistcu: error: out of memory for %zu parameters\n", count);
+        goto done;
+    }
+    if (fread(bytes, 4, count, f) != count) {
+        fprintf(stderr, "mnistcu: error: %s: read failed\n", path);
+        goto done;
+    }
+    for (i = 0; i < count; ++i) params[i] = float_from_le(bytes + 4 * i);
+    ok = !failed(ctx, mnistcu_model_set_params(net, params, count));
+done:
+    fclose(f);
+    free(params);
+    free(bytes);
+    return ok;
+}
+
+/* ==========================================================================
+   mnistcu train
+   ========================================================================== */
+
+static int cmd_train(int argc, char **argv)
+{
+    cli_options o;
+    mnistcu_ctx *ctx = NULL;
+    mnistcu_dataset *all = NULL, *train = NULL, *val = NULL, *test = NULL;
+    mnistcu_model *net = NULL;
+    mnistcu_dataset_info train_info, test_info;
+    mnistcu_train_desc desc;
+    mnistcu_train_result result;
+    mnistcu_metrics test_metrics;
+    progress_state progress;
+    mnistcu_result r;
+    size_t steps;
+    int status = EXIT_ERROR;
+
+    switch (parse_options(argc, argv, CMD_TRAIN, &o)) {
+    case PARSE_HELP: print_help(stdout); return EXIT_OK;
+    case PARSE_ERROR: return EXIT_USAGE;
+    default: break;
+    }
+
+    /* 1. Context: device, seed (initialisation, shuffling, the validation split), threads. */
+    if (!create_context(o.device, o.seed, o.threads, &ctx)) goto done;
+
+    /* 2. Data. Standard normalisation uses the training set's statistics for both sets. */
+    if (!load_split(ctx, &o, MNISTCU_SPLIT_TRAIN, &all) || !load_split(ctx, &o, MNISTCU_SPLIT_TEST, &test)) goto done;
+    if (o.norm == MNISTCU_NORM_STANDARD && failed(ctx, mnistcu_dataset_normalize_like(test, all))) goto done;
+    mnistcu_dataset_info_get(all, &train_info);
+    if (o.val > 0) {
+        if (o.val >= train_info.count) {
+            fprintf(stderr, "mnistcu: --val %zu leaves no training samples: the training set has %zu\n", o.val,
+                    train_info.count);
+            status = EXIT_USAGE;
+            goto done;
+        }
+        /* A shuffled split: the first part trains, the rest validates. */
+        if (failed(ctx, mnistcu_dataset_split(ctx, all, train_info.count - o.val, 1, &train, &val))) goto done;
+        mnistcu_dataset_destroy(all); /* the two parts are copies */
+        all = NULL;
+    } else {
+        train = all;
+    }
+    mnistcu_dataset_info_get(train, &train_info);
+    mnistcu_dataset_info_get(test, &test_info);
+
+    /* 3. Model. */
+    if (!create_model(ctx, &o, &net)) goto done;
+
+    /* 4. Train. */
+    memset(&desc, 0, sizeof desc);
+    desc.epochs = o.epochs;
+    desc.batch_size = o.batch;
+    desc.optim.kind = MNISTCU_OPTIM_SGD;
+    desc.optim.learning_rate = (float)o.lr;
+    desc.optim.momentum = (float)o.momentum;
+    desc.optim.nesterov = o.nesterov;
+    desc.optim.weight_decay = (float)o.weight_decay;
+    desc.no_shuffle = o.no_shuffle;
+    desc.validation = val;
+
+    memset(&progress, 0, sizeof progress);
+    progress.tty = isatty(fileno(stderr));
+    if (!o.quiet) {
+        /* Every report inside an epoch reads the running loss back, which on a
+           GPU waits for the queued work: about 20 per epoch cost nothing
+           noticeable. Off a terminal there is no bar, so only epoch ends. */
+        steps = (train_info.count + (size_t)o.batch - 1) / (size_t)o.batch;
+        if (o.progress_every >= 0) desc.progress_every = (size_t)o.progress_every;
+        else if (progress.tty) desc.progress_every = steps >= 20 ? steps / 20 : 1;
+        desc.progress = on_progress;
+        desc.progress_user = &progress;
+
+        fprintf(stderr, "training %s (%s) on %s: %zu samples", o.layers, act_name(o.act), o.dataset,
+                train_info.count);
+        if (val) fprintf(stderr, " (+%zu for validation)", o.val);
+        fprintf(stderr, ", %d epochs of batch %d, lr %g, on %s\n", o.epochs, o.batch, o.lr,
+                mnistcu_ctx_device_name(ctx));
+    }
+    r = mnistcu_train(net, train, &desc, &result);
+    progress_clear(&progress); /* an error may arrive while the bar is drawn */
+    if (failed(ctx, r)) goto done;
+    if (!o.quiet)
+        fprintf(stderr, "trained %d epochs in %.2f s\n", result.epochs, result.seconds);
+
+    if (o.save_weights) {
+        if (!save_weights(ctx, net, o.save_weights)) goto done;
+        if (!o.quiet) fprintf(stderr, "weights written to %s\n", o.save_weights);
+    }
+
+    /* 5. Test. */
+    if (!evaluate_and_report(ctx, net, test, &o, &test_metrics)) goto done;
+
+    /* The result, as the last line on stdout. */
+    printf("{\"command\":\"train\"");
+    printf(",\"test_accuracy\":%.6f,\"test_loss\":%.6f", test_metrics.accuracy, test_metrics.loss);
+    printf(",\"train_accuracy\":%.6f,\"train_loss\":%.6f", result.train_accuracy, result.train_loss);
+    if (result.has_validation)
+        printf(",\"val_accuracy\":%.6f,\"val_loss\":%.6f,\"val_samples\":%zu", result.val_accuracy, result.val_loss,
+               o.val);
+    printf(",\"epochs\":%d,\"batch\":%d,\"lr\":%.6g,\"momentum\":%.6g,\"nesterov\":%s,\"weight_decay\":%.6g", result.epochs,
+           o.batch, o.lr, o.momentum, o.nesterov ? "true" : "false", o.weight_decay);
+    json_field_str("layers", o.layers);
+    json_field_str("act", act_name(o.act));
+    json_field_str("norm", norm_name(o.norm));
+    json_field_str("dataset", o.dataset);
+    printf(",\"params\":%zu,\"train_samples\":%zu,\"test_samples\":%zu", mnistcu_model_num_params(net),
+           train_info.count, test_info.count);
+    printf(",\"train_seconds\":%.4f,\"images_per_second\":%.1f", result.seconds,
+           result.seconds > 0.0 ? (double)train_info.count * result.epochs / result.seconds : 0.0);
+    json_field_str("device", mnistcu_ctx_device_name(ctx));
+    printf(",\"seed\":%llu", (unsigned long long)o.seed);
+    json_field_str("version", MNISTCU_VERSION_STRING);
+    printf("}\n");
+    status = EXIT_OK;
+
+done:
+    mnistcu_ctx_destroy(ctx); /* frees the datasets and the model too */
+    return status;
+}
+
+/* ==========================================================================
+   mnistcu eval
+   ========================================================================== */
+
+static int cmd_eval(int argc, char **argv)
+{
+    cli_options o;
+    mnistcu_ctx *ctx = NULL;
+    mnistcu_dataset *train = NULL, *test = NULL;
+    mnistcu_model *net = NULL;
+    mnistcu_metrics m;
+    int status = EXIT_ERROR;
+
+    switch (parse_options(argc, argv, CMD_EVAL, &o)) {
+    case PARSE_HELP: print_help(stdout); return EXIT_OK;
+    case PARSE_ERROR: return EXIT_USAGE;
+    default: break;
+    }
+
+    if (!create_context(o.device, o.seed, o.threads, &ctx)) goto done;
+    if (!load_split(ctx, &o, MNISTCU_SPLIT_TEST, &test)) goto done;
+    if (o.norm == MNISTCU_NORM_STANDARD) {
+        /* The mean and deviation come from the training set, as in train. */
+        if (!load_split(ctx, &o, MNISTCU_SPLIT_TRAIN, &train) ||
+            failed(ctx, mnistcu_dataset_normalize_like(test, train)))
+            goto done;
+        mnistcu_dataset_destroy(train);
+    }
+    if (!create_model(ctx, &o, &net) || !load_weights(ctx, net, o.weights, o.layers)) goto done;
+    if (!o.quiet)
+        fprintf(stderr, "evaluating %s (%s) from %s on the %s test set, on %s\n", o.layers, act_name(o.act), o.weights,
+                o.dataset, mnistcu_ctx_device_name(ctx));
+    if (!evaluate_and_report(ctx, net, test, &o, &m)) goto done;
+
+    printf("{\"command\":\"eval\"");
+    printf(",\"test_accuracy\":%.6f,\"test_loss\":%.6f,\"test_samples\":%zu", m.accuracy, m.loss, m.count);
+    json_field_str("layers", o.layers);
+    json_field_str("act", act_name(o.act));
+    json_field_str("norm", norm_name(o.norm));
+    json_field_str("dataset", o.dataset);
+    json_field_str("weights", o.weights);
+    printf(",\"params\":%zu", mnistcu_model_num_params(net));
+    json_field_str("device", mnistcu_ctx_device_name(ctx));
+    json_field_str("version", MNISTCU_VERSION_STRING);
+    printf("}\n");
+    status = EXIT_OK;
+
+done:
+    mnistcu_ctx_destroy(ctx);
+    return status;
+}
+
+/* ==========================================================================
+   mnistcu info
+   ========================================================================== */
+
+/* Element i of an IDX tensor (data is in host byte order), as a double. */
+static double idx_value(const mnistcu_idx *t, size_t i)
+{
+    switch (t->type) {
+    case MNISTCU_IDX_U8: return ((const uint8_t *)t->data)[i];
+    case MNISTCU_IDX_I8: return ((const int8_t *)t->data)[i];
+    case MNISTCU_IDX_I16: return ((const int16_t *)t->data)[i];
+    case MNISTCU_IDX_I32: return ((const int32_t *)t->data)[i];
+    case MNISTCU_IDX_F32: return ((const float *)t->data)[i];
+    case MNISTCU_IDX_F64: return ((const double *)t->data)[i];
+    }
+    return 0.0;
+}
+
+#define MAX_HISTOGRAM 20
+
+typedef struct histogram {
+    int n;                        /* distinct values found, kept sorted */
+    int too_many;                 /* more than MAX_HISTOGRAM distinct values */
+    long values[MAX_HISTOGRAM];
+    size_t counts[MAX_HISTOGRAM];
+} histogram;
+
+static void histogram_add(histogram *h, long v)
+{
+    int i = 0, j;
+    while (i < h->n && h->values[i] < v) ++i;
+    if (i < h->n && h->values[i] == v) {
+        h->counts[i]++;
+        return;
+    }
+    if (h->n == MAX_HISTOGRAM) {
+        h->too_many = 1;
+        return;
+    }
+    for (j = h->n; j > i; --j) { /* insert at i, keeping the values sorted */
+        h->values[j] = h->values[j - 1];
+        h->counts[j] = h->counts[j - 1];
+    }
+    h->values[i] = v;
+    h->counts[i] = 1;
+    h->n++;
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    const char *path = NULL, *type_name;
+    mnistcu_ctx *ctx = NULL;
+    mnistcu_idx t;
+    histogram h;
+    double lo = 0.0, hi = 0.0, sum = 0.0;
+    int integer, want_histogram, i, d;
+    size_t k;
+
+    for (i = 0; i < argc; ++i) {
+        if (strcmp(argv[i], "--help") == 0) {
+            print_help(stdout);
+            return EXIT_OK;
+        }
+        if (argv[i][0] == '-' && argv[i][1] != '\0') {
+            usage_error("info: unknown option '%s'", argv[i]);
+            return EXIT_USAGE;
+        }
+        if (path) {
+            usage_error("info takes one FILE, got '%s' and '%s'", path, argv[i]);
+            return EXIT_USAGE;
+        }
+        path = argv[i];
+    }
+    if (!path) {
+        usage_error("info needs a FILE");
+        return EXIT_USAGE;
+    }
+
+    /* Reading a file needs no GPU: a CPU context starts instantly. */
+    memset(&t, 0, sizeof t);
+    if (!create_context(MNISTCU_DEVICE_CPU, 0, 0, &ctx) || failed(ctx, mnistcu_idx_load_file(ctx, path, &t))) {
+        mnistcu_ctx_destroy(ctx);
+        return EXIT_ERROR;
+    }
+
+    /* Statistics: min, max, mean; a histogram for a small set of integer labels. */
+    integer = t.type != MNISTCU_IDX_F32 && t.type != MNISTCU_IDX_F64;
+    want_histogram = integer && t.ndim == 1;
+    memset(&h, 0, sizeof h);
+    for (k = 0; k < t.count; ++k) {
+        double v = idx_value(&t, k);
+        if (k == 0 || v < lo) lo = v;
+        if (k == 0 || v > hi) hi = v;
+        sum += v;
+        if (want_histogram && !h.too_many) histogram_add(&h, (long)v);
+    }
+
+    /* For people. */
+    type_name = mnistcu_idx_type_name(t.type);
+    printf("file      %s\n", path);
+    printf("type      %s (0x%02X), %zu byte%s per element\n", type_name, (unsigned)t.type, t.elem_size,
+           t.elem_size == 1 ? "" : "s");
+    printf("dims      ");
+    for (d = 0; d < t.ndim; ++d) printf(d ? " x %u" : "%u", (unsigned)t.dims[d]);
+    printf("\nelements  %zu\n", t.count);
+    if (t.count > 0) {
+        printf("min       %g\nmax       %g\nmean      %.6f\n", lo, hi, sum / (double)t.count);
+        if (want_histogram && h.too_many) {
+            printf("histogram more than %d distinct values\n", MAX_HISTOGRAM);
+        } else if (want_histogram) {
+            printf("histogram (%d distinct value%s)\n", h.n, h.n == 1 ? "" : "s");
+            for (i = 0; i < h.n; ++i)
+                printf("  %8ld  %zu  (%.2f%%)\n", h.values[i], h.counts[i], 100.0 * (double)h.counts[i] / (double)t.count);
+        }
+    }
+
+    /* For scripts: the last line. */
+    printf("{\"command\":\"info\"");
+    json_field_str("file", path);
+    json_field_str("type", type_name);
+    printf(",\"dims\":[");
+    for (d = 0; d < t.ndim; ++d) printf(d ? ",%u" : "%u", (unsigned)t.dims[d]);
+    printf("],\"count\":%zu", t.count);
+    if (t.count > 0) printf(",\"min\":%.17g,\"max\":%.17g,\"mean\":%.6f", lo, hi, sum / (double)t.count);
+    if (want_histogram && !h.too_many && t.count > 0) {
+        printf(",\"histogram\":{");
+        for (i = 0; i < h.n; ++i) printf(i ? ",\"%ld\":%zu" : "\"%ld\":%zu", h.values[i], h.counts[i]);
+        printf("}");
+    }
+    printf("}\n");
+
+    mnistcu_idx_free(ctx, &t);
+    mnistcu_ctx_destroy(ctx);
+    return EXIT_OK;
+}
+
+/* ==========================================================================
+   main
+   ========================================================================== */
+
+int main(int argc, char **argv)
+{
+    const char *command;
+    if (argc < 2) {
+        usage_error("no command given");
+        return EXIT_USAGE;
+    }
+    command = argv[1];
+    if (strcmp(command, "--help") == 0 || strcmp(command, "-h") == 0 || strcmp(command, "help") == 0) {
+        print_help(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(command, "--version") == 0) {
+#ifdef __CUDACC__
+        printf("mnistcu %s (CPU and CUDA backends)\n", MNISTCU_VERSION_STRING);
+#else
+        printf("mnistcu %s (CPU backend only)\n", MNISTCU_VERSION_STRING);
+#endif
+        return EXIT_OK;
+    }
+    if (strcmp(command, "train") == 0) return cmd_train(argc - 2, argv + 2);
+    if (strcmp(command, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
+    if (strcmp(command, "info") == 0) return cmd_info(argc - 2, argv + 2);
+    usage_error("unknown command '%s'", command);
+    return EXIT_USAGE;
+}

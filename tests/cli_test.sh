@@ -1,0 +1,289 @@
+#!/bin/sh
+# End-to-end tests of the mnistcu command-line tool (examples/mnistcu_cli.c).
+#
+#   sh tests/cli_test.sh build/mnistcu-cpu
+#
+# Run from the repository root; needs the MNIST files in data/mnist (`make data`).
+# Prints one line per check and `cli test: ok` at the end; exits 0 only when every
+# check passed.
+
+CLI=${1:-}
+if [ -z "$CLI" ] || [ ! -x "$CLI" ]; then
+    echo "usage: sh tests/cli_test.sh PATH/TO/mnistcu   (run from the repository root)" >&2
+    exit 2
+fi
+if [ ! -f data/mnist/train-labels-idx1-ubyte.gz ] || [ ! -f data/mnist/t10k-images-idx3-ubyte.gz ]; then
+    echo "cli test: data/mnist is missing: run \`make data\` first" >&2
+    exit 1
+fi
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/mnistcu-cli-test.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT
+trap 'exit 130' INT TERM
+
+failures=0
+checks=0
+
+pass() {
+    checks=$((checks + 1))
+    printf 'ok    %s\n' "$1"
+}
+
+fail() {
+    checks=$((checks + 1))
+    failures=$((failures + 1))
+    printf 'FAIL  %s\n' "$1"
+    if [ -s "$TMP/err" ]; then
+        echo "      stderr of the last run:"
+        sed 's/^/      | /' "$TMP/err" | head -n 20
+    fi
+}
+
+# run ARGS...: runs the CLI; stdout in $TMP/out, stderr in $TMP/err, exit status in $status.
+run() {
+    "$CLI" "$@" >"$TMP/out" 2>"$TMP/err"
+    status=$?
+}
+
+# expect_status DESCRIPTION WANTED: checks the exit status of the last run.
+expect_status() {
+    if [ "$status" -eq "$2" ]; then pass "$1"; else fail "$1 (exit status $status, expected $2)"; fi
+}
+
+# last_json_line: the last line on stdout of the last run, if it looks like one JSON object.
+last_json_line() {
+    tail -n 1 "$TMP/out" | grep '^{.*}$'
+}
+
+# json_number KEY: the value of a numeric field in the last line on stdout.
+json_number() {
+    tail -n 1 "$TMP/out" | sed -n "s/.*\"$1\":\([-0-9.eE+]*\).*/\1/p"
+}
+
+# valid_json: parses the last stdout line with python3 when it is installed (otherwise passes).
+valid_json() {
+    command -v python3 >/dev/null 2>&1 || return 0
+    tail -n 1 "$TMP/out" | python3 -c 'import json, sys; json.loads(sys.stdin.read())' 2>/dev/null
+}
+
+# errors_printed: how many "mnistcu: error:" lines the last run wrote to stderr.
+errors_printed() {
+    grep -c '^mnistcu: error: ' "$TMP/err"
+}
+
+SMALL="--limit 2000 --epochs 1 --layers 784-32-10 --device cpu"
+
+# ---- help, version, usage errors -----------------------------------------------
+run --help
+expect_status "--help exits 0" 0
+if grep -q 'usage: mnistcu train' "$TMP/out" && grep -q -- '--save-weights' "$TMP/out"; then
+    pass "--help prints the usage and the options on stdout"
+else
+    fail "--help prints the usage and the options on stdout"
+fi
+
+run help
+expect_status "help exits 0" 0
+
+run train --help
+expect_status "train --help exits 0" 0
+
+version=$(sed -n 's/^#define MNISTCU_VERSION_STRING "\(.*\)"$/\1/p' mnistcu.h)
+run --version
+if [ "$status" -eq 0 ] && grep -q "^mnistcu $version" "$TMP/out"; then
+    pass "--version prints $version"
+else
+    fail "--version prints $version (exit $status: $(cat "$TMP/out"))"
+fi
+
+run
+expect_status "no command exits 2" 2
+
+run frobnicate
+expect_status "an unknown command exits 2" 2
+
+run train --no-such-option
+expect_status "an unknown option exits 2" 2
+if grep -q "no-such-option" "$TMP/err" && grep -q "usage:" "$TMP/err"; then
+    pass "an unknown option is named, with the usage, on stderr"
+else
+    fail "an unknown option is named, with the usage, on stderr"
+fi
+
+run train --epochs
+expect_status "an option without its value exits 2" 2
+
+run eval --epochs 3 --weights x
+expect_status "a train-only option given to eval exits 2" 2
+
+run eval
+expect_status "eval without --weights exits 2" 2
+
+for bad in "--epochs abc" "--epochs 5x" "--epochs 0" "--lr -1" "--lr abc" "--lr nan" "--batch 0" \
+           "--batch -3" "--momentum 1" "--threads -1" "--seed -1" "--limit 0" "--layers 784-x-10" \
+           "--layers 784" "--act softplus" "--device tpu" "--nesterov"; do
+    # shellcheck disable=SC2086 # split "--option value" into two arguments
+    run train $bad
+    expect_status "train $bad exits 2" 2
+done
+
+# ---- info ------------------------------------------------------------------------
+run info data/mnist/train-labels-idx1-ubyte.gz
+expect_status "info on the training labels exits 0" 0
+if grep -q '60000' "$TMP/out" && last_json_line | grep -q '"dims":\[60000\]'; then
+    pass "info prints the dimension 60000 (text and JSON)"
+else
+    fail "info prints the dimension 60000 (text and JSON)"
+fi
+if last_json_line | grep -q '"type":"ubyte"' && last_json_line | grep -q '"count":60000' && valid_json; then
+    pass "info ends with a JSON line holding type and count"
+else
+    fail "info ends with a JSON line holding type and count"
+fi
+if last_json_line | grep -q '"histogram":{"0":5923,'; then
+    pass "info prints the label histogram"
+else
+    fail "info prints the label histogram"
+fi
+
+run info data/mnist/t10k-images-idx3-ubyte.gz
+if [ "$status" -eq 0 ] && last_json_line | grep -q '"dims":\[10000,28,28\]' && last_json_line | grep -q '"max":255'; then
+    pass "info on the test images: 10000 x 28 x 28, max 255"
+else
+    fail "info on the test images: 10000 x 28 x 28, max 255"
+fi
+
+size=$(wc -c <data/mnist/train-labels-idx1-ubyte.gz)
+head -c $((size / 2)) data/mnist/train-labels-idx1-ubyte.gz >"$TMP/truncated.gz"
+run info "$TMP/truncated.gz"
+expect_status "info on a truncated .gz exits 1" 1
+if grep -q "^mnistcu: error: .*truncated.gz" "$TMP/err" && [ "$(errors_printed)" -eq 1 ]; then
+    pass "info on a truncated .gz prints one error naming the file"
+else
+    fail "info on a truncated .gz prints one error naming the file"
+fi
+
+run info "$TMP/no-such-file.gz"
+expect_status "info on a missing file exits 1" 1
+if grep -q "^mnistcu: error: .*no-such-file.gz" "$TMP/err" && [ "$(errors_printed)" -eq 1 ]; then
+    pass "info on a missing file prints one error naming the file"
+else
+    fail "info on a missing file prints one error naming the file"
+fi
+
+run info
+expect_status "info without a file exits 2" 2
+
+# ---- train, save, eval ----------------------------------------------------------------
+# shellcheck disable=SC2086
+run train $SMALL --quiet --save-weights "$TMP/weights.f32"
+expect_status "a short quiet training run exits 0" 0
+if last_json_line | grep -q '"test_accuracy":' && valid_json; then
+    pass "training ends with a JSON line holding test_accuracy"
+else
+    fail "training ends with a JSON line holding test_accuracy (got: $(tail -n 1 "$TMP/out"))"
+fi
+missing=
+for key in test_loss train_loss train_accuracy epochs batch lr params train_seconds images_per_second seed; do
+    [ -n "$(json_number "$key")" ] || missing="$missing $key"
+done
+if [ -z "$missing" ]; then
+    pass "the training JSON has the losses, accuracies, settings and timings"
+else
+    fail "the training JSON has the losses, accuracies, settings and timings (missing:$missing)"
+fi
+if last_json_line | grep -q '"layers":"784-32-10"' && last_json_line | grep -q '"dataset":"mnist"' &&
+   last_json_line | grep -q '"device":"CPU' && [ "$(json_number params)" = 25450 ]; then
+    pass "the training JSON has layers, dataset, device and 25450 params"
+else
+    fail "the training JSON has layers, dataset, device and 25450 params"
+fi
+train_accuracy=$(json_number test_accuracy)
+if awk -v a="$train_accuracy" 'BEGIN { exit !(a > 0.5 && a <= 1) }'; then
+    pass "the short run learns something (test accuracy $train_accuracy)"
+else
+    fail "the short run learns something (test accuracy '$train_accuracy', expected above 0.5)"
+fi
+if [ "$(wc -l <"$TMP/out")" -eq 1 ] && [ ! -s "$TMP/err" ]; then
+    pass "--quiet: stdout is the JSON line alone, stderr is empty"
+else
+    fail "--quiet: stdout is the JSON line alone, stderr is empty"
+fi
+if [ -f "$TMP/weights.f32" ] && [ "$(wc -c <"$TMP/weights.f32")" -eq $((25450 * 4)) ]; then
+    pass "--save-weights writes 25450 float32 values"
+else
+    fail "--save-weights writes 25450 float32 values"
+fi
+
+run eval --layers 784-32-10 --device cpu --quiet --weights "$TMP/weights.f32"
+expect_status "eval of the saved weights exits 0" 0
+eval_accuracy=$(json_number test_accuracy)
+if [ -n "$eval_accuracy" ] && [ "$eval_accuracy" = "$train_accuracy" ] && valid_json; then
+    pass "eval gives the test accuracy of the training run ($eval_accuracy)"
+else
+    fail "eval gives the test accuracy of the training run ('$eval_accuracy' vs '$train_accuracy')"
+fi
+
+run eval --layers 784-128-10 --device cpu --quiet --weights "$TMP/weights.f32"
+if [ "$status" -eq 1 ] && grep -q "^mnistcu: error: .*weights.f32" "$TMP/err"; then
+    pass "eval with other --layers than the weights fails with a clear error"
+else
+    fail "eval with other --layers than the weights fails with a clear error (exit $status)"
+fi
+
+# Not quiet, stderr not a terminal: plain epoch lines (no '\r'), a confusion matrix, validation.
+# shellcheck disable=SC2086
+run train $SMALL --val 200
+cr=$(printf '\r')
+if [ "$status" -eq 0 ] && grep -q '^epoch 1/1 .*val acc' "$TMP/err" && grep -q 'confusion matrix' "$TMP/err" &&
+   ! grep -q "$cr" "$TMP/err"; then
+    pass "progress off a terminal: plain epoch lines with validation, confusion matrix, no \\r"
+else
+    fail "progress off a terminal: plain epoch lines with validation, confusion matrix, no \\r"
+fi
+if [ -n "$(json_number val_accuracy)" ] && [ -n "$(json_number val_loss)" ] && valid_json; then
+    pass "--val adds val_accuracy and val_loss to the JSON"
+else
+    fail "--val adds val_accuracy and val_loss to the JSON"
+fi
+
+# shellcheck disable=SC2086
+run train $SMALL --quiet --val 2000
+expect_status "--val as large as the training set exits 2" 2
+
+# ---- errors from the library ---------------------------------------------------------
+# shellcheck disable=SC2086
+run train $SMALL --quiet --data "$TMP/nowhere"
+if [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ] && grep -q 'make data' "$TMP/err"; then
+    pass "a missing dataset: exit 1, one error, a hint to run make data"
+else
+    fail "a missing dataset: exit 1, one error, a hint to run make data (exit $status)"
+fi
+
+# --device cuda must fail clearly unless this is a CUDA build on a machine with a GPU.
+run train --limit 2000 --epochs 1 --layers 784-32-10 --quiet --device cuda
+if "$CLI" --version | grep -q 'CPU backend only'; then
+    if [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ] && grep -qi 'cuda' "$TMP/err"; then
+        pass "--device cuda in a CPU-only build: exit 1 with one clear error"
+    else
+        fail "--device cuda in a CPU-only build: exit 1 with one clear error (exit $status)"
+    fi
+elif [ "$status" -eq 0 ]; then
+    if last_json_line | grep -q '"test_accuracy":' && ! last_json_line | grep -q '"device":"CPU'; then
+        pass "--device cuda trains on the GPU"
+    else
+        fail "--device cuda trains on the GPU"
+    fi
+elif [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ]; then
+    pass "--device cuda without a usable GPU: exit 1 with one clear error"
+else
+    fail "--device cuda: exit 0, or 1 with one clear error (exit $status)"
+fi
+
+# ---- summary ---------------------------------------------------------------------------
+if [ "$failures" -ne 0 ]; then
+    echo "cli test: $failures of $checks checks failed"
+    exit 1
+fi
+echo "cli test: ok"
+exit 0
