@@ -221,6 +221,8 @@ typedef struct mnistcu_ctx_desc {
     mnistcu_data_mode data_mode; /* CUDA datasets: DEFAULT (see mnistcu_data_mode) */
 } mnistcu_ctx_desc;
 
+/* On failure *out still holds a context carrying the error message (NULL only when
+   even that could not be allocated): read mnistcu_ctx_error, then destroy it. */
 MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_ctx_desc *desc);
 MNISTCU_DEF void mnistcu_ctx_destroy(mnistcu_ctx *ctx);       /* NULL is fine */
 MNISTCU_DEF const char *mnistcu_ctx_error(const mnistcu_ctx *ctx);  /* last error message, "" if none */
@@ -491,6 +493,12 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
 #else
 #define MNISTCU__PRINTF(a, b)
 #define MNISTCU__RESTRICT
+#endif
+/* Per-element math shared by the CPU reference and the CUDA kernels. */
+#ifdef __CUDACC__
+#define MNISTCU__HD __host__ __device__
+#else
+#define MNISTCU__HD
 #endif
 #define MNISTCU__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MNISTCU__MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -2032,9 +2040,15 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_load(mnistcu_ctx *ctx, const mnistcu_
         }
         ds->labels[i] = (int32_t)v;
     }
-    if (img.type == MNISTCU_IDX_U8) {
+    if (img.type == MNISTCU_IDX_U8 && count == img.dims[0]) {
         ds->u8 = (uint8_t *)img.data; /* keep the bytes as they are: 4x less memory, uploaded as is */
         img.data = NULL;
+    } else if (img.type == MNISTCU_IDX_U8) { /* a limit: keep only the samples asked for */
+        if (!(ds->u8 = (uint8_t *)mnistcu__alloc(ctx, count * features))) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%s: out of memory", img_name);
+            goto fail;
+        }
+        memcpy(ds->u8, img.data, count * features);
     } else {
         size_t n = count * features, bytes;
         if (!mnistcu__mul(n, sizeof(float), &bytes) || !(ds->f32 = (float *)mnistcu__alloc(ctx, bytes))) {
@@ -2287,8 +2301,11 @@ static void mnistcu__cpu_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t
 {
     float *bp = ctx->gemm_work, *ap = ctx->gemm_work + (size_t)MNISTCU__KC * MNISTCU__NC;
 #ifdef _OPENMP
-    /* Small products are not worth waking the other threads. */
-    int threads = (double)M * (double)N * (double)K < 2.0e5 ? 1 : ctx->threads;
+    /* A product this small takes well under a millisecond on one core; its dozen
+       barriers would cost more than a second thread saves, and far more when
+       the cores are shared with other programs (a descheduled thread stalls
+       every barrier for a whole time slice). */
+    int threads = (double)M * (double)N * (double)K < 1.0e7 ? 1 : ctx->threads;
 #endif
     if (K == 0) {
         size_t i;
@@ -2337,7 +2354,7 @@ static void mnistcu__cpu_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t
 }
 
 /* ---- activations: the derivative is taken from the output y ------------- */
-static float mnistcu__act_f(mnistcu_act act, float z)
+static MNISTCU__HD float mnistcu__act_f(mnistcu_act act, float z)
 {
     switch (act) {
     case MNISTCU_ACT_IDENTITY: return z;
@@ -2352,13 +2369,15 @@ static float mnistcu__act_f(mnistcu_act act, float z)
     }
 }
 
-static float mnistcu__act_grad_from_y(mnistcu_act act, float y)
+/* dL/dz from dL/dy and y = act(z). ReLU selects rather than multiplies, so a
+   gradient of inf or NaN where the unit is off does not leak through as NaN. */
+static MNISTCU__HD float mnistcu__act_backward_one(mnistcu_act act, float dy, float y)
 {
     switch (act) {
-    case MNISTCU_ACT_IDENTITY: return 1.0f;
-    case MNISTCU_ACT_SIGMOID: return y * (1.0f - y);
-    case MNISTCU_ACT_TANH: return 1.0f - y * y;
-    default: return y > 0.0f ? 1.0f : 0.0f;
+    case MNISTCU_ACT_IDENTITY: return dy;
+    case MNISTCU_ACT_SIGMOID: return dy * (y * (1.0f - y));
+    case MNISTCU_ACT_TANH: return dy * (1.0f - y * y);
+    default: return y > 0.0f ? dy : 0.0f;
     }
 }
 
@@ -2395,8 +2414,7 @@ static void mnistcu__cpu_act_backward(mnistcu_ctx *ctx, float *dz, const float *
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(ctx->threads) if (n > 65536)
 #endif
-    for (i = 0; i < (long)n; ++i)
-        dz[i] = act == MNISTCU_ACT_RELU ? (y[i] > 0.0f ? dz[i] : 0.0f) : dz[i] * mnistcu__act_grad_from_y(act, y[i]);
+    for (i = 0; i < (long)n; ++i) dz[i] = mnistcu__act_backward_one(act, dz[i], y[i]);
 }
 
 /* db[OUT] = sum over the batch of dz[B][OUT], rows added in order. */
@@ -2408,9 +2426,30 @@ static void mnistcu__cpu_bias_grad(float *db, const float *dz, size_t B, size_t 
         for (j = 0; j < OUT; ++j) db[j] += dz[i * OUT + j];
 }
 
-/* Softmax cross-entropy over logits [B][C], fused with its gradient:
-   loss_i = logsumexp(z_i) - z_i[y_i]; dz = (softmax(z) - onehot(y)) * grad_scale.
-   grad may be NULL (evaluation); pred gets the first arg-max of each row. */
+/* Softmax cross-entropy of one row of C logits, fused with its gradient:
+   loss = logsumexp(z) - z[label]; g = (softmax(z) - onehot(label)) * grad_scale.
+   g may be NULL (evaluation); *pred gets the first arg-max. */
+static MNISTCU__HD void mnistcu__softmax_ce_row(const float *z, int32_t label, size_t C, float grad_scale, float *g,
+                                                float *loss, int32_t *pred)
+{
+    float m = z[0], s = 0.0f;
+    size_t j, arg = 0;
+    for (j = 1; j < C; ++j)
+        if (z[j] > m) {
+            m = z[j];
+            arg = j;
+        }
+    for (j = 0; j < C; ++j) s += expf(z[j] - m);
+    *loss = (m + logf(s)) - z[label];
+    *pred = (int32_t)arg;
+    if (g) {
+        float inv = 1.0f / s;
+        for (j = 0; j < C; ++j) g[j] = expf(z[j] - m) * inv * grad_scale;
+        g[label] -= grad_scale;
+    }
+}
+
+/* The same over a batch of logits [B][C]; grad may be NULL. */
 static void mnistcu__cpu_softmax_ce(mnistcu_ctx *ctx, const float *logits, const int32_t *labels, size_t B, size_t C,
                                     float grad_scale, float *grad, float *loss, int32_t *pred)
 {
@@ -2419,28 +2458,25 @@ static void mnistcu__cpu_softmax_ce(mnistcu_ctx *ctx, const float *logits, const
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(ctx->threads) if (B * C > 65536)
 #endif
-    for (i = 0; i < (long)B; ++i) {
-        const float *z = logits + (size_t)i * C;
-        float m = z[0], s = 0.0f;
-        size_t j, arg = 0;
-        for (j = 1; j < C; ++j)
-            if (z[j] > m) {
-                m = z[j];
-                arg = j;
-            }
-        for (j = 0; j < C; ++j) s += expf(z[j] - m);
-        loss[i] = (m + logf(s)) - z[labels[i]];
-        pred[i] = (int32_t)arg;
-        if (grad) {
-            float inv = 1.0f / s, *g = grad + (size_t)i * C;
-            for (j = 0; j < C; ++j) g[j] = expf(z[j] - m) * inv * grad_scale;
-            g[labels[i]] -= grad_scale;
-        }
-    }
+    for (i = 0; i < (long)B; ++i)
+        mnistcu__softmax_ce_row(logits + (size_t)i * C, labels[i], C, grad_scale, grad ? grad + (size_t)i * C : NULL,
+                                &loss[i], &pred[i]);
 }
 
 /* SGD with optional momentum, Nesterov and weight decay (torch.optim.SGD rules,
-   no dampening): d = g + wd*w; v = mu*v + d; d = nesterov ? d + mu*v : v; w -= lr*d. */
+   no dampening): d = g + wd*w; v = mu*v + d; d = nesterov ? d + mu*v : v; w -= lr*d.
+   v is NULL without momentum. */
+static MNISTCU__HD void mnistcu__sgd_one(float *w, float g, float *v, float lr, float mu, int nesterov, float wd)
+{
+    float d = g;
+    if (wd != 0.0f) d += wd * *w;
+    if (v) {
+        *v = mu * *v + d;
+        d = nesterov ? d + mu * *v : *v;
+    }
+    *w -= lr * d;
+}
+
 static void mnistcu__cpu_sgd(mnistcu_ctx *ctx, float *w, const float *g, float *v, size_t n, float lr, float mu,
                              int nesterov, float wd)
 {
@@ -2449,15 +2485,7 @@ static void mnistcu__cpu_sgd(mnistcu_ctx *ctx, float *w, const float *g, float *
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(ctx->threads) if (n > 262144)
 #endif
-    for (i = 0; i < (long)n; ++i) {
-        float d = g[i];
-        if (wd != 0.0f) d += wd * w[i];
-        if (v) {
-            v[i] = mu * v[i] + d;
-            d = nesterov ? d + mu * v[i] : v[i];
-        }
-        w[i] -= lr * d;
-    }
+    for (i = 0; i < (long)n; ++i) mnistcu__sgd_one(&w[i], g[i], v ? &v[i] : NULL, lr, mu, nesterov, wd);
 }
 
 /* >>model --------------------------------------------------------------------- */
@@ -3475,21 +3503,6 @@ static unsigned mnistcu__blocks(size_t n)
     return (unsigned)(b < 65535u * 32u ? (b ? b : 1) : 65535u * 32u); /* grid-stride loops cover the rest */
 }
 
-__device__ static float mnistcu__d_act(int act, float z)
-{
-    switch (act) {
-    case MNISTCU_ACT_IDENTITY: return z;
-    case MNISTCU_ACT_SIGMOID:
-        if (z >= 0.0f) return 1.0f / (1.0f + expf(-z));
-        else {
-            float e = expf(z);
-            return e / (1.0f + e);
-        }
-    case MNISTCU_ACT_TANH: return tanhf(z);
-    default: return z > 0.0f ? z : 0.0f;
-    }
-}
-
 /* The register-tiled matrix product, C[M][N] = op(A)[M][K] op(B)[K][N], with an
    optional fused epilogue C = act(C + bias[n]). A 64x64 tile of C per block of
    256 threads, 4x4 outputs per thread (rows ty+16i, columns tx+16j, so that
@@ -3551,7 +3564,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm(int M, int N, int K, cons
 #pragma unroll
         for (j = 0; j < 4; ++j) {
             int gn = n0 + tx + 16 * j;
-            if (gn < N) C[(size_t)gm * ldc + gn] = FUSE ? mnistcu__d_act(act, acc[i][j] + bias[gn]) : acc[i][j];
+            if (gn < N) C[(size_t)gm * ldc + gn] = FUSE ? mnistcu__act_f((mnistcu_act)act, acc[i][j] + bias[gn]) : acc[i][j];
         }
     }
 }
@@ -3561,23 +3574,15 @@ __global__ void mnistcu__k_bias_act(float *y, const float *bias, size_t n, int O
 {
     size_t e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        y[e] = mnistcu__d_act(act, y[e] + bias[e % (size_t)OUT]);
+        y[e] = mnistcu__act_f((mnistcu_act)act, y[e] + bias[e % (size_t)OUT]);
 }
 
 /* dz *= act'(y), from the output y. */
 __global__ void mnistcu__k_act_backward(float *dz, const float *y, size_t n, int act)
 {
     size_t e;
-    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        float v = y[e], g;
-        switch (act) {
-        case MNISTCU_ACT_IDENTITY: g = 1.0f; break;
-        case MNISTCU_ACT_SIGMOID: g = v * (1.0f - v); break;
-        case MNISTCU_ACT_TANH: g = 1.0f - v * v; break;
-        default: g = v > 0.0f ? 1.0f : 0.0f; break;
-        }
-        dz[e] = act == MNISTCU_ACT_RELU ? (v > 0.0f ? dz[e] : 0.0f) : dz[e] * g;
-    }
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        dz[e] = mnistcu__act_backward_one((mnistcu_act)act, dz[e], y[e]);
 }
 
 /* db[j] = sum over rows of dz[B][OUT], one thread per column, rows in order (as the CPU). */
@@ -3594,25 +3599,10 @@ __global__ void mnistcu__k_bias_grad(const float *dz, int B, int OUT, float *db)
 __global__ void mnistcu__k_softmax_ce(const float *logits, const int32_t *labels, int B, int C, float grad_scale,
                                       float *grad, float *loss, int32_t *pred)
 {
-    int i = (int)(blockIdx.x * blockDim.x + threadIdx.x), j, arg = 0;
-    const float *z;
-    float m, s = 0.0f;
-    if (i >= B) return;
-    z = logits + (size_t)i * C;
-    m = z[0];
-    for (j = 1; j < C; ++j)
-        if (z[j] > m) {
-            m = z[j];
-            arg = j;
-        }
-    for (j = 0; j < C; ++j) s += expf(z[j] - m);
-    loss[i] = (m + logf(s)) - z[labels[i]];
-    pred[i] = arg;
-    if (grad) {
-        float inv = 1.0f / s, *g = grad + (size_t)i * C;
-        for (j = 0; j < C; ++j) g[j] = expf(z[j] - m) * inv * grad_scale;
-        g[labels[i]] -= grad_scale;
-    }
+    int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < B)
+        mnistcu__softmax_ce_row(logits + (size_t)i * C, labels[i], (size_t)C, grad_scale,
+                                grad ? grad + (size_t)i * C : NULL, &loss[i], &pred[i]);
 }
 
 /* One block: the step's loss sum and correct count, in a fixed-order tree. */
@@ -3646,16 +3636,8 @@ __global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, co
 __global__ void mnistcu__k_sgd(float *w, const float *g, float *v, size_t n, float lr, float mu, int nesterov, float wd)
 {
     size_t i;
-    for (i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float d = g[i];
-        if (wd != 0.0f) d = fmaf(wd, w[i], d);
-        if (v) {
-            float vi = fmaf(mu, v[i], d);
-            v[i] = vi;
-            d = nesterov ? fmaf(mu, vi, d) : vi;
-        }
-        w[i] -= lr * d;
-    }
+    for (i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        mnistcu__sgd_one(&w[i], g[i], v ? &v[i] : NULL, lr, mu, nesterov, wd);
 }
 
 /* x[i][:] = normalise(sample idx[offset+i]), labels[i] = its label. Either u8 or f32

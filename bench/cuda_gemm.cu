@@ -1,0 +1,243 @@
+/* bench/cuda_gemm.cu - the matrix-product kernel variants, validated and timed on the shapes of training.
+
+   Build:  nvcc -O3 -arch=sm_90 bench/cuda_gemm.cu -o build/cuda_gemm -lcublas
+   Run:    build/cuda_gemm          (needs a CUDA GPU; exits 1 without one or when a variant is wrong)
+
+   C[M][N] = op(A)[M][K] op(B)[K][N], row-major, FP32. The shapes (M x N x K):
+     forward   NT  batch x out x in:  64x128x784, 64x1024x784, 512x1024x784, 512x1024x1024
+     backward  dW  TN  out x in x batch: 1024x784x512;   dX  NN  batch x in x out: 512x784x1024
+   Variants:
+     v1  naive: one thread per output, k in a loop, straight from global memory
+     v2  shared-memory tiled: 16x16 tiles of op(A) and op(B) staged through shared memory
+     v3  register-tiled: the header's own mnistcu__k_gemm<TA,TB,0> (64x64 tile per block of 256
+         threads, 4x4 outputs per thread), called directly, so the kernel timed is the one training uses
+     v4  cuBLAS SGEMM (FP32, default math mode: no TF32), for reference
+   Each variant is checked against a double-precision CPU product: the relative error
+   ||C - ref||_F / ||ref||_F is printed and must be below 1e-5. Then each is timed with CUDA events,
+   one launch per event pair, median of 20 after 3 warm-up launches, and reported in GFLOP/s (2MNK/t). */
+#define MNISTCU_IMPLEMENTATION
+#include "../mnistcu.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CK(x)                                                                                        \
+    do {                                                                                             \
+        cudaError_t e_ = (x);                                                                        \
+        if (e_ != cudaSuccess) {                                                                     \
+            fprintf(stderr, "cuda_gemm: FAILED: %s:%d: %s: %s\n", __FILE__, __LINE__, #x,           \
+                    cudaGetErrorString(e_));                                                         \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+/* ---- v1: naive -------------------------------------------------------------------------------- */
+template <int TA, int TB>
+__global__ void k_v1(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc)
+{
+    int n = (int)(blockIdx.x * blockDim.x + threadIdx.x), m = (int)(blockIdx.y * blockDim.y + threadIdx.y), k;
+    float acc = 0.0f;
+    if (m >= M || n >= N) return;
+    for (k = 0; k < K; ++k) {
+        float a = TA ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k];
+        float b = TB ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n];
+        acc = fmaf(a, b, acc);
+    }
+    C[(size_t)m * ldc + n] = acc;
+}
+
+/* ---- v2: shared-memory tiles of 16x16 ----------------------------------------------------------- */
+template <int TA, int TB>
+__global__ void k_v2(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc)
+{
+    __shared__ float As[16][17], Bs[16][17];
+    int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+    int m = (int)blockIdx.y * 16 + ty, n = (int)blockIdx.x * 16 + tx, k0, kk;
+    float acc = 0.0f;
+    for (k0 = 0; k0 < K; k0 += 16) {
+        /* As[ty][tx] = op(A)[m][k0+tx], Bs[ty][tx] = op(B)[k0+ty][n] */
+        int ka = k0 + tx, kb = k0 + ty;
+        As[ty][tx] = (m < M && ka < K) ? (TA ? A[(size_t)ka * lda + m] : A[(size_t)m * lda + ka]) : 0.0f;
+        Bs[ty][tx] = (n < N && kb < K) ? (TB ? B[(size_t)n * ldb + kb] : B[(size_t)kb * ldb + n]) : 0.0f;
+        __syncthreads();
+#pragma unroll
+        for (kk = 0; kk < 16; ++kk) acc = fmaf(As[ty][kk], Bs[kk][tx], acc);
+        __syncthreads();
+    }
+    if (m < M && n < N) C[(size_t)m * ldc + n] = acc;
+}
+
+struct shape {
+    const char *name;
+    int ta, tb, M, N, K;
+};
+
+static const shape SHAPES[] = {
+    {"fwd NT 64x128x784", 0, 1, 64, 128, 784},
+    {"fwd NT 64x1024x784", 0, 1, 64, 1024, 784},
+    {"fwd NT 512x1024x784", 0, 1, 512, 1024, 784},
+    {"fwd NT 512x1024x1024", 0, 1, 512, 1024, 1024},
+    {"dW  TN 1024x784x512", 1, 0, 1024, 784, 512},
+    {"dX  NN 512x784x1024", 0, 0, 512, 784, 1024},
+};
+#define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
+#define NVAR 4
+static const char *VNAME[NVAR] = {"v1 naive", "v2 smem 16x16", "v3 mnistcu 64x64/4x4", "v4 cuBLAS"};
+
+static cublasHandle_t g_blas;
+
+static void launch(int v, const shape &s, const float *A, int lda, const float *B, int ldb, float *C)
+{
+    int M = s.M, N = s.N, K = s.K;
+    if (v == 0 || v == 1) {
+        dim3 blk(16, 16), grid((unsigned)((N + 15) / 16), (unsigned)((M + 15) / 16));
+        int sel = s.ta * 2 + s.tb;
+        if (v == 0) {
+            if (sel == 0) k_v1<0, 0><<<grid, blk>>>(M, N, K, A, lda, B, ldb, C, N);
+            else if (sel == 1) k_v1<0, 1><<<grid, blk>>>(M, N, K, A, lda, B, ldb, C, N);
+            else if (sel == 2) k_v1<1, 0><<<grid, blk>>>(M, N, K, A, lda, B, ldb, C, N);
+            else k_v1<1, 1><<<grid, blk>>>(M, N, K, A, lda, B, ldb, C, N);
+        } else {
+            if (sel == 0) k_v2<0, 0><<<grid, blk>>>(M, N, K, A, lda, B, ldb, C, N);
+            else if (sel == 1) k_v2<0, 1><<<grid, blk>>>(M, N, K, A, lda, B, ldb, C, N);
+            else if (sel == 2) k_v2<1, 0><<<grid, blk>>>(M, N, K, A, lda, B, ldb, C, N);
+            else k_v2<1, 1><<<grid, blk>>>(M, N, K, A, lda, B, ldb, C, N);
+        }
+    } else if (v == 2) {
+        dim3 grid((unsigned)((N + MNISTCU__GBN - 1) / MNISTCU__GBN), (unsigned)((M + MNISTCU__GBM - 1) / MNISTCU__GBM));
+        int sel = s.ta * 2 + s.tb;
+        if (sel == 0) mnistcu__k_gemm<0, 0, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N, NULL, 0);
+        else if (sel == 1) mnistcu__k_gemm<0, 1, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N, NULL, 0);
+        else if (sel == 2) mnistcu__k_gemm<1, 0, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N, NULL, 0);
+        else mnistcu__k_gemm<1, 1, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N, NULL, 0);
+    } else {
+        /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands */
+        const float one = 1.0f, zero = 0.0f;
+        cublasStatus_t st = cublasSgemm(g_blas, s.tb ? CUBLAS_OP_T : CUBLAS_OP_N, s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
+                                        M, K, &one, B, ldb, A, lda, &zero, C, N);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cuda_gemm: FAILED: cublasSgemm %s: status %d\n", s.name, (int)st);
+            exit(1);
+        }
+    }
+    CK(cudaGetLastError());
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y ? 1 : 0;
+}
+
+int main(void)
+{
+    int ndev = 0, si, v, r, bad = 0;
+    cudaDeviceProp prop;
+    double gflops[NSHAPES][NVAR], relerr[NSHAPES][NVAR];
+    cudaEvent_t e0, e1;
+    cudaError_t de = cudaGetDeviceCount(&ndev);
+    if (de != cudaSuccess || ndev == 0) {
+        fprintf(stderr, "cuda_gemm: FAILED: no CUDA GPU (%s)\n", de != cudaSuccess ? cudaGetErrorString(de) : "0 devices");
+        return 1;
+    }
+    CK(cudaGetDeviceProperties(&prop, 0));
+    if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cuda_gemm: FAILED: cublasCreate\n");
+        return 1;
+    }
+    cublasSetMathMode(g_blas, CUBLAS_DEFAULT_MATH); /* FP32, no TF32 */
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    printf("cuda_gemm: %s (sm_%d%d), FP32, median of 20 launches after 3 warm-ups\n", prop.name, prop.major,
+           prop.minor);
+
+    for (si = 0; si < NSHAPES; ++si) {
+        const shape &s = SHAPES[si];
+        int M = s.M, N = s.N, K = s.K, lda = s.ta ? M : K, ldb = s.tb ? K : N, i, j, k;
+        size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+        float *hA = (float *)malloc(na * sizeof(float)), *hB = (float *)malloc(nb * sizeof(float));
+        float *hC = (float *)malloc(nc * sizeof(float));
+        double *oA = (double *)malloc(na * sizeof(double)), *oB = (double *)malloc(nb * sizeof(double));
+        double *ref = (double *)calloc(nc, sizeof(double)), refn = 0.0;
+        float *dA, *dB, *dC;
+        unsigned long long st = 0x9E3779B97F4A7C15ull + (unsigned long long)si;
+        if (!hA || !hB || !hC || !oA || !oB || !ref) { fprintf(stderr, "cuda_gemm: FAILED: out of host memory\n"); return 1; }
+        for (i = 0; i < (int)na; ++i) { st = st * 6364136223846793005ull + 1442695040888963407ull; hA[i] = (float)((double)(st >> 40) / 8388608.0 - 1.0); }
+        for (i = 0; i < (int)nb; ++i) { st = st * 6364136223846793005ull + 1442695040888963407ull; hB[i] = (float)((double)(st >> 40) / 8388608.0 - 1.0); }
+        /* op(A) as [M][K] and op(B) as [K][N] in double, then the reference product */
+        for (i = 0; i < M; ++i)
+            for (k = 0; k < K; ++k) oA[(size_t)i * K + k] = s.ta ? hA[(size_t)k * lda + i] : hA[(size_t)i * lda + k];
+        for (k = 0; k < K; ++k)
+            for (j = 0; j < N; ++j) oB[(size_t)k * N + j] = s.tb ? hB[(size_t)j * ldb + k] : hB[(size_t)k * ldb + j];
+        for (i = 0; i < M; ++i)
+            for (k = 0; k < K; ++k) {
+                double a = oA[(size_t)i * K + k], *rr = ref + (size_t)i * N;
+                const double *bb = oB + (size_t)k * N;
+                for (j = 0; j < N; ++j) rr[j] += a * bb[j];
+            }
+        for (i = 0; i < (int)nc; ++i) refn += ref[i] * ref[i];
+        refn = sqrt(refn);
+
+        CK(cudaMalloc((void **)&dA, na * sizeof(float)));
+        CK(cudaMalloc((void **)&dB, nb * sizeof(float)));
+        CK(cudaMalloc((void **)&dC, nc * sizeof(float)));
+        CK(cudaMemcpy(dA, hA, na * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dB, hB, nb * sizeof(float), cudaMemcpyHostToDevice));
+
+        for (v = 0; v < NVAR; ++v) {
+            float t[20];
+            double errn = 0.0;
+            CK(cudaMemset(dC, 0xff, nc * sizeof(float))); /* NaNs: an unwritten output fails the check */
+            launch(v, s, dA, lda, dB, ldb, dC);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(hC, dC, nc * sizeof(float), cudaMemcpyDeviceToHost));
+            for (i = 0; i < (int)nc; ++i) {
+                double d = (double)hC[i] - ref[i];
+                errn += d * d;
+            }
+            relerr[si][v] = sqrt(errn) / refn;
+            if (!(relerr[si][v] < 1e-5)) {
+                bad = 1;
+                fprintf(stderr, "cuda_gemm: FAILED: %s %s: relative error %.3e (limit 1e-5)\n", VNAME[v], s.name,
+                        relerr[si][v]);
+            }
+            for (r = 0; r < 3; ++r) launch(v, s, dA, lda, dB, ldb, dC);
+            for (r = 0; r < 20; ++r) {
+                CK(cudaEventRecord(e0));
+                launch(v, s, dA, lda, dB, ldb, dC);
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaEventElapsedTime(&t[r], e0, e1));
+            }
+            qsort(t, 20, sizeof(float), cmp_float);
+            gflops[si][v] = 2.0 * M * N * (double)K / (0.5 * (double)(t[9] + t[10]) * 1e-3) / 1e9;
+            printf("cuda_gemm: %-22s %-22s rel err %.2e  median %8.2f us  %8.1f GFLOP/s\n", s.name, VNAME[v],
+                   relerr[si][v], 500.0 * (double)(t[9] + t[10]), gflops[si][v]);
+        }
+        CK(cudaFree(dA));
+        CK(cudaFree(dB));
+        CK(cudaFree(dC));
+        free(hA); free(hB); free(hC); free(oA); free(oB); free(ref);
+    }
+
+    printf("\nGFLOP/s (FP32) on %s\n| shape (M x N x K) |", prop.name);
+    for (v = 0; v < NVAR; ++v) printf(" %s |", VNAME[v]);
+    printf(" v3 / cuBLAS |\n|---|");
+    for (v = 0; v < NVAR; ++v) printf("---|");
+    printf("---|\n");
+    for (si = 0; si < NSHAPES; ++si) {
+        printf("| %s |", SHAPES[si].name);
+        for (v = 0; v < NVAR; ++v) printf(" %.0f%s |", gflops[si][v], relerr[si][v] < 1e-5 ? "" : " (WRONG)");
+        printf(" %.2f |\n", gflops[si][2] / gflops[si][3]);
+    }
+    cublasDestroy(g_blas);
+    if (bad) {
+        fprintf(stderr, "cuda_gemm: FAILED: a variant exceeded the relative error limit\n");
+        return 1;
+    }
+    return 0;
+}

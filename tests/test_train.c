@@ -1,0 +1,667 @@
+/* Training through the public API: learning a separable problem, batching and
+   progress reports, early stopping, validation, determinism, evaluation and
+   its normalisation, and real MNIST. References (accuracy, loss, confusion
+   counts, normalised features) are computed here from logits or raw bytes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include "../mnistcu.h"
+#include "harness.h"
+#include "asserts.h"
+#include "test_util.h"
+
+#ifndef MNIST_EPOCHS
+#define MNIST_EPOCHS 3 /* see real_mnist_reaches_97_percent */
+#endif
+
+/* ---- helpers --------------------------------------------------------------- */
+
+/* Linearly separable data: label = argmax_c w_c . x for random w, x uniform
+   in [-1, 1]^F, keeping only samples with a margin >= 0.2 between the two
+   best classes. x [n][F], labels [n], both malloc'ed. */
+static void separable_data(uint64_t seed, size_t n, size_t F, int C, float **xo, int32_t **lo)
+{
+    tu_rng rng = tu_rng_make(seed);
+    float *w = tu_random_floats(&rng, (size_t)C * F, -1.0f, 1.0f);
+    float *x = (float *)malloc(n * F * sizeof(float));
+    int32_t *lab = (int32_t *)malloc(n * sizeof(int32_t));
+    size_t i = 0, j;
+    while (i < n) {
+        double best = -1e300, second = -1e300;
+        int c, arg = 0;
+        for (j = 0; j < F; ++j) x[i * F + j] = (float)tu_uniform(&rng, -1.0, 1.0);
+        for (c = 0; c < C; ++c) {
+            double s = 0.0;
+            for (j = 0; j < F; ++j) s += (double)w[(size_t)c * F + j] * (double)x[i * F + j];
+            if (s > best) {
+                second = best;
+                best = s;
+                arg = c;
+            } else if (s > second) {
+                second = s;
+            }
+        }
+        if (best - second < 0.2) continue;
+        lab[i++] = arg;
+    }
+    free(w);
+    *xo = x;
+    *lo = lab;
+}
+
+static mnistcu_dataset *separable_dataset(mnistcu_ctx *ctx, uint64_t seed, size_t n, size_t F, int C)
+{
+    float *x;
+    int32_t *lab;
+    mnistcu_dataset *ds = NULL;
+    separable_data(seed, n, F, C, &x, &lab);
+    if (mnistcu_dataset_create(ctx, x, lab, n, F, C, &ds) != MNISTCU_OK) ds = NULL;
+    free(x);
+    free(lab);
+    return ds;
+}
+
+/* Mean cross-entropy (double) and correct count of logits [n][C] against labels. */
+static double ref_ce(const float *logits, const int32_t *labels, size_t n, size_t C, size_t *correct)
+{
+    double total = 0.0;
+    size_t i, j;
+    *correct = 0;
+    for (i = 0; i < n; ++i) {
+        const float *z = logits + i * C;
+        double mx = z[0], s = 0.0;
+        size_t arg = 0;
+        for (j = 1; j < C; ++j)
+            if (z[j] > mx) {
+                mx = z[j];
+                arg = j;
+            }
+        for (j = 0; j < C; ++j) s += exp((double)z[j] - mx);
+        total += mx + log(s) - (double)z[labels[i]];
+        *correct += arg == (size_t)labels[i];
+    }
+    return total / (double)n;
+}
+
+/* Loss and correct count of the model on a dataset's normalised features
+   (as dataset_sample gives them), through forward + ref_ce. */
+static double ref_metrics_of(mnistcu_model *m, const mnistcu_dataset *ds, size_t *correct)
+{
+    mnistcu_dataset_info info;
+    mnistcu_model_info mi;
+    float *x, *z;
+    int32_t *lab;
+    size_t i;
+    double loss = -1.0;
+    mnistcu_dataset_info_get(ds, &info);
+    mnistcu_model_info_get(m, &mi);
+    x = (float *)malloc(info.count * info.features * sizeof(float));
+    z = (float *)malloc(info.count * mi.classes * sizeof(float));
+    lab = (int32_t *)malloc(info.count * sizeof(int32_t));
+    *correct = 0;
+    for (i = 0; i < info.count; ++i)
+        if (mnistcu_dataset_sample(ds, i, x + i * info.features, lab + i) != MNISTCU_OK) goto done;
+    if (mnistcu_model_forward(m, x, info.count, z) != MNISTCU_OK) goto done;
+    loss = ref_ce(z, lab, info.count, mi.classes, correct);
+done:
+    free(x); free(z); free(lab);
+    return loss;
+}
+
+static float *params_of(const mnistcu_model *m)
+{
+    size_t n = mnistcu_model_num_params(m);
+    float *p = (float *)malloc((n ? n : 1) * sizeof(float));
+    if (mnistcu_model_get_params(m, p, n) != MNISTCU_OK) memset(p, 0xFF, n * sizeof(float));
+    return p;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0.0;
+    size_t i;
+    for (i = 0; i < n; ++i)
+        if (fabs((double)a[i] - (double)b[i]) > d) d = fabs((double)a[i] - (double)b[i]);
+    return d;
+}
+
+/* Records every progress report; stops when stop_at_call (1-based) is reached. */
+#define REC_MAX 64
+typedef struct recorder {
+    int calls, stop_at_call;
+    mnistcu_progress p[REC_MAX];
+} recorder;
+
+static int record_progress(void *user, const mnistcu_progress *p)
+{
+    recorder *r = (recorder *)user;
+    if (r->calls < REC_MAX) r->p[r->calls] = *p;
+    r->calls++;
+    return r->stop_at_call && r->calls >= r->stop_at_call;
+}
+
+/* ---- tests ----------------------------------------------------------------- */
+
+TEST learns_separable_data(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *ds;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    mnistcu_train_result res;
+    mnistcu_metrics before, after;
+    recorder rec;
+    float *x;
+    int32_t *lab, *pred;
+    size_t n = 2000, F = 20, i, correct = 0, ref_correct;
+    double ref_loss;
+    ASSERT(ctx != NULL);
+    separable_data(1, n, F, 4, &x, &lab);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_dataset_create(ctx, x, lab, n, F, 4, &ds));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &m));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_evaluate(m, ds, &before, NULL));
+    memset(&td, 0, sizeof td);
+    memset(&rec, 0, sizeof rec);
+    td.epochs = 20;
+    td.batch_size = 32;
+    td.progress = record_progress;
+    td.progress_user = &rec;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res));
+    ASSERT_EQ(20, res.epochs);
+    ASSERT_EQ((size_t)20 * 63, res.steps);
+    ASSERT_EQ(20, rec.calls);
+    /* the training loss of the epochs goes down */
+    ASSERT_LT(rec.p[19].train_loss, 0.5 * rec.p[0].train_loss);
+    ASSERT_LT(rec.p[19].train_loss, rec.p[4].train_loss);
+    ASSERT_NEAR(res.train_loss, rec.p[19].train_loss, 0, 0);
+    ASSERT_NEAR(res.train_accuracy, rec.p[19].train_accuracy, 0, 0);
+    /* the accuracy, from predict's labels and from evaluate */
+    pred = (int32_t *)malloc(n * sizeof(int32_t));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_predict(m, x, n, pred, NULL));
+    for (i = 0; i < n; ++i) correct += pred[i] == lab[i];
+    ASSERT_GT((double)correct / (double)n, 0.98);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_evaluate(m, ds, &after, NULL));
+    ASSERT_EQ(n, after.count);
+    ASSERT_EQ(correct, after.correct);
+    ASSERT_NEAR(after.accuracy, (double)correct / (double)n, 1e-12, 0);
+    ASSERT_LT(after.loss, 0.25 * before.loss);
+    /* evaluate's loss against a double reference from the logits */
+    ref_loss = ref_metrics_of(m, ds, &ref_correct);
+    ASSERT_NEAR(after.loss, ref_loss, 1e-6, 1e-4);
+    ASSERT_EQ(ref_correct, after.correct);
+    free(x); free(lab); free(pred);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+/* 130 samples in batches of 64: 64 + 64 + 2, and the 2 are trained. */
+TEST last_partial_batch_is_trained(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *ds;
+    mnistcu_model *m = NULL, *full = NULL, *part = NULL;
+    mnistcu_train_desc td;
+    mnistcu_train_result res;
+    recorder rec;
+    float *x, *p0, *pm, *pf, *pp;
+    int32_t *lab;
+    size_t np, k;
+    int e;
+    ASSERT(ctx != NULL);
+    separable_data(2, 130, 8, 3, &x, &lab);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_dataset_create(ctx, x, lab, 130, 8, 3, &ds));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "8-5-3", &m));
+    p0 = params_of(m);
+    np = mnistcu_model_num_params(m);
+
+    /* reports at epoch ends only */
+    memset(&td, 0, sizeof td);
+    memset(&rec, 0, sizeof rec);
+    td.epochs = 2;
+    td.progress = record_progress;
+    td.progress_user = &rec;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res)); /* default batch 64 */
+    ASSERT_EQ(2, res.epochs);
+    ASSERT_EQ((size_t)6, res.steps);
+    ASSERT_EQ(2, rec.calls);
+    for (e = 0; e < 2; ++e) {
+        ASSERT_EQ(e + 1, rec.p[e].epoch);
+        ASSERT_EQ(2, rec.p[e].epochs);
+        ASSERT_EQ((size_t)3, rec.p[e].step);
+        ASSERT_EQ((size_t)3, rec.p[e].steps);
+        ASSERT_EQ((size_t)130, rec.p[e].samples);
+        ASSERT_EQ(1, rec.p[e].epoch_end);
+        ASSERT_EQ(0, rec.p[e].has_validation);
+        ASSERT(rec.p[e].train_accuracy >= 0.0 && rec.p[e].train_accuracy <= 1.0);
+    }
+    ASSERT(rec.p[1].seconds >= rec.p[0].seconds);
+
+    /* reports every step */
+    memset(&rec, 0, sizeof rec);
+    td.epochs = 1;
+    td.progress_every = 1;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res));
+    ASSERT_EQ((size_t)3, res.steps);
+    ASSERT_EQ(3, rec.calls);
+    ASSERT_EQ((size_t)64, rec.p[0].samples);
+    ASSERT_EQ((size_t)128, rec.p[1].samples);
+    ASSERT_EQ((size_t)130, rec.p[2].samples);
+    for (k = 0; k < 3; ++k) {
+        ASSERT_EQ(k + 1, rec.p[k].step);
+        ASSERT_EQ(k == 2, rec.p[k].epoch_end);
+    }
+
+    /* one unshuffled epoch equals three manual steps on rows 0-63, 64-127, 128-129 */
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_set_params(m, p0, np));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "8-5-3", &full));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "8-5-3", &part));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_set_params(full, p0, np));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_set_params(part, p0, np));
+    memset(&td, 0, sizeof td);
+    td.epochs = 1;
+    td.no_shuffle = 1;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res));
+    for (k = 0; k < 3; ++k) {
+        size_t off = k * 64, b = k < 2 ? 64 : 2;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_compute_grads(full, x + off * 8, lab + off, b, NULL));
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_apply_grads(full, NULL));
+        if (k < 2) {
+            ASSERT_EQ(MNISTCU_OK, mnistcu_model_compute_grads(part, x + off * 8, lab + off, b, NULL));
+            ASSERT_EQ(MNISTCU_OK, mnistcu_model_apply_grads(part, NULL));
+        }
+    }
+    pm = params_of(m); pf = params_of(full); pp = params_of(part);
+    ASSERT_ARRAY_NEAR_F(pm, pf, np, 1e-6, 1e-5);
+    ASSERTm("the last two samples changed the weights", max_abs_diff(pm, pp, np) > 1e-4);
+    free(x); free(lab); free(p0); free(pm); free(pf); free(pp);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+TEST progress_callback_stops_training(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *ds;
+    mnistcu_model *m = NULL, *ref = NULL;
+    mnistcu_train_desc td;
+    mnistcu_train_result res;
+    recorder rec;
+    float *p0, *pa, *pb;
+    size_t np;
+    ASSERT(ctx != NULL);
+    ds = separable_dataset(ctx, 3, 130, 8, 3);
+    ASSERT(ds != NULL);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "8-5-3", &m));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "8-5-3", &ref));
+    np = mnistcu_model_num_params(m);
+    p0 = params_of(m);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_set_params(ref, p0, np));
+
+    /* stop at the end of epoch 2 of 5 */
+    memset(&td, 0, sizeof td);
+    memset(&rec, 0, sizeof rec);
+    rec.stop_at_call = 2;
+    td.epochs = 5;
+    td.no_shuffle = 1;
+    td.progress = record_progress;
+    td.progress_user = &rec;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res));
+    ASSERT_EQ(2, rec.calls);
+    ASSERT_EQ(2, res.epochs);
+    ASSERT_EQ((size_t)6, res.steps);
+    ASSERT_NEAR(res.train_loss, rec.p[1].train_loss, 0, 0);
+    /* the same as asking for 2 epochs */
+    td.progress = NULL;
+    td.epochs = 2;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(ref, ds, &td, &res));
+    pa = params_of(m); pb = params_of(ref);
+    ASSERT_ARRAY_EQ_BITS_F(pa, pb, np);
+    free(pa); free(pb);
+
+    /* stop inside an epoch: after step 2 of epoch 2 (the 5th step) */
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_set_params(m, p0, np));
+    memset(&rec, 0, sizeof rec);
+    rec.stop_at_call = 5;
+    td.epochs = 5;
+    td.progress = record_progress;
+    td.progress_every = 1;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res));
+    ASSERT_EQ(5, rec.calls);
+    ASSERT_EQ(2, rec.p[4].epoch);
+    ASSERT_EQ((size_t)2, rec.p[4].step);
+    ASSERT_EQ(0, rec.p[4].epoch_end);
+    ASSERT_EQ(2, res.epochs);
+    ASSERT_EQ((size_t)5, res.steps);
+    ASSERT_NEAR(res.train_loss, rec.p[4].train_loss, 0, 0);
+    free(p0);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+TEST validation_metrics_match_evaluate(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *all, *tr = NULL, *va = NULL;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    mnistcu_train_result res;
+    mnistcu_metrics met;
+    recorder rec;
+    int k, ends = 0;
+    ASSERT(ctx != NULL);
+    all = separable_dataset(ctx, 4, 600, 10, 3);
+    ASSERT(all != NULL);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_dataset_split(ctx, all, 450, 1, &tr, &va));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "10-16-3", &m));
+    memset(&td, 0, sizeof td);
+    memset(&rec, 0, sizeof rec);
+    td.epochs = 3;
+    td.batch_size = 50;
+    td.validation = va;
+    td.progress = record_progress;
+    td.progress_user = &rec;
+    td.progress_every = 4;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, tr, &td, &res));
+    ASSERT_EQ(3 * 3, rec.calls); /* steps 4, 8, 9 of each epoch */
+    for (k = 0; k < rec.calls; ++k) {
+        ASSERT_EQ(rec.p[k].epoch_end, rec.p[k].has_validation);
+        ends += rec.p[k].epoch_end;
+        if (rec.p[k].has_validation) {
+            ASSERT(rec.p[k].val_loss > 0.0);
+            ASSERT(rec.p[k].val_accuracy >= 0.0 && rec.p[k].val_accuracy <= 1.0);
+        }
+    }
+    ASSERT_EQ(3, ends);
+    ASSERT_EQ(1, res.has_validation);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_evaluate(m, va, &met, NULL));
+    ASSERT_NEAR(res.val_loss, met.loss, 1e-12, 1e-12);
+    ASSERT_NEAR(res.val_accuracy, met.accuracy, 1e-12, 0);
+    ASSERT_NEAR(rec.p[8].val_loss, met.loss, 1e-12, 1e-12);
+    ASSERT_NEAR(rec.p[8].val_accuracy, met.accuracy, 1e-12, 0);
+    ASSERT(rec.p[2].val_loss != rec.p[8].val_loss); /* measured again at each epoch end */
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+/* Same seed: the same bits; another seed or no shuffling: other weights. */
+TEST deterministic_for_a_seed(void)
+{
+    mnistcu_ctx *c[4];
+    mnistcu_ctx_desc d;
+    mnistcu_train_desc td;
+    float *p[4];
+    size_t np = 0;
+    int k;
+    memset(&d, 0, sizeof d);
+    d.seed = 777;
+    d.log_level = MNISTCU_LOG_SILENT;
+    c[0] = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    c[1] = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    c[2] = NULL;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_ctx_create(&c[2], &d));
+    c[3] = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    ASSERT(c[0] && c[1] && c[3]);
+    for (k = 0; k < 4; ++k) {
+        mnistcu_dataset *ds = separable_dataset(c[k], 5, 300, 12, 4);
+        mnistcu_model *m = NULL;
+        ASSERT(ds != NULL);
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(c[k], "12-24-4", &m));
+        memset(&td, 0, sizeof td);
+        td.epochs = 3;
+        td.batch_size = 16;
+        td.no_shuffle = k == 3;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, NULL));
+        np = mnistcu_model_num_params(m);
+        p[k] = params_of(m);
+    }
+    ASSERT_ARRAY_EQ_BITS_F(p[0], p[1], np);
+    ASSERTm("another seed gives other weights", max_abs_diff(p[0], p[2], np) > 1e-3);
+    ASSERTm("no_shuffle gives other weights", max_abs_diff(p[0], p[3], np) > 1e-4);
+    for (k = 0; k < 4; ++k) {
+        free(p[k]);
+        mnistcu_ctx_destroy(c[k]);
+    }
+    PASS();
+}
+
+/* The CPU backend: 1 and 2 threads give the same bits (products big enough to be split). */
+TEST cpu_threads_same_bits(void)
+{
+    mnistcu_ctx *c1 = tu_ctx(MNISTCU_DEVICE_CPU, 1), *c2 = tu_ctx(MNISTCU_DEVICE_CPU, 2);
+    mnistcu_ctx *c[2];
+    mnistcu_train_desc td;
+    float *p[2];
+    size_t np = 0;
+    int k;
+    ASSERT(c1 && c2);
+    ASSERT_EQ(1, mnistcu_ctx_threads(c1));
+    c[0] = c1;
+    c[1] = c2;
+    for (k = 0; k < 2; ++k) {
+        mnistcu_dataset *ds = separable_dataset(c[k], 6, 400, 300, 10);
+        mnistcu_model *m = NULL;
+        ASSERT(ds != NULL);
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(c[k], "300-1024-10", &m));
+        memset(&td, 0, sizeof td);
+        td.epochs = 2;
+        td.batch_size = 100;
+        td.optim.momentum = 0.9f;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, NULL));
+        np = mnistcu_model_num_params(m);
+        p[k] = params_of(m);
+    }
+    ASSERT_ARRAY_EQ_BITS_F(p[0], p[1], np);
+    free(p[0]); free(p[1]);
+    mnistcu_ctx_destroy(c1);
+    mnistcu_ctx_destroy(c2);
+    PASS();
+}
+
+TEST confusion_matrix_counts(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *ds;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    mnistcu_metrics met;
+    int64_t conf[5 * 5 + 1], ref[5 * 5], trace = 0, total = 0;
+    float *x;
+    int32_t *lab, pred[1500];
+    size_t n = 1500, i, ref_correct;
+    ASSERT(ctx != NULL);
+    separable_data(7, n, 6, 5, &x, &lab);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_dataset_create(ctx, x, lab, n, 6, 5, &ds)); /* 1500: evaluated in two chunks */
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "6-5", &m));
+    memset(&td, 0, sizeof td);
+    td.epochs = 1;
+    td.batch_size = 500; /* barely trained: some errors */
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, NULL));
+    conf[25] = 12345; /* must stay: the matrix is classes x classes */
+    ASSERT_EQ(MNISTCU_OK, mnistcu_evaluate(m, ds, &met, conf));
+    ASSERT_EQ((int64_t)12345, conf[25]);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_predict(m, x, n, pred, NULL));
+    memset(ref, 0, sizeof ref);
+    for (i = 0; i < n; ++i) ref[lab[i] * 5 + pred[i]]++;
+    for (i = 0; i < 25; ++i) {
+        total += conf[i];
+        if (i % 6 == 0) trace += conf[i];
+        ASSERT_EQ(ref[i], conf[i]);
+    }
+    ASSERT_EQ((int64_t)n, total);
+    ASSERT_EQ((int64_t)met.correct, trace);
+    ASSERT(met.correct < n && met.correct > n / 5);
+    ASSERT_NEAR(ref_metrics_of(m, ds, &ref_correct), met.loss, 1e-6, 1e-4);
+    ASSERT_EQ(ref_correct, met.correct);
+    free(x); free(lab);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+/* u8 IDX bytes in memory: images [n][2][3], labels = argmax of the sums of the two rows + (first pixel odd). */
+static unsigned char *u8_idx(const uint8_t *pix, size_t n, int labels, size_t *size)
+{
+    size_t header = labels ? 8 : 16, body = labels ? n : n * 6, i;
+    unsigned char *b = (unsigned char *)malloc(header + body);
+    memset(b, 0, header);
+    b[2] = 0x08;
+    b[3] = (unsigned char)(labels ? 1 : 3);
+    b[4] = (unsigned char)(n >> 24); b[5] = (unsigned char)(n >> 16); b[6] = (unsigned char)(n >> 8); b[7] = (unsigned char)n;
+    if (!labels) {
+        b[11] = 2;
+        b[15] = 3;
+    }
+    for (i = 0; i < body; ++i) b[header + i] = pix[i];
+    *size = header + body;
+    return b;
+}
+
+static mnistcu_dataset *u8_dataset(mnistcu_ctx *ctx, tu_rng *rng, size_t n, int lo, int hi, uint8_t **pix_out)
+{
+    uint8_t *pix = (uint8_t *)malloc(n * 6), *lab = (uint8_t *)malloc(n);
+    unsigned char *ib, *lb;
+    size_t is, ls, i;
+    mnistcu_dataset_desc d;
+    mnistcu_dataset *ds = NULL;
+    for (i = 0; i < n; ++i) {
+        int s0 = 0, s1 = 0, j;
+        for (j = 0; j < 6; ++j) pix[i * 6 + j] = (uint8_t)(lo + (int)(tu_next(rng) % (uint64_t)(hi - lo + 1)));
+        for (j = 0; j < 3; ++j) {
+            s0 += pix[i * 6 + j];
+            s1 += pix[i * 6 + 3 + j];
+        }
+        lab[i] = (uint8_t)(s0 > s1 ? 0 : 1);
+    }
+    ib = u8_idx(pix, n, 0, &is);
+    lb = u8_idx(lab, n, 1, &ls);
+    memset(&d, 0, sizeof d);
+    d.images_data = ib;
+    d.images_size = is;
+    d.labels_data = lb;
+    d.labels_size = ls;
+    d.num_classes = 2;
+    if (mnistcu_dataset_load(ctx, &d, &ds) != MNISTCU_OK) ds = NULL;
+    free(ib); free(lb); free(lab);
+    *pix_out = pix;
+    return ds;
+}
+
+/* A trained model evaluates every dataset with its training set's normalisation. */
+TEST evaluate_uses_the_training_normalisation(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    tu_rng rng = tu_rng_make(91), rng2;
+    mnistcu_dataset *tr, *te, *te2;
+    mnistcu_dataset_info itr, ite;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    mnistcu_metrics met, met2;
+    uint8_t *ptr, *pte, *pte2;
+    float *x, *z;
+    int32_t *lab;
+    size_t ntr = 400, nte = 300, i, ref_correct, own_correct;
+    double mean = 0.0, var = 0.0, sd, ref_loss, own_loss;
+    ASSERT(ctx != NULL);
+    tr = u8_dataset(ctx, &rng, ntr, 0, 120, &ptr);   /* dark */
+    rng2 = rng;
+    te = u8_dataset(ctx, &rng, nte, 90, 255, &pte);  /* bright: other statistics */
+    te2 = u8_dataset(ctx, &rng2, nte, 90, 255, &pte2); /* the same bytes again */
+    ASSERT(tr && te && te2);
+    ASSERT_MEM_EQ(pte, pte2, nte * 6);
+    mnistcu_dataset_info_get(tr, &itr);
+    mnistcu_dataset_info_get(te, &ite);
+    ASSERT(fabs((double)itr.shift - (double)ite.shift) > 0.5); /* the two standardisations differ a lot */
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "6-8-2", &m));
+    memset(&td, 0, sizeof td);
+    td.epochs = 3;
+    td.batch_size = 20;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, tr, &td, NULL));
+
+    ASSERT_EQ(MNISTCU_OK, mnistcu_evaluate(m, te, &met, NULL));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_dataset_normalize_like(te2, tr));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_evaluate(m, te2, &met2, NULL));
+    ASSERT_NEAR(met.loss, met2.loss, 1e-12, 1e-12);
+    ASSERT_EQ(met.correct, met2.correct);
+
+    /* the reference: features standardised with the training bytes' statistics, computed here */
+    for (i = 0; i < ntr * 6; ++i) mean += ptr[i] / 255.0;
+    mean /= (double)(ntr * 6);
+    for (i = 0; i < ntr * 6; ++i) var += (ptr[i] / 255.0 - mean) * (ptr[i] / 255.0 - mean);
+    sd = sqrt(var / (double)(ntr * 6));
+    x = (float *)malloc(nte * 6 * sizeof(float));
+    z = (float *)malloc(nte * 2 * sizeof(float));
+    lab = (int32_t *)malloc(nte * sizeof(int32_t));
+    for (i = 0; i < nte * 6; ++i) x[i] = (float)((pte[i] / 255.0 - mean) / sd);
+    for (i = 0; i < nte; ++i) ASSERT_EQ(MNISTCU_OK, mnistcu_dataset_sample(te, i, NULL, lab + i));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_forward(m, x, nte, z));
+    ref_loss = ref_ce(z, lab, nte, 2, &ref_correct);
+    ASSERT_NEAR(met.loss, ref_loss, 1e-5, 1e-4);
+    ASSERT_IN_RANGE((double)ref_correct, (double)met.correct, 1.0); /* a tie at rounding level at most */
+    /* and the test set's own statistics would have given something else */
+    own_loss = ref_metrics_of(m, te, &own_correct);
+    ASSERTm("own-statistics loss must differ", fabs(own_loss - met.loss) > 1e-2 * met.loss);
+    /* predict_u8 normalises raw bytes the same way */
+    {
+        int32_t *p1 = (int32_t *)malloc(nte * sizeof(int32_t)), *p2 = (int32_t *)malloc(nte * sizeof(int32_t));
+        size_t same = 0;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_predict_u8(m, pte, nte, p1, NULL));
+        ASSERT_EQ(MNISTCU_OK, mnistcu_predict(m, x, nte, p2, NULL));
+        for (i = 0; i < nte; ++i) same += p1[i] == p2[i];
+        free(p1); free(p2);
+        ASSERT_GTE(same + 1, nte);
+    }
+    free(ptr); free(pte); free(pte2); free(x); free(z); free(lab);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+/* 784-128-10, SGD 0.1, batch 64, STANDARD normalisation, 3 epochs.
+   Seen on the CPU (seed 1234, any thread count): test accuracy ~97.5 %, loss ~0.08;
+   about 1.3 s of training on 2 cores. */
+TEST real_mnist_reaches_97_percent(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *tr = NULL, *te = NULL;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    mnistcu_train_result res;
+    mnistcu_metrics met;
+    char msg[256];
+    mnistcu_result r = mnistcu_dataset_load_dir(ctx, tu_mnist_dir(), MNISTCU_SPLIT_TRAIN, &tr);
+    if (r == MNISTCU_ERR_NOT_FOUND) {
+        mnistcu_ctx_destroy(ctx);
+        SKIPm("MNIST not found (make data)");
+    }
+    ASSERT_ENUM_EQ(MNISTCU_OK, r, mnistcu_result_name);
+    ASSERT_ENUM_EQ(MNISTCU_OK, mnistcu_dataset_load_dir(ctx, tu_mnist_dir(), MNISTCU_SPLIT_TEST, &te),
+                   mnistcu_result_name);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "784-128-10", &m));
+    memset(&td, 0, sizeof td);
+    td.epochs = MNIST_EPOCHS;
+    td.batch_size = 64;
+    td.optim.learning_rate = 0.1f;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, tr, &td, &res));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_evaluate(m, te, &met, NULL));
+    snprintf(msg, sizeof msg, "test accuracy %.2f%%, loss %.4f after %d epochs (%.1f s, %s)", 100.0 * met.accuracy,
+             met.loss, res.epochs, res.seconds, mnistcu_ctx_device_name(ctx));
+    if (getenv("MNISTCU_TEST_VERBOSE")) printf("\n%s\n", msg);
+    ASSERT_EQ((size_t)10000, met.count);
+    ASSERTm(msg, met.accuracy >= 0.970);
+    ASSERTm(msg, met.loss > 0.01 && met.loss < 0.12);
+    ASSERTm(msg, res.train_accuracy > 0.95);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+SUITE(train_suite)
+{
+    RUN_TEST(learns_separable_data);
+    RUN_TEST(last_partial_batch_is_trained);
+    RUN_TEST(progress_callback_stops_training);
+    RUN_TEST(validation_metrics_match_evaluate);
+    RUN_TEST(deterministic_for_a_seed);
+    RUN_TEST(cpu_threads_same_bits);
+    RUN_TEST(confusion_matrix_counts);
+    RUN_TEST(evaluate_uses_the_training_normalisation);
+    RUN_TEST(real_mnist_reaches_97_percent);
+}
