@@ -5,7 +5,7 @@
 #   OPT                 optimisation flags of the programs (not of the compile tests)
 #   OMP                 OpenMP flag for the CPU backend ('' for none)
 #   NVCC                CUDA compiler ('' to skip every CUDA build)
-#   CUDA_ARCH           e.g. 90 for sm_90; default: the local GPU, else every major architecture
+#   CUDA_ARCH           e.g. 90 for sm_90; default: the local GPU, else CUDA_ARCHS (+ PTX)
 #   MNISTCU_MIRROR      a folder or URL that `make data` fetches from first
 
 CC      ?= cc
@@ -16,10 +16,15 @@ OMP     ?= -fopenmp
 WARN    := -Wall -Wextra -Werror -pedantic
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 CUDA_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')
+# With no GPU to ask: machine code for the common architectures CUDA 13 supports
+# (Turing to Blackwell), PTX for compute_75 so the driver can compile it for any
+# newer GPU, and PTX for compute_120. (-arch=all-major would leave out sm_75.)
+CUDA_ARCHS ?= 75 80 86 89 90 100 120
 ifneq ($(strip $(CUDA_ARCH)),)
 NVCC_ARCH := -gencode arch=compute_$(CUDA_ARCH),code=[sm_$(CUDA_ARCH),compute_$(CUDA_ARCH)]
 else
-NVCC_ARCH := -arch=all-major
+NVCC_ARCH := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_75,code=compute_75 -gencode arch=compute_120,code=compute_120
 endif
 NVCC_WARN := -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror
 comma := ,
