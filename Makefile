@@ -116,6 +116,7 @@ test-compile: | $(B)
 ifneq ($(strip $(NVCC)),)
 	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -c -o $(B)/impl_cuda.o tests/compile/impl.c
 	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -DMNISTCU_CUBLAS -c -o $(B)/impl_cublas.o tests/compile/impl.c
+	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -DMNISTCU_DEBUG_SYNC -DMNISTCU_STATIC -c -o $(B)/impl_debug.o tests/compile/impl.c
 	$(NVCC) -arch=sm_75 -o $(B)/train_mnist_nvcc examples/train_mnist.cu
 else
 	@echo "nvcc not found: CUDA compile tests skipped"
