@@ -280,7 +280,11 @@ MNISTCU_DEF uint32_t mnistcu_crc32(uint32_t crc, const void *data, size_t size);
    into a batch: x = stored * scale + shift. Training records the training set's
    scale and shift in the model, and a trained model normalises every dataset
    it evaluates (and every image it predicts) the same way: test data is never
-   normalised with its own statistics. */
+   normalised with its own statistics. Two exceptions: a dataset stored in the
+   other way than the training set (float vs uint8) keeps its own scale and
+   shift, and a model that was never trained by mnistcu_train (weights set with
+   mnistcu_model_set_params) uses each dataset's own, and x/255 in
+   mnistcu_predict_u8; use mnistcu_dataset_normalize_like to control them. */
 typedef struct mnistcu_dataset mnistcu_dataset;
 
 typedef enum mnistcu_split { MNISTCU_SPLIT_TRAIN = 0, MNISTCU_SPLIT_TEST } mnistcu_split;
@@ -434,7 +438,7 @@ typedef struct mnistcu_train_result {
     double train_loss;           /* mean over the last epoch */
     double train_accuracy;
     int has_validation;
-    double val_loss, val_accuracy;
+    double val_loss, val_accuracy; /* at the end of the last completed epoch (not a stopped one) */
     double seconds;              /* training wall time, evaluation excluded */
 } mnistcu_train_result;
 
@@ -1683,12 +1687,17 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
     mnistcu_ctx *ctx;
     mnistcu_device want;
     const char *env;
+    int half_allocator;
     if (!out) return MNISTCU_ERR_INVALID_ARGUMENT;
     *out = NULL;
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if (d.log_level == MNISTCU_LOG_DEFAULT) d.log_level = MNISTCU_LOG_INFO;
-    if ((d.allocator.alloc == NULL) != (d.allocator.free == NULL)) return MNISTCU_ERR_INVALID_ARGUMENT;
+    half_allocator = (d.allocator.alloc == NULL) != (d.allocator.free == NULL);
+    if (half_allocator) { /* unusable: the context itself comes from malloc, to carry the message */
+        d.allocator.alloc = NULL;
+        d.allocator.free = NULL;
+    }
     ctx = (mnistcu_ctx *)(d.allocator.alloc ? d.allocator.alloc(d.allocator.user, sizeof *ctx)
                                             : MNISTCU_MALLOC(sizeof *ctx));
     if (!ctx) return MNISTCU_ERR_OUT_OF_MEMORY;
@@ -1697,6 +1706,8 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
     ctx->objects.next = ctx->objects.prev = &ctx->objects;
     ctx->device = MNISTCU_DEVICE_CPU;
     *out = ctx; /* from here on errors are reported in the context */
+    if (half_allocator)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "allocator: give both alloc and free, or neither");
 
     if ((unsigned)d.device > MNISTCU_DEVICE_CUDA || (unsigned)d.log_level > MNISTCU_LOG_DEBUG ||
         d.threads < 0 || d.cuda_device < 0 || (unsigned)d.gemm > MNISTCU_GEMM_CUBLAS ||
@@ -3355,7 +3366,7 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
 {
     mnistcu_result r = MNISTCU_OK;
     float *x, scale, shift;
-    size_t in, C, i, off, chunk;
+    size_t in, C, i, off, chunk, bytes;
     if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
     if (!pixels || n == 0 || (!labels && !probs))
         return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict_u8: pixels, n and labels or probs must be given");
@@ -3364,7 +3375,9 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
     scale = m->has_norm && m->norm_u8 ? m->norm_scale : 1.0f / 255.0f;
     shift = m->has_norm && m->norm_u8 ? m->norm_shift : 0.0f;
     chunk = MNISTCU__MIN(n, (size_t)MNISTCU__EVAL_CHUNK);
-    x = (float *)mnistcu__alloc(m->ctx, chunk * in * sizeof(float));
+    if (!mnistcu__mul3(chunk, in, sizeof(float), &bytes))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "predict_u8: %lu inputs overflow", (unsigned long)in);
+    x = (float *)mnistcu__alloc(m->ctx, bytes);
     if (!x) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict_u8: out of memory");
     for (off = 0; off < n && r == MNISTCU_OK; off += chunk) {
         size_t b = MNISTCU__MIN(chunk, n - off);
@@ -3418,7 +3431,7 @@ typedef struct mnistcu__cuda_model {
     const uint32_t *host_idx;  /* its order on the host (streaming mode) */
     int streaming;
     /* streaming mode: per slot, a pinned host batch and its device copy */
-    size_t slot_batch;
+    size_t slot_bytes;        /* bytes of each slot buffer */
     void *pinned[MNISTCU__STREAM_SLOTS];   /* [B][F] stored type, then labels [B] */
     void *staged[MNISTCU__STREAM_SLOTS];   /* same, on the device */
     cudaEvent_t copied[MNISTCU__STREAM_SLOTS], consumed[MNISTCU__STREAM_SLOTS];
@@ -3530,49 +3543,52 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm(int M, int N, int K, cons
     __shared__ float As[MNISTCU__GBK][MNISTCU__GBM + 4];
     __shared__ float Bs[MNISTCU__GBK][MNISTCU__GBN + 4];
     const int t = (int)threadIdx.x, tx = t % 16, ty = t / 16;
-    const int m0 = (int)blockIdx.y * MNISTCU__GBM, n0 = (int)blockIdx.x * MNISTCU__GBN;
+    const int n0 = (int)blockIdx.x * MNISTCU__GBN;
     float acc[4][4];
-    int i, j, r, k0, kk;
-    for (i = 0; i < 4; ++i)
-        for (j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    for (k0 = 0; k0 < K; k0 += MNISTCU__GBK) {
-        for (r = 0; r < 4; ++r) {
-            int m = TA ? t % 64 : t / 16 + 16 * r, k = TA ? t / 64 + 4 * r : t % 16;
-            int gm = m0 + m, gk = k0 + k;
-            float v = 0.0f;
-            if (gm < M && gk < K) v = TA ? A[(size_t)gk * lda + gm] : A[(size_t)gm * lda + gk];
-            As[k][m] = v;
+    int i, j, r, k0, kk, m0;
+    /* Rows of tiles beyond gridDim.y's limit (65535) are walked by the same blocks. */
+    for (m0 = (int)blockIdx.y * MNISTCU__GBM; m0 < M; m0 += (int)gridDim.y * MNISTCU__GBM) {
+        for (i = 0; i < 4; ++i)
+            for (j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+        for (k0 = 0; k0 < K; k0 += MNISTCU__GBK) {
+            for (r = 0; r < 4; ++r) {
+                int m = TA ? t % 64 : t / 16 + 16 * r, k = TA ? t / 64 + 4 * r : t % 16;
+                int gm = m0 + m, gk = k0 + k;
+                float v = 0.0f;
+                if (gm < M && gk < K) v = TA ? A[(size_t)gk * lda + gm] : A[(size_t)gm * lda + gk];
+                As[k][m] = v;
+            }
+            for (r = 0; r < 4; ++r) {
+                int n = TB ? t / 16 + 16 * r : t % 64, k = TB ? t % 16 : t / 64 + 4 * r;
+                int gn = n0 + n, gk = k0 + k;
+                float v = 0.0f;
+                if (gn < N && gk < K) v = TB ? B[(size_t)gn * ldb + gk] : B[(size_t)gk * ldb + gn];
+                Bs[k][n] = v;
+            }
+            __syncthreads();
+#pragma unroll
+            for (kk = 0; kk < MNISTCU__GBK; ++kk) {
+                float a[4], b[4];
+#pragma unroll
+                for (i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+                for (j = 0; j < 4; ++j) b[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+                for (i = 0; i < 4; ++i)
+#pragma unroll
+                    for (j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+            }
+            __syncthreads();
         }
-        for (r = 0; r < 4; ++r) {
-            int n = TB ? t / 16 + 16 * r : t % 64, k = TB ? t % 16 : t / 64 + 4 * r;
-            int gn = n0 + n, gk = k0 + k;
-            float v = 0.0f;
-            if (gn < N && gk < K) v = TB ? B[(size_t)gn * ldb + gk] : B[(size_t)gk * ldb + gn];
-            Bs[k][n] = v;
-        }
-        __syncthreads();
 #pragma unroll
-        for (kk = 0; kk < MNISTCU__GBK; ++kk) {
-            float a[4], b[4];
+        for (i = 0; i < 4; ++i) {
+            int gm = m0 + ty + 16 * i;
+            if (gm >= M) continue;
 #pragma unroll
-            for (i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
-#pragma unroll
-            for (j = 0; j < 4; ++j) b[j] = Bs[kk][tx + 16 * j];
-#pragma unroll
-            for (i = 0; i < 4; ++i)
-#pragma unroll
-                for (j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (i = 0; i < 4; ++i) {
-        int gm = m0 + ty + 16 * i;
-        if (gm >= M) continue;
-#pragma unroll
-        for (j = 0; j < 4; ++j) {
-            int gn = n0 + tx + 16 * j;
-            if (gn < N) C[(size_t)gm * ldc + gn] = FUSE ? mnistcu__act_f((mnistcu_act)act, acc[i][j] + bias[gn]) : acc[i][j];
+            for (j = 0; j < 4; ++j) {
+                int gn = n0 + tx + 16 * j;
+                if (gn < N) C[(size_t)gm * ldc + gn] = FUSE ? mnistcu__act_f((mnistcu_act)act, acc[i][j] + bias[gn]) : acc[i][j];
+            }
         }
     }
 }
@@ -3816,7 +3832,7 @@ static void mnistcu__cuda_stream_free(mnistcu_model *m)
         cm->copied[s] = cm->consumed[s] = NULL;
         cm->slot_used[s] = 0;
     }
-    cm->slot_batch = 0;
+    cm->slot_bytes = 0;
 }
 
 static void mnistcu__cuda_model_free(mnistcu_model *m)
@@ -3909,7 +3925,8 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
     }
 #endif
     {
-        dim3 grid((unsigned)((N + MNISTCU__GBN - 1) / MNISTCU__GBN), (unsigned)((M + MNISTCU__GBM - 1) / MNISTCU__GBM));
+        size_t mtiles = (M + MNISTCU__GBM - 1) / MNISTCU__GBM;
+        dim3 grid((unsigned)((N + MNISTCU__GBN - 1) / MNISTCU__GBN), (unsigned)(mtiles < 65535 ? mtiles : 65535));
         int m_ = (int)M, n_ = (int)N, k_ = (int)K, la = (int)lda, lb = (int)ldb, lc = (int)ldc;
         cudaStream_t st = cu->stream;
         if (bias) {
@@ -4041,10 +4058,15 @@ static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_
             cm->idx = d;
             cm->idx_cap = n;
         }
-        /* The host's order, so CPU and GPU train on the same batches. Synchronous:
-           the host may reshuffle idx for the next epoch. */
-        return mnistcu__cuda_check(ctx, cudaMemcpy(cm->idx, idx, n * sizeof(uint32_t), cudaMemcpyHostToDevice),
-                                   "uploading the sample order");
+        /* The host's order, so CPU and GPU train on the same batches. On the
+           compute stream, so no gather still queued reads it while it changes
+           and none that follows reads it early; synchronous, because the host
+           reshuffles idx for the next epoch. */
+        {
+            cudaError_t e = cudaMemcpyAsync(cm->idx, idx, n * sizeof(uint32_t), cudaMemcpyHostToDevice, cu->stream);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(cu->stream);
+            return mnistcu__cuda_check(ctx, e, "uploading the sample order");
+        }
     }
     return MNISTCU_OK;
 }
@@ -4061,10 +4083,12 @@ static mnistcu_result mnistcu__cuda_stream_reserve(mnistcu_model *m, size_t B)
     size_t esize = ds->u8 ? 1 : sizeof(float), bytes = B * ds->features * esize + B * sizeof(int32_t);
     mnistcu_result r;
     int s;
-    if (cm->slot_batch >= B && cm->slot_batch != 0) return MNISTCU_OK;
+    bytes += 16; /* labels follow the features, 16-byte aligned */
+    /* The slots belong to the model and serve every dataset it meets: size them
+       by bytes, since a float dataset needs four times a uint8 one's. */
+    if (cm->slot_bytes >= bytes) return MNISTCU_OK;
     cudaStreamSynchronize(mnistcu__cu(m->ctx)->stream);
     mnistcu__cuda_stream_free(m);
-    bytes += 16; /* labels follow the features, 16-byte aligned */
     for (s = 0; s < MNISTCU__STREAM_SLOTS; ++s) {
         cudaError_t e = cudaMallocHost(&cm->pinned[s], bytes);
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&cm->copied[s], cudaEventDisableTiming);
@@ -4079,7 +4103,7 @@ static mnistcu_result mnistcu__cuda_stream_reserve(mnistcu_model *m, size_t B)
             return r;
         }
     }
-    cm->slot_batch = B;
+    cm->slot_bytes = bytes;
     return MNISTCU_OK;
 }
 

@@ -429,6 +429,78 @@ TEST cuda_streaming_equals_resident(void)
     PASS();
 }
 
+/* A model meets a uint8 dataset and then a float one in streaming mode: the
+   slots sized for the first must grow for the second (4 bytes a feature). */
+TEST cuda_streaming_mixed_storage(void)
+{
+    mnistcu_ctx_desc d;
+    mnistcu_ctx *ctx[2] = {NULL, NULL};
+    mnistcu_metrics got[2][2];
+    tu_rng rng = tu_rng_make(4);
+    float *x = tu_random_floats(&rng, 1500 * 784, 0, 1), *params = NULL;
+    int32_t *y = (int32_t *)malloc(1500 * sizeof(int32_t));
+    size_t i, np = 0;
+    int k;
+    for (i = 0; i < 1500; ++i) y[i] = (int32_t)(tu_next(&rng) % 10);
+    for (k = 0; k < 2; ++k) { /* k = 0: resident, k = 1: streaming; same weights */
+        mnistcu_dataset *u8 = NULL, *f32 = NULL;
+        mnistcu_model *m = NULL;
+        memset(&d, 0, sizeof d);
+        d.device = MNISTCU_DEVICE_CUDA;
+        d.log_level = MNISTCU_LOG_SILENT;
+        d.gemm = MNISTCU_GEMM_OWN;
+        d.data_mode = k ? MNISTCU_DATA_STREAM : MNISTCU_DATA_RESIDENT;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_ctx_create(&ctx[k], &d));
+        if (mnistcu_dataset_load_dir(ctx[k], tu_mnist_dir(), MNISTCU_SPLIT_TEST, &u8) != MNISTCU_OK) {
+            mnistcu_ctx_destroy(ctx[0]);
+            mnistcu_ctx_destroy(ctx[1]);
+            free(x); free(y);
+            SKIPm("MNIST test set not found");
+        }
+        ASSERT_EQ(MNISTCU_OK, mnistcu_dataset_create(ctx[k], x, y, 1500, 784, 10, &f32));
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx[k], "784-32-10", &m));
+        if (k == 0) {
+            np = mnistcu_model_num_params(m);
+            params = (float *)malloc(np * sizeof(float));
+            mnistcu_model_get_params(m, params, np);
+        } else {
+            ASSERT_EQ(MNISTCU_OK, mnistcu_model_set_params(m, params, np));
+        }
+        ASSERT_EQ(MNISTCU_OK, mnistcu_evaluate(m, u8, &got[k][0], NULL));
+        ASSERT_EQ(MNISTCU_OK, mnistcu_evaluate(m, f32, &got[k][1], NULL));
+    }
+    for (k = 0; k < 2; ++k) {
+        ASSERT_EQ(got[0][k].correct, got[1][k].correct);
+        ASSERT_EQ_FMT(got[0][k].loss, got[1][k].loss, "%.17g");
+    }
+    free(params); free(x); free(y);
+    mnistcu_ctx_destroy(ctx[0]);
+    mnistcu_ctx_destroy(ctx[1]);
+    PASS();
+}
+
+/* More rows of tiles than gridDim.y allows (65535 x 64): the kernel walks them. */
+TEST cuda_gemm_beyond_grid_rows(void)
+{
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN), *c = tu_ctx(MNISTCU_DEVICE_CPU, 0);
+    size_t M = (size_t)65535 * 64 + 100, N = 3, K = 5;
+    tu_rng rng = tu_rng_make(12);
+    float *A = tu_random_floats(&rng, M * K, -1, 1), *B = tu_random_floats(&rng, N * K, -1, 1);
+    float *ref = (float *)malloc(M * N * sizeof(float)), *got;
+    float *dA = tc_up(A, M * K), *dB = tc_up(B, N * K), *dC = tc_poisoned(M * N);
+    ASSERT(g && c && dA && dB && dC);
+    mnistcu__cpu_reserve(c);
+    mnistcu__cpu_gemm(c, 0, 1, M, N, K, A, K, B, K, ref, N);
+    ASSERT_EQ(MNISTCU_OK, mnistcu__cuda_gemm(g, 0, 1, M, N, K, dA, K, dB, K, dC, N, NULL, 0));
+    got = tc_down(dC, M * N);
+    ASSERT(tc_relerr(got, ref, M * N) <= TC_MAX_REL);
+    free(A); free(B); free(ref); free(got);
+    cudaFree(dA); cudaFree(dB); cudaFree(dC);
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(c);
+    PASS();
+}
+
 /* ---- out of memory: a device allocator that refuses after N allocations ----------- */
 typedef struct tc_alloc { int left, live; } tc_alloc;
 static void *tc_dev_alloc(void *user, size_t size)
@@ -538,6 +610,8 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_training_matches_cpu_for_200_steps);
     RUN_TEST(cuda_two_runs_are_bitwise_identical);
     RUN_TEST(cuda_streaming_equals_resident);
+    RUN_TEST(cuda_streaming_mixed_storage);
+    RUN_TEST(cuda_gemm_beyond_grid_rows);
     RUN_TEST(cuda_out_of_memory_frees_and_stays_usable);
     RUN_TEST(cuda_sticky_error_is_latched);
 }
