@@ -25,7 +25,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     MNISTCU_DATA=${MNISTCU_DATA:-data/mnist} run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t cuda_streaming_mixed
-    for t in cuda_gemm_own cuda_elementwise cuda_step_stats; do
+    for t in cuda_gemm_own cuda_gemm_kernels cuda_elementwise cuda_step_stats; do
         run $cs --tool racecheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_streaming; do

@@ -429,6 +429,41 @@ TEST cuda_streaming_equals_resident(void)
     PASS();
 }
 
+/* The two matrix kernels run the same fmaf chain per output: bitwise equal, so
+   the shape-based choice between them never changes a result. */
+TEST cuda_gemm_kernels_agree_bitwise(void)
+{
+    static const int dims[][3] = {{33, 100, 784}, {64, 128, 785}, {7, 37, 16}, {130, 70, 33}};
+    size_t d;
+    int ta, tb;
+    for (d = 0; d < sizeof dims / sizeof dims[0]; ++d)
+        for (ta = 0; ta < 2; ++ta)
+            for (tb = 0; tb < 2; ++tb) {
+                int M = dims[d][0], N = dims[d][1], K = dims[d][2], lda = ta ? M : K, ldb = tb ? K : N;
+                tu_rng rng = tu_rng_make((uint64_t)(d * 4 + (size_t)ta * 2 + (size_t)tb));
+                float *A = tu_random_floats(&rng, (size_t)M * K, -1, 1), *B = tu_random_floats(&rng, (size_t)K * N, -1, 1);
+                float *dA = tc_up(A, (size_t)M * K), *dB = tc_up(B, (size_t)K * N);
+                float *d64 = tc_poisoned((size_t)M * N), *d16 = tc_poisoned((size_t)M * N), *h64, *h16;
+                dim3 g64((unsigned)((N + 63) / 64), (unsigned)((M + 63) / 64)), g16((unsigned)((N + 15) / 16), (unsigned)((M + 15) / 16));
+#define TC_BOTH(TA_, TB_)                                                                                      \
+    do {                                                                                                       \
+        mnistcu__k_gemm<TA_, TB_, 0><<<g64, 256>>>(M, N, K, dA, lda, dB, ldb, d64, N, NULL, 0);               \
+        mnistcu__k_gemm16<TA_, TB_, 0><<<g16, 256>>>(M, N, K, dA, lda, dB, ldb, d16, N, NULL, 0);             \
+    } while (0)
+                if (!ta && !tb) TC_BOTH(0, 0);
+                else if (!ta && tb) TC_BOTH(0, 1);
+                else if (ta && !tb) TC_BOTH(1, 0);
+                else TC_BOTH(1, 1);
+#undef TC_BOTH
+                h64 = tc_down(d64, (size_t)M * N);
+                h16 = tc_down(d16, (size_t)M * N);
+                ASSERT_ARRAY_EQ_BITS_F(h64, h16, (size_t)M * N);
+                free(A); free(B); free(h64); free(h16);
+                cudaFree(dA); cudaFree(dB); cudaFree(d64); cudaFree(d16);
+            }
+    PASS();
+}
+
 /* A model meets a uint8 dataset and then a float one in streaming mode: the
    slots sized for the first must grow for the second (4 bytes a feature). */
 TEST cuda_streaming_mixed_storage(void)
@@ -604,6 +639,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_reports_device);
     RUN_TEST(cuda_gemm_own_kernel_matches_cpu);
     RUN_TEST(cuda_gemm_cublas_matches_cpu);
+    RUN_TEST(cuda_gemm_kernels_agree_bitwise);
     RUN_TEST(cuda_elementwise_ops_match_cpu);
     RUN_TEST(cuda_sgd_matches_cpu);
     RUN_TEST(cuda_step_stats_and_gather);
