@@ -53,8 +53,9 @@
      MNISTCU_IDX_MAX_BYTES     largest decompressed file or IDX payload accepted
                                (default 1 GiB)
      MNISTCU_IDX_MAX_DIMS      largest IDX dimension count accepted (default 8)
-     MNISTCU_CUBLAS            nvcc builds: use cuBLAS for the matrix products
-                               (link with -lcublas)
+     MNISTCU_CUBLAS            nvcc builds: make cuBLAS available for the matrix
+                               products and the default (link with -lcublas);
+                               mnistcu_ctx_desc.gemm chooses per context
      MNISTCU_DEBUG_SYNC        nvcc builds: synchronise after every launch so an
                                error names the kernel that caused it
 
@@ -78,7 +79,8 @@
      and optional OpenMP (-fopenmp); every CUDA kernel is tested against it.
      Results are deterministic: the same seed gives bitwise-identical weights on
      the same device, for any thread count. CPU and GPU agree to float rounding,
-     not bitwise.
+     not bitwise (with ReLU, a unit whose input rounds to opposite sides of zero
+     on the two devices can make training runs drift further apart).
 
    LIMITS
      At most MNISTCU_MAX_LAYERS dense layers, widths up to 2^24, at most
