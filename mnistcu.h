@@ -42,9 +42,37 @@
                   mnistcu_predict() / mnistcu_predict_u8() for your own images,
                   mnistcu_model_get_params() for the weights.
 
+   MODELS AND SPEC STRINGS
+     A model is a sequence of layers, like torch.nn.Sequential, described by an
+     array of mnistcu_layer_desc (zero means default) or by a spec string:
+       mnistcu_model_create_spec(ctx, "1x28x28 conv5x5x6 relu maxpool2 conv5x5x16"
+           " relu maxpool2 flatten dense120 relu dense84 relu dense10", &net);
+     The first token is the shape of one sample, CxHxW (or N for flat data, the
+     same as 1x1xN); then one token per layer, separated by spaces:
+       denseN                  fully connected, N outputs (input must be flat)
+       convKHxKWxN             2-D convolution, N output channels
+       maxpoolK, avgpoolK      pooling over KxK (or maxpoolKHxKW) windows
+       batchnorm               over channels (BatchNorm2d), or features when flat (1d)
+       dropout, dropoutP       inverted dropout, P the probability of zeroing (0.5)
+       flatten                 [C][H][W] to [C*H*W]
+       relu sigmoid tanh softmax leaky_relu leaky_reluS   (S: negative slope, 0.01)
+     Options follow a layer after colons: conv3x3x32:s=2:p=1:bias=0 (stride,
+     zero padding, no bias), maxpool3:s=2 (stride; default the kernel size),
+     batchnorm:eps=0.001:momentum=0.01. Tokens are case-sensitive. Presets:
+       lenet5       1x28x28 conv5x5x6 relu maxpool2 conv5x5x16 relu maxpool2
+                    flatten dense120 relu dense84 relu dense10  (44,426 parameters)
+       fashion-cnn  1x28x28 conv3x3x64 maxpool2 relu conv3x3x128 maxpool2 relu
+                    flatten dense256 relu dense10  (896,522 parameters)
+     and "784-128-10" is the MLP of mnistcu_model_create_mlp. Shapes are checked
+     when the model is made: an impossible one is MNISTCU_ERR_SHAPE naming the
+     layer. Parameters and buffers carry the names torch.nn.Sequential gives
+     them ("0.weight", "4.running_mean"), so state_dicts move across unchanged.
+     Dropout's masks come from Philox4x32-10 keyed by the context's seed and
+     counted by (element, layer, step): the CPU and the GPU draw the same mask.
+
    WHAT IT DOES NOT DO (YET)
-     Convolutions, pooling, batch norm, Adam and friends, checkpoints and export
-     are planned; the API leaves room for them. No multi-GPU. No half precision.
+     Adam and friends, checkpoints and export are planned; the API leaves room
+     for them. No multi-GPU. No half precision.
 
    CONFIGURATION MACROS (define before including the implementation)
      MNISTCU_STATIC            make every function static to the including file
@@ -83,7 +111,8 @@
      on the two devices can make training runs drift further apart).
 
    LIMITS
-     At most MNISTCU_MAX_LAYERS dense layers, widths up to 2^24, at most
+     At most MNISTCU_MAX_MODEL_LAYERS layers of every kind (MNISTCU_MAX_LAYERS
+     dense layers through the MLP desc), widths up to 2^24, at most
      MNISTCU_MAX_CLASSES classes, at most MNISTCU_IDX_MAX_BYTES per file.
 */
 #ifndef MNISTCU_H
@@ -338,9 +367,55 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_sample(const mnistcu_dataset *ds, siz
 MNISTCU_DEF void mnistcu_dataset_destroy(mnistcu_dataset *ds);
 
 /* ---- models ----------------------------------------------------------------
-   A stack of dense layers y = act(x W^T + b). Parameters live in one arena, in
-   PyTorch's order and layout: for each layer W [out][in] then b [out]. */
+   A model is a sequence of layers, as torch.nn.Sequential: each layer maps a
+   batch of samples of shape [C][H][W] (NCHW, row-major) to the next shape.
+   Flat data is [N][1][1] (a spec may write it 1x1xN or N). Parameters live in
+   one arena in PyTorch's order and layouts (dense W [out][in] then b [out];
+   conv W [out][in][kh][kw] then b [out]; batch norm weight then bias), running
+   statistics of batch norm in a second one (the "buffers"), gradients in a
+   third with the parameters' layout. */
 typedef struct mnistcu_model mnistcu_model;
+
+#define MNISTCU_MAX_MODEL_LAYERS 64 /* layers of every kind in one model */
+
+/* One list makes the layer kinds: the enum, the spec keyword and the module
+   name torch.nn gives it (BatchNorm is BatchNorm1d on flat data, else 2d). */
+#define MNISTCU_LAYER_LIST(X)                          \
+    X(DENSE,      "dense",      "Linear")             \
+    X(CONV2D,     "conv",       "Conv2d")             \
+    X(MAXPOOL2D,  "maxpool",    "MaxPool2d")          \
+    X(AVGPOOL2D,  "avgpool",    "AvgPool2d")          \
+    X(BATCHNORM,  "batchnorm",  "BatchNorm")          \
+    X(DROPOUT,    "dropout",    "Dropout")            \
+    X(FLATTEN,    "flatten",    "Flatten")            \
+    X(RELU,       "relu",       "ReLU")               \
+    X(LEAKY_RELU, "leaky_relu", "LeakyReLU")          \
+    X(SIGMOID,    "sigmoid",    "Sigmoid")            \
+    X(TANH,       "tanh",       "Tanh")               \
+    X(SOFTMAX,    "softmax",    "Softmax")
+
+typedef enum mnistcu_layer_kind {
+    MNISTCU_LAYER_NONE = 0, /* ends an array of layer descs */
+#define MNISTCU__LAYER_ENUM(name, key, torch) MNISTCU_LAYER_##name,
+    MNISTCU_LAYER_LIST(MNISTCU__LAYER_ENUM)
+#undef MNISTCU__LAYER_ENUM
+    MNISTCU_LAYER_KIND_COUNT
+} mnistcu_layer_kind;
+
+/* One layer; zero means default in every field. Fields a kind does not use
+   must stay zero. */
+typedef struct mnistcu_layer_desc {
+    mnistcu_layer_kind kind;
+    int units;              /* DENSE: outputs; CONV2D: output channels (both required) */
+    int kernel_h, kernel_w; /* CONV2D: required (kernel_w 0: = kernel_h); pools: 0: 2 */
+    int stride;             /* CONV2D: 0: 1; pools: 0: the kernel size (as PyTorch) */
+    int padding;            /* CONV2D: zeros added on each side (0: none) */
+    int no_bias;            /* DENSE, CONV2D: 1 for no bias term */
+    float p;                /* DROPOUT: probability of zeroing an element (0: 0.5) */
+    float slope;            /* LEAKY_RELU: slope for negative inputs (0: 0.01) */
+    float eps;              /* BATCHNORM: added to the variance (0: 1e-5) */
+    float momentum;         /* BATCHNORM: running-statistics momentum (0: 0.1) */
+} mnistcu_layer_desc;
 
 typedef enum mnistcu_act {
     MNISTCU_ACT_DEFAULT = 0, /* = RELU */
@@ -357,25 +432,61 @@ typedef enum mnistcu_loss {
 
 typedef enum mnistcu_init {
     MNISTCU_INIT_DEFAULT = 0, /* = TORCH */
-    MNISTCU_INIT_TORCH,       /* PyTorch's nn.Linear: W and b uniform in +-1/sqrt(fan_in) */
-    MNISTCU_INIT_HE_UNIFORM   /* W uniform in +-sqrt(6/fan_in), b zero */
+    MNISTCU_INIT_TORCH,       /* PyTorch's defaults: dense and conv W and b uniform in +-1/sqrt(fan_in);
+                                 batch norm weight 1, bias 0 */
+    MNISTCU_INIT_HE_UNIFORM   /* dense and conv W uniform in +-sqrt(6/fan_in), b zero */
 } mnistcu_init;
 
+/* Two ways to describe a model: `sizes` for an MLP (dense layers with
+   hidden_act between them), or `layers` with the input shape. */
 typedef struct mnistcu_model_desc {
-    int sizes[MNISTCU_MAX_LAYERS + 1]; /* widths, input first, zero-terminated: {784, 128, 10} */
-    mnistcu_act hidden_act;            /* DEFAULT: RELU; the last layer gives logits (no activation) */
+    int sizes[MNISTCU_MAX_LAYERS + 1]; /* MLP widths, input first, zero-terminated: {784, 128, 10};
+                                          used when layers[0].kind is NONE */
+    mnistcu_act hidden_act;            /* MLP: DEFAULT: RELU; the last layer gives logits (no activation) */
     mnistcu_loss loss;                 /* DEFAULT: SOFTMAX_CE */
     mnistcu_init init;                 /* DEFAULT: TORCH */
+    int input_c, input_h, input_w;     /* layers: one sample's shape; input_w required, 0 in c or h: 1 */
+    mnistcu_layer_desc layers[MNISTCU_MAX_MODEL_LAYERS]; /* in order; kind NONE ends the list */
 } mnistcu_model_desc;
 
 typedef struct mnistcu_model_info {
     int num_layers;                      /* dense layers */
-    int sizes[MNISTCU_MAX_LAYERS + 1];   /* widths, input first */
-    size_t num_params;
+    int sizes[MNISTCU_MAX_LAYERS + 1];   /* input features, then each dense layer's outputs */
+    size_t num_params;                   /* trained parameters (the parameter arena) */
     size_t inputs, classes;
-    mnistcu_act hidden_act;
+    mnistcu_act hidden_act;              /* the MLP's; RELU for other models */
     mnistcu_device device;
+    int layer_count;                     /* layers of every kind (mnistcu_model_layer_info) */
+    int input_shape[3];                  /* C, H, W of one sample */
+    size_t num_buffers;                  /* floats of running statistics (the buffer arena) */
 } mnistcu_model_info;
+
+typedef struct mnistcu_layer_info {
+    mnistcu_layer_desc desc;   /* resolved: defaults filled in */
+    int in_shape[3];           /* C, H, W */
+    int out_shape[3];
+    size_t num_params;         /* trained parameters of this layer */
+    size_t num_buffers;        /* running statistics of this layer */
+    const char *keyword;       /* the spec keyword: "conv" */
+    const char *torch_name;    /* the torch.nn module: "Conv2d", "BatchNorm1d" */
+    char spec[64];             /* the layer as a spec token: "conv5x5x6", "maxpool3:s=2" */
+} mnistcu_layer_info;
+
+typedef enum mnistcu_mode {
+    MNISTCU_MODE_TRAIN = 0, /* dropout draws masks, batch norm uses batch statistics (and updates its running ones) */
+    MNISTCU_MODE_EVAL       /* dropout is the identity, batch norm uses its running statistics */
+} mnistcu_mode;
+
+/* A named tensor: the name and shape torch.nn.Sequential's state_dict gives it. */
+typedef struct mnistcu_tensor_info {
+    char name[32];       /* "0.weight", "3.running_mean", "3.num_batches_tracked" */
+    int layer;           /* index of its layer */
+    int ndim;
+    int64_t shape[4];
+    size_t count;        /* elements */
+    int is_buffer;       /* 1: running statistics, kept apart from the trained parameters */
+    int is_int;          /* 1: an integer in PyTorch (num_batches_tracked), given here as float */
+} mnistcu_tensor_info;
 
 typedef enum mnistcu_optim {
     MNISTCU_OPTIM_DEFAULT = 0, /* = SGD */
@@ -392,19 +503,45 @@ typedef struct mnistcu_optim_desc {
 
 MNISTCU_DEF mnistcu_result mnistcu_model_create(mnistcu_ctx *ctx, const mnistcu_model_desc *desc, mnistcu_model **out);
 MNISTCU_DEF mnistcu_result mnistcu_model_create_mlp(mnistcu_ctx *ctx, const char *spec, mnistcu_model **out); /* "784-128-10" */
+/* A model from a spec string (grammar under SPEC STRINGS above), a preset name
+   ("lenet5", "fashion-cnn") or MLP widths ("784-128-10"). */
+MNISTCU_DEF mnistcu_result mnistcu_model_create_spec(mnistcu_ctx *ctx, const char *spec, mnistcu_model **out);
+/* Parses a spec into a desc without making a model (errors name the token and its position). */
+MNISTCU_DEF mnistcu_result mnistcu_model_desc_parse(mnistcu_ctx *ctx, const char *spec, mnistcu_model_desc *out);
+/* The canonical spec of a desc or a model ("1x28x28 conv5x5x6 relu ..."); parsing it gives the same model.
+   Fails with ERR_INVALID_ARGUMENT (and an empty string) when size is too small. */
+MNISTCU_DEF mnistcu_result mnistcu_model_desc_spec(const mnistcu_model_desc *d, char *buf, size_t size);
+MNISTCU_DEF mnistcu_result mnistcu_model_spec(const mnistcu_model *m, char *buf, size_t size);
+MNISTCU_DEF mnistcu_result mnistcu_model_layer_info(const mnistcu_model *m, int layer, mnistcu_layer_info *info);
+/* TRAIN (the default, as PyTorch) or EVAL: used by mnistcu_model_forward and
+   mnistcu_model_compute_grads. mnistcu_train trains in TRAIN mode, evaluate and
+   predict run in EVAL mode; each leaves the model's mode as it found it. */
+MNISTCU_DEF void mnistcu_model_set_mode(mnistcu_model *m, mnistcu_mode mode);
+MNISTCU_DEF mnistcu_mode mnistcu_model_mode(const mnistcu_model *m);
+/* Parameters and buffers by name, in state_dict order (each layer's weight, bias,
+   running_mean, running_var, num_batches_tracked). count must equal the tensor's. */
+MNISTCU_DEF int mnistcu_model_num_tensors(const mnistcu_model *m);
+MNISTCU_DEF mnistcu_result mnistcu_model_tensor_info(const mnistcu_model *m, int i, mnistcu_tensor_info *info);
+MNISTCU_DEF mnistcu_result mnistcu_model_get_tensor(const mnistcu_model *m, const char *name, float *dst, size_t count);
+MNISTCU_DEF mnistcu_result mnistcu_model_set_tensor(mnistcu_model *m, const char *name, const float *src, size_t count);
+/* The gradient of a trained parameter by name (after mnistcu_model_compute_grads). */
+MNISTCU_DEF mnistcu_result mnistcu_model_get_tensor_grad(const mnistcu_model *m, const char *name, float *dst,
+                                                         size_t count);
 MNISTCU_DEF void mnistcu_model_destroy(mnistcu_model *m);
 MNISTCU_DEF void mnistcu_model_info_get(const mnistcu_model *m, mnistcu_model_info *info);
 MNISTCU_DEF size_t mnistcu_model_num_params(const mnistcu_model *m);
 MNISTCU_DEF mnistcu_result mnistcu_model_get_params(const mnistcu_model *m, float *dst, size_t count);
 MNISTCU_DEF mnistcu_result mnistcu_model_set_params(mnistcu_model *m, const float *src, size_t count);
 MNISTCU_DEF mnistcu_result mnistcu_model_get_grads(const mnistcu_model *m, float *dst, size_t count);
-/* Logits [n][classes] for n samples of normalised features [n][inputs]. */
+/* Logits [n][classes] for n samples of normalised features [n][inputs], in the model's mode. */
 MNISTCU_DEF mnistcu_result mnistcu_model_forward(mnistcu_model *m, const float *x, size_t n, float *logits);
-/* Forward and backward over one batch: the gradients of the mean loss replace the gradient arena. */
+/* Forward and backward over one batch, in the model's mode: the gradients of the mean loss replace
+   the gradient arena. Dropout draws its masks for the model's step count (mnistcu_model_steps). */
 MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads(mnistcu_model *m, const float *x, const int32_t *labels, size_t n,
                                                        double *loss);
 /* One optimizer step with the gradients in the arena (optimizer state persists in the model). */
 MNISTCU_DEF mnistcu_result mnistcu_model_apply_grads(mnistcu_model *m, const mnistcu_optim_desc *opt);
+MNISTCU_DEF uint64_t mnistcu_model_steps(const mnistcu_model *m); /* optimizer steps taken */
 
 /* ---- training, evaluation, prediction ------------------------------------- */
 typedef struct mnistcu_progress {
@@ -2317,8 +2454,10 @@ static void mnistcu__pack_b(int trans, const float *B, size_t ldb, size_t k0, si
     }
 }
 
-static void mnistcu__cpu_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
-                              size_t lda, const float *B, size_t ldb, float *C, size_t ldc)
+/* C = op(A) op(B), or C += op(A) op(B) with accumulate (each element then adds
+   its new sum over k, in order, to what C held). */
+static void mnistcu__cpu_gemm_acc(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
+                                  size_t lda, const float *B, size_t ldb, float *C, size_t ldc, int accumulate)
 {
     float *bp = ctx->gemm_work, *ap = ctx->gemm_work + (size_t)MNISTCU__KC * MNISTCU__NC;
 #ifdef _OPENMP
@@ -2330,7 +2469,8 @@ static void mnistcu__cpu_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t
 #endif
     if (K == 0) {
         size_t i;
-        for (i = 0; i < M; ++i) memset(C + i * ldc, 0, N * sizeof(float));
+        if (!accumulate)
+            for (i = 0; i < M; ++i) memset(C + i * ldc, 0, N * sizeof(float));
         return;
     }
     /* Every thread walks the same block loops (their counters are private to
@@ -2366,12 +2506,18 @@ static void mnistcu__cpu_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t
                         mnistcu__micro_kernel(kc, ap + ipn * MNISTCU__MR * kc, bp + jpn * MNISTCU__NR * kc,
                                               C + (ic + i0) * ldc + jc + j0, ldc,
                                               (int)MNISTCU__MIN((size_t)MNISTCU__MR, mc - i0),
-                                              (int)MNISTCU__MIN((size_t)MNISTCU__NR, nc - j0), pc > 0);
+                                              (int)MNISTCU__MIN((size_t)MNISTCU__NR, nc - j0), accumulate || pc > 0);
                     }
                 }
             }
         }
     }
+}
+
+static void mnistcu__cpu_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
+                              size_t lda, const float *B, size_t ldb, float *C, size_t ldc)
+{
+    mnistcu__cpu_gemm_acc(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, 0);
 }
 
 /* ---- activations: the derivative is taken from the output y ------------- */
@@ -2402,7 +2548,7 @@ static MNISTCU__HD float mnistcu__act_backward_one(mnistcu_act act, float dy, fl
     }
 }
 
-/* y[B][OUT] = act(y + b), in place after the product. */
+/* y[B][OUT] = act(y + b), in place after the product; bias may be NULL. */
 static void mnistcu__cpu_bias_act(mnistcu_ctx *ctx, float *y, const float *bias, size_t B, size_t OUT, mnistcu_act act)
 {
     long i;
@@ -2413,7 +2559,10 @@ static void mnistcu__cpu_bias_act(mnistcu_ctx *ctx, float *y, const float *bias,
     for (i = 0; i < (long)B; ++i) {
         float *row = y + (size_t)i * OUT;
         size_t j;
-        if (act == MNISTCU_ACT_RELU) {
+        if (!bias) {
+            if (act != MNISTCU_ACT_IDENTITY)
+                for (j = 0; j < OUT; ++j) row[j] = mnistcu__act_f(act, row[j]);
+        } else if (act == MNISTCU_ACT_RELU) {
             for (j = 0; j < OUT; ++j) {
                 float z = row[j] + bias[j];
                 row[j] = z > 0.0f ? z : 0.0f;
@@ -2509,893 +2658,12 @@ static void mnistcu__cpu_sgd(mnistcu_ctx *ctx, float *w, const float *g, float *
     for (i = 0; i < (long)n; ++i) mnistcu__sgd_one(&w[i], g[i], v ? &v[i] : NULL, lr, mu, nesterov, wd);
 }
 
-/* >>model --------------------------------------------------------------------- */
-typedef struct mnistcu__layer {
-    int in, out;       /* widths */
-    mnistcu_act act;   /* IDENTITY for the last layer: it gives logits */
-    size_t w, b;       /* offsets of W [out][in] and b [out] in the parameter arena */
-} mnistcu__layer;
-
-struct mnistcu_model {
-    mnistcu__object obj;  /* first member: the context's list */
-    mnistcu_ctx *ctx;
-    mnistcu_device device;
-    int num_layers;
-    mnistcu__layer layers[MNISTCU_MAX_LAYERS];
-    int sizes[MNISTCU_MAX_LAYERS + 1];
-    mnistcu_act hidden_act;
-    mnistcu_loss loss;
-    mnistcu_init init;
-    size_t num_params, max_width;
-    /* The three arenas, on the model's device: one allocation each. */
-    float *params;        /* [num_params] */
-    float *grads;         /* [num_params] */
-    float *velocity;      /* [num_params] momentum buffer, made on the first step that needs it */
-    uint64_t steps;       /* optimizer steps taken */
-    mnistcu__rng rng;     /* initialisation and shuffling */
-    int has_norm;         /* the training set's normalisation, applied to what the model evaluates */
-    int norm_u8;          /* ... when it was stored as uint8 */
-    float norm_scale, norm_shift;
-    /* Workspace for batches of up to ws_batch samples, on the model's device. */
-    size_t ws_batch;
-    float *ws;                            /* one block holding what follows */
-    float *act[MNISTCU_MAX_LAYERS + 1];   /* act[0] = x [B][IN0]; act[l+1] = output of layer l [B][OUT_l] */
-    float *dbuf[2];                       /* [B][max_width] gradient ping-pong */
-    float *sample_loss;                   /* [B] */
-    int32_t *iws;                         /* one block: labels [B], pred [B] */
-    int32_t *labels, *pred;
-    void *cuda;                           /* mnistcu__cuda_model when on the GPU */
-};
-
-#ifdef __CUDACC__
-static mnistcu_result mnistcu__cuda_model_alloc(mnistcu_model *m);
-static void mnistcu__cuda_model_free(mnistcu_model *m);
-static mnistcu_result mnistcu__cuda_reserve(mnistcu_model *m, size_t batch);
-static mnistcu_result mnistcu__cuda_copy(mnistcu_model *m, void *dst, const void *src, size_t bytes, int to_device);
-static mnistcu_result mnistcu__cuda_forward(mnistcu_model *m, size_t B);
-static mnistcu_result mnistcu__cuda_loss(mnistcu_model *m, size_t B, int with_grad);
-static mnistcu_result mnistcu__cuda_backward(mnistcu_model *m, size_t B);
-static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu_optim_desc *o);
-static mnistcu_result mnistcu__cuda_ensure_velocity(mnistcu_model *m);
-#endif
-
-static void mnistcu__model_free_ws(mnistcu_model *m)
-{
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return; /* the CUDA side owns its workspace */
-#endif
-    mnistcu__free(m->ctx, m->ws);
-    mnistcu__free(m->ctx, m->iws);
-    m->ws = NULL;
-    m->iws = NULL;
-    m->ws_batch = 0;
-}
-
-static void mnistcu__model_free(mnistcu__object *o)
-{
-    mnistcu_model *m = (mnistcu_model *)o;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_model_free(m);
-    else
-#endif
-    {
-        mnistcu__free(m->ctx, m->params);
-        mnistcu__free(m->ctx, m->grads);
-        mnistcu__free(m->ctx, m->velocity);
-        mnistcu__model_free_ws(m);
-    }
-    mnistcu__free(m->ctx, m);
-}
-
-MNISTCU_DEF void mnistcu_model_destroy(mnistcu_model *m)
-{
-    if (!m) return;
-    mnistcu__object_unlink(&m->obj);
-    mnistcu__model_free(&m->obj);
-}
-
-/* Lays the workspace out for batches of B samples (one block of floats, one of ints). */
-static void mnistcu__model_layout_ws(mnistcu_model *m, float *ws, int32_t *iws, size_t B)
-{
-    float *p = ws;
-    int l;
-    m->act[0] = p;
-    p += B * (size_t)m->sizes[0];
-    for (l = 0; l < m->num_layers; ++l) {
-        m->act[l + 1] = p;
-        p += B * (size_t)m->layers[l].out;
-    }
-    m->dbuf[0] = p;
-    p += B * m->max_width;
-    m->dbuf[1] = p;
-    p += B * m->max_width;
-    m->sample_loss = p;
-    m->iws = iws;
-    m->labels = iws;
-    m->pred = iws + B;
-}
-
-/* Floats in the workspace for batches of B samples, or 0 on overflow. */
-static size_t mnistcu__model_ws_floats(const mnistcu_model *m, size_t B)
-{
-    size_t per = (size_t)m->sizes[0] + 2 * m->max_width + 1, total;
-    int l;
-    for (l = 0; l < m->num_layers; ++l) per += (size_t)m->layers[l].out;
-    return mnistcu__mul(per, B, &total) ? total : 0;
-}
-
-static mnistcu_result mnistcu__model_reserve(mnistcu_model *m, size_t B)
-{
-    size_t floats, bytes;
-    float *ws;
-    int32_t *iws;
-    if (B <= m->ws_batch) return MNISTCU_OK;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_reserve(m, B);
-#endif
-    floats = mnistcu__model_ws_floats(m, B);
-    if (!floats || !mnistcu__mul(floats, sizeof(float), &bytes))
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "workspace for batch %lu overflows", (unsigned long)B);
-    ws = (float *)mnistcu__alloc(m->ctx, bytes);
-    iws = (int32_t *)mnistcu__alloc(m->ctx, 2 * B * sizeof(int32_t));
-    if (!ws || !iws) {
-        mnistcu__free(m->ctx, ws);
-        mnistcu__free(m->ctx, iws);
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for a batch of %lu (%lu bytes)",
-                             (unsigned long)B, (unsigned long)bytes);
-    }
-    mnistcu__model_free_ws(m);
-    m->ws = ws;
-    mnistcu__model_layout_ws(m, ws, iws, B);
-    m->ws_batch = B;
-    return MNISTCU_OK;
-}
-
-static void mnistcu__model_init_params(mnistcu_model *m, float *host)
-{
-    int l;
-    for (l = 0; l < m->num_layers; ++l) {
-        const mnistcu__layer *L = &m->layers[l];
-        size_t i, nw = (size_t)L->in * (size_t)L->out;
-        float wb, bb;
-        if (m->init == MNISTCU_INIT_HE_UNIFORM) {
-            wb = sqrtf(6.0f / (float)L->in);
-            bb = 0.0f;
-        } else {
-            wb = bb = 1.0f / sqrtf((float)L->in);
-        }
-        for (i = 0; i < nw; ++i) host[L->w + i] = (2.0f * mnistcu__rng_float(&m->rng) - 1.0f) * wb;
-        for (i = 0; i < (size_t)L->out; ++i) host[L->b + i] = (2.0f * mnistcu__rng_float(&m->rng) - 1.0f) * bb;
-    }
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_model_create(mnistcu_ctx *ctx, const mnistcu_model_desc *desc, mnistcu_model **out)
-{
-    mnistcu_model *m;
-    mnistcu_result r;
-    float *host;
-    size_t total = 0, bytes;
-    int n = 0, l;
-    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!desc || !out) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: desc or out is NULL");
-    *out = NULL;
-    while (n <= MNISTCU_MAX_LAYERS && desc->sizes[n] != 0) ++n;
-    if (n < 2)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
-                             "model_create: sizes needs an input and an output width, e.g. {784, 10}");
-    for (l = 0; l < n; ++l)
-        if (desc->sizes[l] < 1 || (size_t)desc->sizes[l] > MNISTCU__MAX_FEATURES)
-            return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: width %d (layer %d) not in 1..2^24",
-                                 desc->sizes[l], l);
-    if (desc->sizes[n - 1] < 2 || desc->sizes[n - 1] > MNISTCU_MAX_CLASSES)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: %d outputs, need 2..%d classes",
-                             desc->sizes[n - 1], MNISTCU_MAX_CLASSES);
-    if ((unsigned)desc->hidden_act > MNISTCU_ACT_TANH || (unsigned)desc->loss > MNISTCU_LOSS_SOFTMAX_CE ||
-        (unsigned)desc->init > MNISTCU_INIT_HE_UNIFORM)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: hidden_act, loss or init out of range");
-    m = (mnistcu_model *)mnistcu__calloc(ctx, sizeof *m);
-    if (!m) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_create: out of memory");
-    m->ctx = ctx;
-    m->device = ctx->device;
-    m->num_layers = n - 1;
-    m->hidden_act = desc->hidden_act == MNISTCU_ACT_DEFAULT ? MNISTCU_ACT_RELU : desc->hidden_act;
-    m->loss = MNISTCU_LOSS_SOFTMAX_CE;
-    m->init = desc->init == MNISTCU_INIT_DEFAULT ? MNISTCU_INIT_TORCH : desc->init;
-    for (l = 0; l < n; ++l) m->sizes[l] = desc->sizes[l];
-    for (l = 0; l < m->num_layers; ++l) {
-        mnistcu__layer *L = &m->layers[l];
-        size_t nw, layer_total;
-        L->in = desc->sizes[l];
-        L->out = desc->sizes[l + 1];
-        L->act = l + 1 == m->num_layers ? MNISTCU_ACT_IDENTITY : m->hidden_act;
-        if (!mnistcu__mul((size_t)L->in, (size_t)L->out, &nw) || !mnistcu__add(nw, (size_t)L->out, &layer_total) ||
-            !mnistcu__add(total, layer_total, &total)) {
-            mnistcu__free(ctx, m);
-            return mnistcu__fail(ctx, MNISTCU_ERR_OVERFLOW, "model_create: parameter count overflows");
-        }
-        L->w = total - layer_total;
-        L->b = L->w + nw;
-        if ((size_t)L->out > m->max_width) m->max_width = (size_t)L->out;
-        if ((size_t)L->in > m->max_width) m->max_width = (size_t)L->in;
-    }
-    m->num_params = total;
-    mnistcu__rng_seed(&m->rng, ctx->desc.seed, 1 + ctx->objects_made++);
-    mnistcu__object_link(ctx, &m->obj, mnistcu__model_free);
-    if (!mnistcu__mul(total, sizeof(float), &bytes)) {
-        mnistcu_model_destroy(m);
-        return mnistcu__fail(ctx, MNISTCU_ERR_OVERFLOW, "model_create: parameter bytes overflow");
-    }
-    host = (float *)mnistcu__alloc(ctx, bytes);
-    if (!host) {
-        mnistcu_model_destroy(m);
-        return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_create: out of memory for %lu parameters",
-                             (unsigned long)total);
-    }
-    mnistcu__model_init_params(m, host);
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) {
-        r = mnistcu__cuda_model_alloc(m);
-        if (r == MNISTCU_OK) r = mnistcu__cuda_copy(m, m->params, host, bytes, 1);
-        mnistcu__free(ctx, host);
-        if (r) {
-            mnistcu_model_destroy(m);
-            return r;
-        }
-        *out = m;
-        return MNISTCU_OK;
-    }
-#endif
-    m->params = host;
-    m->grads = (float *)mnistcu__calloc(ctx, bytes);
-    if (!m->grads || (r = mnistcu__cpu_reserve(ctx)) != MNISTCU_OK) {
-        mnistcu_model_destroy(m);
-        return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_create: out of memory for gradients");
-    }
-    *out = m;
-    return MNISTCU_OK;
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_model_create_mlp(mnistcu_ctx *ctx, const char *spec, mnistcu_model **out)
-{
-    mnistcu_model_desc d;
-    const char *p = spec;
-    int n = 0;
-    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!spec || !out) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create_mlp: NULL argument");
-    *out = NULL;
-    memset(&d, 0, sizeof d);
-    for (;;) {
-        long v = 0;
-        if (*p < '0' || *p > '9' || n == MNISTCU_MAX_LAYERS + 1)
-            return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
-                                 "model spec \"%s\": expected widths joined by '-', e.g. 784-128-10 (at most %d)", spec,
-                                 MNISTCU_MAX_LAYERS + 1);
-        while (*p >= '0' && *p <= '9') {
-            v = v * 10 + (*p++ - '0');
-            if (v > (long)MNISTCU__MAX_FEATURES)
-                return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model spec \"%s\": width above 2^24", spec);
-        }
-        d.sizes[n++] = (int)v;
-        if (*p == 0) break;
-        if (*p++ != '-')
-            return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model spec \"%s\": unexpected '%c'", spec, p[-1]);
-    }
-    if (n <= MNISTCU_MAX_LAYERS) d.sizes[n] = 0;
-    return mnistcu_model_create(ctx, &d, out);
-}
-
-MNISTCU_DEF void mnistcu_model_info_get(const mnistcu_model *m, mnistcu_model_info *info)
-{
-    int l;
-    if (!info) return;
-    memset(info, 0, sizeof *info);
-    if (!m) return;
-    info->num_layers = m->num_layers;
-    for (l = 0; l <= m->num_layers; ++l) info->sizes[l] = m->sizes[l];
-    info->num_params = m->num_params;
-    info->inputs = (size_t)m->sizes[0];
-    info->classes = (size_t)m->sizes[m->num_layers];
-    info->hidden_act = m->hidden_act;
-    info->device = m->device;
-}
-
-MNISTCU_DEF size_t mnistcu_model_num_params(const mnistcu_model *m) { return m ? m->num_params : 0; }
-
-/* Copies between a host array and one of the model's arenas or workspace buffers. */
-static mnistcu_result mnistcu__model_copy(mnistcu_model *m, void *dst, const void *src, size_t bytes, int to_model)
-{
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_copy(m, dst, src, bytes, to_model);
-#endif
-    (void)to_model;
-    (void)m;
-    memcpy(dst, src, bytes);
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__check_count(const mnistcu_model *m, const void *p, size_t count, const char *what)
-{
-    if (!p) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: NULL array", what);
-    if (count != m->num_params)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: %lu floats given, the model has %lu parameters", what,
-                             (unsigned long)count, (unsigned long)m->num_params);
-    return MNISTCU_OK;
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_model_get_params(const mnistcu_model *m, float *dst, size_t count)
-{
-    mnistcu_result r;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if ((r = mnistcu__check_count(m, dst, count, "model_get_params"))) return r;
-    return mnistcu__model_copy((mnistcu_model *)m, dst, m->params, count * sizeof(float), 0);
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_model_set_params(mnistcu_model *m, const float *src, size_t count)
-{
-    mnistcu_result r;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if ((r = mnistcu__check_count(m, src, count, "model_set_params"))) return r;
-    return mnistcu__model_copy(m, m->params, src, count * sizeof(float), 1);
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_model_get_grads(const mnistcu_model *m, float *dst, size_t count)
-{
-    mnistcu_result r;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if ((r = mnistcu__check_count(m, dst, count, "model_get_grads"))) return r;
-    return mnistcu__model_copy((mnistcu_model *)m, dst, m->grads, count * sizeof(float), 0);
-}
-
-/* ---- the four steps of a training step, dispatched to the model's device -- */
-
-/* act[0] holds x [B][IN0]: fills act[1..L]. */
-static mnistcu_result mnistcu__forward(mnistcu_model *m, size_t B)
-{
-    int l;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_forward(m, B);
-#endif
-    for (l = 0; l < m->num_layers; ++l) {
-        const mnistcu__layer *L = &m->layers[l];
-        mnistcu__cpu_gemm(m->ctx, 0, 1, B, (size_t)L->out, (size_t)L->in, m->act[l], (size_t)L->in, m->params + L->w,
-                          (size_t)L->in, m->act[l + 1], (size_t)L->out);
-        mnistcu__cpu_bias_act(m->ctx, m->act[l + 1], m->params + L->b, B, (size_t)L->out, L->act);
-    }
-    return MNISTCU_OK;
-}
-
-/* Loss of the logits against labels: sample_loss, pred, and (with_grad) dL/dlogits of the mean loss in dbuf[0]. */
-static mnistcu_result mnistcu__loss(mnistcu_model *m, size_t B, int with_grad)
-{
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_loss(m, B, with_grad);
-#endif
-    mnistcu__cpu_softmax_ce(m->ctx, m->act[m->num_layers], m->labels, B, (size_t)m->sizes[m->num_layers],
-                            1.0f / (float)B, with_grad ? m->dbuf[0] : NULL, m->sample_loss, m->pred);
-    return MNISTCU_OK;
-}
-
-/* dbuf[0] holds dL/dlogits: fills the gradient arena. */
-static mnistcu_result mnistcu__backward(mnistcu_model *m, size_t B)
-{
-    float *cur = m->dbuf[0];
-    int l;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_backward(m, B);
-#endif
-    for (l = m->num_layers - 1; l >= 0; --l) {
-        const mnistcu__layer *L = &m->layers[l];
-        size_t in = (size_t)L->in, out = (size_t)L->out;
-        mnistcu__cpu_act_backward(m->ctx, cur, m->act[l + 1], B * out, L->act);
-        /* dW [out][in] = dz^T [out][B] . x [B][in] */
-        mnistcu__cpu_gemm(m->ctx, 1, 0, out, in, B, cur, out, m->act[l], in, m->grads + L->w, in);
-        mnistcu__cpu_bias_grad(m->grads + L->b, cur, B, out);
-        if (l > 0) { /* dx [B][in] = dz [B][out] . W [out][in]; the input layer needs none */
-            float *next = cur == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0];
-            mnistcu__cpu_gemm(m->ctx, 0, 0, B, in, out, cur, out, m->params + L->w, in, next, in);
-            cur = next;
-        }
-    }
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__resolve_optim(mnistcu_ctx *ctx, const mnistcu_optim_desc *in, mnistcu_optim_desc *o)
-{
-    memset(o, 0, sizeof *o);
-    if (in) *o = *in;
-    if (o->kind == MNISTCU_OPTIM_DEFAULT) o->kind = MNISTCU_OPTIM_SGD;
-    if (o->learning_rate == 0.0f) o->learning_rate = 0.1f;
-    if (o->kind != MNISTCU_OPTIM_SGD)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "optimizer kind %d unknown", (int)o->kind);
-    if (!(o->learning_rate > 0.0f && o->learning_rate < FLT_MAX))
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "learning rate %g must be positive and finite",
-                             (double)o->learning_rate);
-    if (!(o->momentum >= 0.0f && o->momentum < 1.0f))
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "momentum %g not in [0, 1)", (double)o->momentum);
-    if (o->nesterov && o->momentum == 0.0f)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "Nesterov momentum needs momentum > 0");
-    if (!(o->weight_decay >= 0.0f && o->weight_decay < FLT_MAX))
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "weight decay %g must be >= 0 and finite",
-                             (double)o->weight_decay);
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__update(mnistcu_model *m, const mnistcu_optim_desc *o)
-{
-    if (o->momentum > 0.0f && !m->velocity) {
-#ifdef __CUDACC__
-        if (m->device == MNISTCU_DEVICE_CUDA) {
-            mnistcu_result r = mnistcu__cuda_ensure_velocity(m);
-            if (r) return r;
-        } else
-#endif
-        {
-            m->velocity = (float *)mnistcu__calloc(m->ctx, m->num_params * sizeof(float));
-            if (!m->velocity) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for momentum");
-        }
-    }
-    m->steps++;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_update(m, o);
-#endif
-    mnistcu__cpu_sgd(m->ctx, m->params, m->grads, o->momentum > 0.0f ? m->velocity : NULL, m->num_params,
-                     o->learning_rate, o->momentum, o->nesterov, o->weight_decay);
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__check_labels(const mnistcu_model *m, const int32_t *labels, size_t n)
-{
-    size_t i;
-    int classes = m->sizes[m->num_layers];
-    for (i = 0; i < n; ++i)
-        if (labels[i] < 0 || labels[i] >= classes)
-            return mnistcu__fail(m->ctx, MNISTCU_ERR_LABEL_RANGE, "label %ld at index %lu not in 0..%d",
-                                 (long)labels[i], (unsigned long)i, classes - 1);
-    return MNISTCU_OK;
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads(mnistcu_model *m, const float *x, const int32_t *labels, size_t n,
-                                                       double *loss)
-{
-    mnistcu_result r;
-    size_t i, in;
-    double sum = 0.0;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!x || !labels || n == 0)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_compute_grads: x, labels and n must be given");
-    if ((r = mnistcu__check_labels(m, labels, n)) || (r = mnistcu__model_reserve(m, n))) return r;
-    in = (size_t)m->sizes[0];
-    if ((r = mnistcu__model_copy(m, m->act[0], x, n * in * sizeof(float), 1)) ||
-        (r = mnistcu__model_copy(m, m->labels, labels, n * sizeof(int32_t), 1)) || (r = mnistcu__forward(m, n)) ||
-        (r = mnistcu__loss(m, n, 1)) || (r = mnistcu__backward(m, n)))
-        return r;
-    if (loss) {
-        float *host = m->sample_loss;
-#ifdef __CUDACC__
-        if (m->device == MNISTCU_DEVICE_CUDA) {
-            host = (float *)mnistcu__alloc(m->ctx, n * sizeof(float));
-            if (!host) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory");
-            if ((r = mnistcu__cuda_copy(m, host, m->sample_loss, n * sizeof(float), 0))) {
-                mnistcu__free(m->ctx, host);
-                return r;
-            }
-        }
-#endif
-        for (i = 0; i < n; ++i) sum += (double)host[i];
-        *loss = sum / (double)n;
-        if (host != m->sample_loss) mnistcu__free(m->ctx, host);
-    }
-    return MNISTCU_OK;
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_model_apply_grads(mnistcu_model *m, const mnistcu_optim_desc *opt)
-{
-    mnistcu_optim_desc o;
-    mnistcu_result r;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if ((r = mnistcu__resolve_optim(m->ctx, opt, &o))) return r;
-    return mnistcu__update(m, &o);
-}
-
-/* >>train ----------------------------------------------------------------------
-   One epoch: a shuffled index (host RNG, so CPU and GPU see the same batches),
-   then for each batch: gather, forward, loss, backward, update. The loss and
-   the number of correct predictions of every step are kept per step and summed
-   in step order only where a report is due, so the GPU never waits for the host
-   inside an epoch unless the caller asks for progress. */
-#ifdef __CUDACC__
-static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx,
-                                                size_t n, size_t steps);
-static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
-                                           float scale, float shift);
-static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
-static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
-#endif
-
-typedef struct mnistcu__stats {
-    double *loss;      /* [steps] loss summed over each step's samples */
-    int64_t *correct;  /* [steps] correct predictions of each step */
-    size_t steps;
-} mnistcu__stats;
-
-static mnistcu_result mnistcu__epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t n,
-                                           mnistcu__stats *st)
-{
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_epoch_begin(m, ds, idx, n, st->steps);
-#endif
-    (void)m; (void)ds; (void)idx; (void)n; (void)st;
-    return MNISTCU_OK;
-}
-
-/* How the model normalises ds: as its training set when it was trained on data
-   stored the same way, else as the dataset says. */
-static void mnistcu__norm_for(const mnistcu_model *m, const mnistcu_dataset *ds, float *scale, float *shift)
-{
-    int same_kind = m->norm_u8 == (ds->u8 != NULL);
-    *scale = m->has_norm && same_kind ? m->norm_scale : ds->scale;
-    *shift = m->has_norm && same_kind ? m->norm_shift : ds->shift;
-}
-
-/* x and labels of samples idx[offset .. offset+B) into act[0] and labels. */
-static mnistcu_result mnistcu__gather(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t offset,
-                                      size_t B)
-{
-    size_t i, j, F = ds->features;
-    float scale, shift;
-    mnistcu__norm_for(m, ds, &scale, &shift);
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_gather(m, ds, offset, B, scale, shift);
-#endif
-    for (i = 0; i < B; ++i) {
-        size_t s = idx[offset + i];
-        float *x = m->act[0] + i * F;
-        if (ds->u8) {
-            const uint8_t *src = ds->u8 + s * F;
-            for (j = 0; j < F; ++j) x[j] = (float)src[j] * scale + shift;
-        } else {
-            const float *src = ds->f32 + s * F;
-            for (j = 0; j < F; ++j) x[j] = src[j] * scale + shift;
-        }
-        m->labels[i] = ds->labels[s];
-    }
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__step_stats(mnistcu_model *m, size_t B, size_t step, mnistcu__stats *st)
-{
-    double sum = 0.0;
-    int64_t correct = 0;
-    size_t i;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_step_stats(m, B, step);
-#endif
-    for (i = 0; i < B; ++i) {
-        sum += (double)m->sample_loss[i];
-        correct += m->pred[i] == m->labels[i];
-    }
-    st->loss[step] = sum;
-    st->correct[step] = correct;
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__read_stats(mnistcu_model *m, const mnistcu__stats *st, size_t from, size_t to,
-                                          double *loss, int64_t *correct)
-{
-    size_t i;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_read_stats(m, from, to, loss, correct);
-#endif
-    (void)m;
-    for (i = from; i < to; ++i) {
-        *loss += st->loss[i];
-        *correct += st->correct[i];
-    }
-    return MNISTCU_OK;
-}
-
-MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out)
-{
-    mnistcu_train_desc d;
-    if (!out) return;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    if (d.epochs == 0) d.epochs = 10;
-    if (d.batch_size == 0) d.batch_size = 64;
-    if (d.optim.kind == MNISTCU_OPTIM_DEFAULT) d.optim.kind = MNISTCU_OPTIM_SGD;
-    if (d.optim.learning_rate == 0.0f) d.optim.learning_rate = 0.1f;
-    *out = d;
-}
-
-static mnistcu_result mnistcu__check_dataset(const mnistcu_model *m, const mnistcu_dataset *ds, const char *what)
-{
-    if (!ds) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: dataset is NULL", what);
-    if (ds->ctx != m->ctx)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: dataset and model belong to different contexts",
-                             what);
-    if (ds->features != (size_t)m->sizes[0])
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: samples have %lu features, the model takes %d inputs", what,
-                             (unsigned long)ds->features, m->sizes[0]);
-    if (ds->num_classes > m->sizes[m->num_layers])
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: dataset has %d classes, the model outputs %d", what,
-                             ds->num_classes, m->sizes[m->num_layers]);
-    return MNISTCU_OK;
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
-                                         mnistcu_train_result *result)
-{
-    mnistcu_train_desc d;
-    mnistcu_optim_desc o;
-    mnistcu_ctx *ctx;
-    mnistcu_result r;
-    mnistcu__stats st;
-    mnistcu_train_result res;
-    uint32_t *idx = NULL;
-    size_t n, B, steps, i;
-    double t_train = 0.0;
-    int epoch, stop = 0;
-
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    ctx = m->ctx;
-    memset(&res, 0, sizeof res);
-    memset(&st, 0, sizeof st);
-    if (result) *result = res;
-    if ((r = mnistcu__check_dataset(m, train, "train"))) return r;
-    if (desc && desc->validation && (r = mnistcu__check_dataset(m, desc->validation, "train (validation set)")))
-        return r;
-    mnistcu_train_desc_resolve(desc, &d);
-    if (d.epochs < 0 || d.batch_size < 0)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: epochs %d and batch_size %d must be positive",
-                             d.epochs, d.batch_size);
-    n = train->count;
-    B = (size_t)d.batch_size;
-    if (B > n)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: batch_size %lu is larger than the dataset (%lu)",
-                             (unsigned long)B, (unsigned long)n);
-    if ((r = mnistcu__resolve_optim(ctx, &d.optim, &o))) return r;
-    if ((r = mnistcu__model_reserve(m, B))) return r;
-    steps = (n + B - 1) / B; /* the last partial batch is trained too */
-    idx = (uint32_t *)mnistcu__alloc(ctx, n * sizeof(uint32_t));
-    st.steps = steps;
-    st.loss = (double *)mnistcu__alloc(ctx, steps * sizeof(double));
-    st.correct = (int64_t *)mnistcu__alloc(ctx, steps * sizeof(int64_t));
-    if (!idx || !st.loss || !st.correct) {
-        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu indices", (unsigned long)n);
-        goto done;
-    }
-    m->has_norm = 1; /* evaluation and predict_u8 normalise as this training set does */
-    m->norm_u8 = train->u8 != NULL;
-    m->norm_scale = train->scale;
-    m->norm_shift = train->shift;
-
-    for (epoch = 1; epoch <= d.epochs && !stop; ++epoch) {
-        double t_epoch = mnistcu__now(), loss_sum = 0.0;
-        int64_t correct = 0;
-        size_t step, reported = 0, seen = 0;
-        for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
-        if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
-        if ((r = mnistcu__epoch_begin(m, train, idx, n, &st))) goto done;
-        for (step = 0; step < steps && !stop; ++step) {
-            size_t b = MNISTCU__MIN(B, n - step * B);
-            if ((r = mnistcu__gather(m, train, idx, step * B, b)) || (r = mnistcu__forward(m, b)) ||
-                (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, &st)) ||
-                (r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, &o)))
-                goto done;
-            seen += b;
-            res.steps++;
-            if (step + 1 == steps || (d.progress && d.progress_every && (step + 1) % d.progress_every == 0)) {
-                mnistcu_progress p;
-                if ((r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct))) goto done;
-                reported = step + 1;
-                memset(&p, 0, sizeof p);
-                p.epoch = epoch;
-                p.epochs = d.epochs;
-                p.step = step + 1;
-                p.steps = steps;
-                p.samples = seen;
-                p.train_loss = loss_sum / (double)seen;
-                p.train_accuracy = (double)correct / (double)seen;
-                p.epoch_end = step + 1 == steps;
-                p.seconds = t_train + (mnistcu__now() - t_epoch);
-                p.images_per_second = (double)seen / MNISTCU__MAX(mnistcu__now() - t_epoch, 1e-9);
-                if (p.epoch_end) {
-                    t_train += mnistcu__now() - t_epoch;
-                    p.seconds = t_train;
-                    res.epochs = epoch;
-                    res.train_loss = p.train_loss;
-                    res.train_accuracy = p.train_accuracy;
-                    res.seconds = t_train;
-                    if (d.validation) {
-                        mnistcu_metrics vm;
-                        if ((r = mnistcu_evaluate(m, d.validation, &vm, NULL))) goto done;
-                        p.has_validation = res.has_validation = 1;
-                        p.val_loss = res.val_loss = vm.loss;
-                        p.val_accuracy = res.val_accuracy = vm.accuracy;
-                    }
-                    if (p.has_validation)
-                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
-                                     "epoch %d/%d  loss %.4f  acc %.2f%%  val loss %.4f  val acc %.2f%%  %.2f s  %.0f img/s",
-                                     epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.val_loss,
-                                     100.0 * p.val_accuracy, p.seconds, p.images_per_second);
-                    else
-                        mnistcu__log(ctx, MNISTCU_LOG_INFO, "epoch %d/%d  loss %.4f  acc %.2f%%  %.2f s  %.0f img/s",
-                                     epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.seconds,
-                                     p.images_per_second);
-                }
-                if (d.progress && d.progress(d.progress_user, &p)) stop = 1;
-                if (stop && !p.epoch_end) { /* stopped inside an epoch: report what was trained */
-                    t_train += mnistcu__now() - t_epoch;
-                    res.epochs = epoch;
-                    res.train_loss = p.train_loss;
-                    res.train_accuracy = p.train_accuracy;
-                    res.seconds = t_train;
-                }
-            }
-        }
-    }
-    if (result) *result = res;
-    r = MNISTCU_OK;
-done:
-    mnistcu__free(ctx, idx);
-    mnistcu__free(ctx, st.loss);
-    mnistcu__free(ctx, st.correct);
-    return r;
-}
-
-/* >>evaluate ------------------------------------------------------------------- */
-#define MNISTCU__EVAL_CHUNK 1000
-
-MNISTCU_DEF mnistcu_result mnistcu_evaluate(mnistcu_model *m, const mnistcu_dataset *ds, mnistcu_metrics *out,
-                                            int64_t *confusion)
-{
-    mnistcu_result r;
-    mnistcu__stats st;
-    uint32_t *idx = NULL;
-    int32_t *pred = NULL, *labels;
-    size_t n, i, chunk, steps, s, C;
-    double loss = 0.0;
-    int64_t correct = 0;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!out) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate: out is NULL");
-    memset(out, 0, sizeof *out);
-    if ((r = mnistcu__check_dataset(m, ds, "evaluate"))) return r;
-    n = ds->count;
-    C = (size_t)m->sizes[m->num_layers];
-    chunk = MNISTCU__MIN(n, (size_t)MNISTCU__EVAL_CHUNK);
-    if ((r = mnistcu__model_reserve(m, chunk))) return r;
-    steps = (n + chunk - 1) / chunk;
-    memset(&st, 0, sizeof st);
-    st.steps = steps;
-    idx = (uint32_t *)mnistcu__alloc(m->ctx, n * sizeof(uint32_t));
-    st.loss = (double *)mnistcu__alloc(m->ctx, steps * sizeof(double));
-    st.correct = (int64_t *)mnistcu__alloc(m->ctx, steps * sizeof(int64_t));
-    if (confusion) pred = (int32_t *)mnistcu__alloc(m->ctx, chunk * sizeof(int32_t));
-    if (!idx || !st.loss || !st.correct || (confusion && !pred)) {
-        r = mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "evaluate: out of memory");
-        goto done;
-    }
-    for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
-    if (confusion) memset(confusion, 0, C * C * sizeof(int64_t));
-    if ((r = mnistcu__epoch_begin(m, ds, idx, n, &st))) goto done;
-    for (s = 0; s < steps; ++s) {
-        size_t b = MNISTCU__MIN(chunk, n - s * chunk);
-        if ((r = mnistcu__gather(m, ds, idx, s * chunk, b)) || (r = mnistcu__forward(m, b)) ||
-            (r = mnistcu__loss(m, b, 0)) || (r = mnistcu__step_stats(m, b, s, &st)))
-            goto done;
-        if (confusion) {
-            if ((r = mnistcu__model_copy(m, pred, m->pred, b * sizeof(int32_t), 0))) goto done;
-            labels = ds->labels + s * chunk;
-            for (i = 0; i < b; ++i) confusion[(size_t)labels[i] * C + (size_t)pred[i]]++;
-        }
-    }
-    if ((r = mnistcu__read_stats(m, &st, 0, steps, &loss, &correct))) goto done;
-    out->count = n;
-    out->correct = (size_t)correct;
-    out->loss = loss / (double)n;
-    out->accuracy = (double)correct / (double)n;
-done:
-    mnistcu__free(m->ctx, idx);
-    mnistcu__free(m->ctx, st.loss);
-    mnistcu__free(m->ctx, st.correct);
-    mnistcu__free(m->ctx, pred);
-    return r;
-}
-
-/* >>predict --------------------------------------------------------------------- */
-MNISTCU_DEF mnistcu_result mnistcu_model_forward(mnistcu_model *m, const float *x, size_t n, float *logits)
-{
-    mnistcu_result r;
-    size_t off, in, C, chunk;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!x || !logits || n == 0)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_forward: x, logits and n must be given");
-    in = (size_t)m->sizes[0];
-    C = (size_t)m->sizes[m->num_layers];
-    chunk = MNISTCU__MIN(n, (size_t)MNISTCU__EVAL_CHUNK);
-    if ((r = mnistcu__model_reserve(m, chunk))) return r;
-    for (off = 0; off < n; off += chunk) {
-        size_t b = MNISTCU__MIN(chunk, n - off);
-        if ((r = mnistcu__model_copy(m, m->act[0], x + off * in, b * in * sizeof(float), 1)) ||
-            (r = mnistcu__forward(m, b)) ||
-            (r = mnistcu__model_copy(m, logits + off * C, m->act[m->num_layers], b * C * sizeof(float), 0)))
-            return r;
-    }
-    return MNISTCU_OK;
-}
-
-/* Softmax and arg-max of logits already on the host. */
-static void mnistcu__host_softmax(float *z, size_t n, size_t C, int32_t *labels, int want_probs)
-{
-    size_t i, j;
-    for (i = 0; i < n; ++i) {
-        float *row = z + i * C, mx = row[0], s = 0.0f;
-        size_t arg = 0;
-        for (j = 1; j < C; ++j)
-            if (row[j] > mx) {
-                mx = row[j];
-                arg = j;
-            }
-        if (labels) labels[i] = (int32_t)arg;
-        if (want_probs) {
-            for (j = 0; j < C; ++j) s += (row[j] = expf(row[j] - mx));
-            for (j = 0; j < C; ++j) row[j] /= s;
-        }
-    }
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_predict(mnistcu_model *m, const float *x, size_t n, int32_t *labels, float *probs)
-{
-    mnistcu_result r;
-    float *z;
-    size_t C, bytes;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!x || n == 0 || (!labels && !probs))
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict: x, n and labels or probs must be given");
-    C = (size_t)m->sizes[m->num_layers];
-    if (!mnistcu__mul3(n, C, sizeof(float), &bytes))
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "predict: %lu samples overflow", (unsigned long)n);
-    z = probs ? probs : (float *)mnistcu__alloc(m->ctx, bytes);
-    if (!z) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict: out of memory");
-    r = mnistcu_model_forward(m, x, n, z);
-    if (r == MNISTCU_OK) mnistcu__host_softmax(z, n, C, labels, probs != NULL);
-    if (z != probs) mnistcu__free(m->ctx, z);
-    return r;
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *pixels, size_t n, int32_t *labels,
-                                              float *probs)
-{
-    mnistcu_result r = MNISTCU_OK;
-    float *x, scale, shift;
-    size_t in, C, i, off, chunk, bytes;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!pixels || n == 0 || (!labels && !probs))
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict_u8: pixels, n and labels or probs must be given");
-    in = (size_t)m->sizes[0];
-    C = (size_t)m->sizes[m->num_layers];
-    scale = m->has_norm && m->norm_u8 ? m->norm_scale : 1.0f / 255.0f;
-    shift = m->has_norm && m->norm_u8 ? m->norm_shift : 0.0f;
-    chunk = MNISTCU__MIN(n, (size_t)MNISTCU__EVAL_CHUNK);
-    if (!mnistcu__mul3(chunk, in, sizeof(float), &bytes))
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "predict_u8: %lu inputs overflow", (unsigned long)in);
-    x = (float *)mnistcu__alloc(m->ctx, bytes);
-    if (!x) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict_u8: out of memory");
-    for (off = 0; off < n && r == MNISTCU_OK; off += chunk) {
-        size_t b = MNISTCU__MIN(chunk, n - off);
-        for (i = 0; i < b * in; ++i) x[i] = (float)pixels[off * in + i] * scale + shift;
-        r = mnistcu_predict(m, x, b, labels ? labels + off : NULL, probs ? probs + off * C : NULL);
-    }
-    mnistcu__free(m->ctx, x);
-    return r;
-}
-/* >>cuda ------------------------------------------------------------------------
-   The CUDA backend: the same operations as >>cpu_ops, one kernel each, on one
-   stream. Shapes as in the legend above >>cpu_ops. Every launch is checked;
-   errors that leave the device unusable (illegal address, launch failure...) are
-   latched in the context and reported by every later call. No kernel uses
-   atomics: each output element is computed by one thread in a fixed order, and
-   reductions run in a fixed tree, so two runs are bitwise identical. */
+/* >>cuda_core -------------------------------------------------------------------
+   What every CUDA kernel launcher needs: the context's GPU state, error checks
+   that latch unrecoverable errors, device allocation through the hooks, launch
+   sizes. The kernels of each operation sit in the operation's own section,
+   right after its CPU reference; the matrix product and the data path are in
+   >>cuda at the end. */
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #ifdef MNISTCU_CUBLAS
@@ -3526,6 +2794,2929 @@ static unsigned mnistcu__blocks(size_t n)
     return (unsigned)(b < 65535u * 32u ? (b ? b : 1) : 65535u * 32u); /* grid-stride loops cover the rest */
 }
 
+static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
+                                         size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
+                                         const float *bias, int act);
+static cudaStream_t mnistcu__cuda_stream(const mnistcu_ctx *ctx) { return mnistcu__cu(ctx)->stream; }
+#define MNISTCU__CUDA_FN(f) f
+#else
+#define MNISTCU__CUDA_FN(f) NULL
+#endif /* __CUDACC__ */
+
+/* >>model ---------------------------------------------------------------------
+   A model is a list of layers. Each kind of layer has a section below
+   (>>layer_dense, >>layer_conv2d, ...) holding, in the order a reader learns it:
+   shape inference, the CPU reference forward and backward, then its CUDA
+   kernels and their launchers. One table made from MNISTCU_LAYER_LIST
+   (mnistcu__kinds) gives each kind's functions; the model picks the CPU or the
+   CUDA column once, when it is made, and walks its layers with it. Shapes in
+   comments, row-major:
+     B            samples in the batch
+     C, H, W      a layer's input channels, height and width (flat data: N, 1, 1)
+     OC, OH, OW   its output's;  S = H*W, P = OH*OW positions
+     KH, KW       kernel height and width;  K = C*KH*KW inputs of one conv output */
+
+typedef struct mnistcu__layer {
+    mnistcu_layer_desc d;      /* resolved: defaults filled in */
+    int index;                 /* position in the model: the torch.nn.Sequential index */
+    int c, h, w;               /* input shape of one sample */
+    int oc, oh, ow;            /* output shape */
+    int sh, sw;                /* conv and pools: strides */
+    size_t in_size, out_size;  /* floats per sample: c*h*w, oc*oh*ow */
+    size_t wo, nw;             /* parameter arena: weight (batch norm: gamma), nw floats at wo */
+    size_t bo, nb;             /* bias (batch norm: beta), nb floats at bo; nb 0: no bias */
+    size_t buf;                /* batch norm: running_mean [C] at buf, running_var [C] after it (buffer arena) */
+    int64_t batches;           /* batch norm: num_batches_tracked */
+    mnistcu_act act;           /* dense, conv: activation applied to the output (IDENTITY: none) */
+    int passthrough;           /* the output is the input: flatten, or an activation done by the layer before */
+    int need_dx;               /* backward computes the input gradient: a layer before has parameters */
+    int trained;               /* the last forward ran in TRAIN mode (batch norm, dropout) */
+    uint64_t step;             /* dropout: the step its last mask was drawn for */
+    float *in, *out;           /* workspace: x [B][in_size], y [B][out_size] */
+    float *aux;                /* maxpool: argmax [B][out_size] (int32); batch norm: mean [C], invstd [C] */
+} mnistcu__layer;
+
+typedef struct mnistcu__tensor {
+    char name[32];             /* "0.weight" */
+    int layer, ndim, arena;    /* arena: 0 parameters, 1 buffers, 2 num_batches_tracked */
+    int64_t shape[4];
+    size_t offset, count;
+} mnistcu__tensor;
+
+struct mnistcu_model {
+    mnistcu__object obj;  /* first member: the context's list */
+    mnistcu_ctx *ctx;
+    mnistcu_device device;
+    int backend;          /* column of mnistcu__kinds: 0 CPU, 1 CUDA */
+    int num_layers;       /* layers of every kind */
+    mnistcu__layer layers[MNISTCU_MAX_MODEL_LAYERS];
+    mnistcu_model_desc desc; /* resolved, in the layers form */
+    mnistcu_act hidden_act;
+    mnistcu_loss loss;
+    mnistcu_init init;
+    size_t inputs, classes;  /* features of one sample, outputs of the last layer */
+    size_t num_params, num_buffers, max_size;
+    int num_tensors;
+    mnistcu__tensor *tensors; /* state_dict order */
+    mnistcu_mode mode;
+    /* The arenas, on the model's device: one allocation each. */
+    float *params;        /* [num_params] */
+    float *grads;         /* [num_params] */
+    float *velocity;      /* [num_params] momentum buffer, made on the first step that needs it */
+    float *buffers;       /* [num_buffers] running statistics */
+    uint64_t steps;       /* optimizer steps taken */
+    mnistcu__rng rng;     /* initialisation and shuffling */
+    int has_norm;         /* the training set's normalisation, applied to what the model evaluates */
+    int norm_u8;          /* ... when it was stored as uint8 */
+    float norm_scale, norm_shift;
+    /* Workspace for batches of up to ws_batch samples, on the model's device. */
+    size_t ws_batch;
+    float *ws;            /* one block holding what follows */
+    float *input;         /* x [B][inputs] */
+    float *logits;        /* [B][classes]: the last layer's output */
+    float *dbuf[2];       /* [B][max_size] gradient ping-pong */
+    float *scratch;       /* shared by the layers: im2col columns */
+    float *sample_loss;   /* [B] */
+    int32_t *iws;         /* one block: labels [B], pred [B] */
+    int32_t *labels, *pred;
+    void *cuda;           /* mnistcu__cuda_model when on the GPU */
+};
+
+typedef mnistcu_result (*mnistcu__forward_fn)(mnistcu_model *m, mnistcu__layer *L, size_t B);
+/* dy [B][out_size] may be overwritten; dx [B][in_size] is NULL when no layer before needs it. */
+typedef mnistcu_result (*mnistcu__backward_fn)(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx);
+
+typedef struct mnistcu__kind {
+    /* Resolves L->d's defaults, checks it, sets the output shape, strides and
+       parameter counts from the input shape in L->c, L->h, L->w. */
+    mnistcu_result (*shape)(mnistcu_ctx *ctx, mnistcu__layer *L);
+    size_t (*aux_floats)(const mnistcu__layer *L, size_t B);                 /* NULL: none */
+    size_t (*scratch_floats)(const mnistcu__layer *L, size_t B, int cuda);   /* NULL: none */
+    mnistcu__forward_fn forward[2];   /* [0] CPU, [1] CUDA (NULL in builds without CUDA) */
+    mnistcu__backward_fn backward[2];
+} mnistcu__kind;
+
+static const char *const mnistcu__kind_keywords[] = {
+    "",
+#define MNISTCU__LAYER_KEY(name, key, torch) key,
+    MNISTCU_LAYER_LIST(MNISTCU__LAYER_KEY)
+#undef MNISTCU__LAYER_KEY
+};
+static const char *const mnistcu__kind_torch[] = {
+    "",
+#define MNISTCU__LAYER_TORCH(name, key, torch) torch,
+    MNISTCU_LAYER_LIST(MNISTCU__LAYER_TORCH)
+#undef MNISTCU__LAYER_TORCH
+};
+
+static int mnistcu__is_flat(const mnistcu__layer *L) { return L->h == 1 && L->w == 1; }
+static int mnistcu__train_mode(const mnistcu_model *m) { return m->mode == MNISTCU_MODE_TRAIN; }
+
+/* Appends to buf (size bytes, *len used so far); returns 0 when it does not fit. */
+static int mnistcu__cat(char *buf, size_t size, size_t *len, const char *fmt, ...) MNISTCU__PRINTF(4, 5);
+static int mnistcu__cat(char *buf, size_t size, size_t *len, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    if (*len >= size) return 0;
+    va_start(ap, fmt);
+    n = vsnprintf(buf + *len, size - *len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= size - *len) {
+        buf[*len] = 0;
+        *len = size;
+        return 0;
+    }
+    *len += (size_t)n;
+    return 1;
+}
+
+/* A float as the shortest decimal that reads back as the same float. */
+static float mnistcu__parse_float_text(const char *s, const char *end, int *ok);
+static void mnistcu__float_text(float v, char *out, size_t size)
+{
+    int prec;
+    for (prec = 1; prec <= 9; ++prec) {
+        int ok = 0;
+        snprintf(out, size, "%.*g", prec, (double)v);
+        if (mnistcu__parse_float_text(out, out + strlen(out), &ok) == v && ok) return;
+    }
+}
+
+/* The spec token of one layer desc, raw or resolved: "conv5x5x6:s=2". */
+static int mnistcu__layer_token(const mnistcu_layer_desc *d, char *buf, size_t size)
+{
+    size_t len = 0;
+    int ok = 1, kh = d->kernel_h, kw, pool = d->kind == MNISTCU_LAYER_MAXPOOL2D || d->kind == MNISTCU_LAYER_AVGPOOL2D;
+    char num[32];
+    if (size) buf[0] = 0;
+    if ((unsigned)d->kind >= MNISTCU_LAYER_KIND_COUNT || d->kind == MNISTCU_LAYER_NONE)
+        return mnistcu__cat(buf, size, &len, "?");
+    if (pool && kh == 0) kh = 2;
+    kw = d->kernel_w ? d->kernel_w : kh;
+    ok &= mnistcu__cat(buf, size, &len, "%s", mnistcu__kind_keywords[d->kind]);
+    switch (d->kind) {
+    case MNISTCU_LAYER_DENSE:
+        ok &= mnistcu__cat(buf, size, &len, "%d", d->units);
+        break;
+    case MNISTCU_LAYER_CONV2D:
+        ok &= mnistcu__cat(buf, size, &len, "%dx%dx%d", kh, kw, d->units);
+        if (d->stride > 1) ok &= mnistcu__cat(buf, size, &len, ":s=%d", d->stride);
+        if (d->padding) ok &= mnistcu__cat(buf, size, &len, ":p=%d", d->padding);
+        break;
+    case MNISTCU_LAYER_MAXPOOL2D:
+    case MNISTCU_LAYER_AVGPOOL2D:
+        ok &= kh == kw ? mnistcu__cat(buf, size, &len, "%d", kh) : mnistcu__cat(buf, size, &len, "%dx%d", kh, kw);
+        if (d->stride && !(kh == kw && d->stride == kh)) ok &= mnistcu__cat(buf, size, &len, ":s=%d", d->stride);
+        break;
+    case MNISTCU_LAYER_BATCHNORM:
+        if (d->eps != 0.0f && d->eps != 1e-5f) {
+            mnistcu__float_text(d->eps, num, sizeof num);
+            ok &= mnistcu__cat(buf, size, &len, ":eps=%s", num);
+        }
+        if (d->momentum != 0.0f && d->momentum != 0.1f) {
+            mnistcu__float_text(d->momentum, num, sizeof num);
+            ok &= mnistcu__cat(buf, size, &len, ":momentum=%s", num);
+        }
+        break;
+    case MNISTCU_LAYER_DROPOUT:
+        if (d->p != 0.0f && d->p != 0.5f) {
+            mnistcu__float_text(d->p, num, sizeof num);
+            ok &= mnistcu__cat(buf, size, &len, "%s", num);
+        }
+        break;
+    case MNISTCU_LAYER_LEAKY_RELU:
+        if (d->slope != 0.0f && d->slope != 0.01f) {
+            mnistcu__float_text(d->slope, num, sizeof num);
+            ok &= mnistcu__cat(buf, size, &len, "%s", num);
+        }
+        break;
+    default: break;
+    }
+    if ((d->kind == MNISTCU_LAYER_DENSE || d->kind == MNISTCU_LAYER_CONV2D) && d->no_bias)
+        ok &= mnistcu__cat(buf, size, &len, ":bias=0");
+    return ok;
+}
+
+/* Records a shape or desc error about layer L: "layer 3 (conv5x5x16): ...". */
+static mnistcu_result mnistcu__layer_fail(mnistcu_ctx *ctx, const mnistcu__layer *L, mnistcu_result r, const char *fmt,
+                                          ...) MNISTCU__PRINTF(4, 5);
+static mnistcu_result mnistcu__layer_fail(mnistcu_ctx *ctx, const mnistcu__layer *L, mnistcu_result r, const char *fmt,
+                                          ...)
+{
+    char tok[64], msg[MNISTCU__ERROR_SIZE];
+    va_list ap;
+    mnistcu__layer_token(&L->d, tok, sizeof tok);
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return mnistcu__fail(ctx, r, "model: layer %d (%s), input %dx%dx%d: %s", L->index, tok, L->c, L->h, L->w, msg);
+}
+
+/* Sizes of a sample, checked: c*h*w within 2^24 floats. */
+static int mnistcu__shape_ok(int c, int h, int w)
+{
+    return c >= 1 && h >= 1 && w >= 1 && (size_t)c * (size_t)h * (size_t)w <= MNISTCU__MAX_FEATURES;
+}
+#define MNISTCU__MAX_KERNEL 4096 /* kernel sizes, strides and padding */
+
+/* Shape of the elementwise kinds: the output is the input. */
+static mnistcu_result mnistcu__same_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
+{
+    (void)ctx;
+    L->oc = L->c;
+    L->oh = L->h;
+    L->ow = L->w;
+    return MNISTCU_OK;
+}
+
+/* The geometry of a window operation (conv, pools), small enough to pass to kernels by value. */
+typedef struct mnistcu__geom { int c, h, w, kh, kw, sh, sw, pad, oh, ow; } mnistcu__geom;
+
+static mnistcu__geom mnistcu__geom_of(const mnistcu__layer *L)
+{
+    mnistcu__geom g;
+    g.c = L->c; g.h = L->h; g.w = L->w;
+    g.kh = L->d.kernel_h; g.kw = L->d.kernel_w;
+    g.sh = L->sh; g.sw = L->sw;
+    g.pad = L->d.padding;
+    g.oh = L->oh; g.ow = L->ow;
+    return g;
+}
+
+/* >>layer_dense ------------------------------------------------------------------
+   torch.nn.Linear: y[B][OC] = act(x[B][C] W^T + b), W [OC][C], b [OC]; the
+   activation of a relu, sigmoid or tanh layer right after it is folded in. */
+static mnistcu_result mnistcu__dense_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
+{
+    if (L->d.units < 1 || (size_t)L->d.units > MNISTCU__MAX_FEATURES)
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_INVALID_ARGUMENT, "units %d not in 1..2^24", L->d.units);
+    if (!mnistcu__is_flat(L))
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_SHAPE,
+                                   "a dense layer needs flat input: put flatten before it");
+    L->oc = L->d.units;
+    L->oh = L->ow = 1;
+    L->nw = (size_t)L->d.units * (size_t)L->c;
+    L->nb = L->d.no_bias ? 0 : (size_t)L->d.units;
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__dense_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    size_t in = (size_t)L->c, out = (size_t)L->oc;
+    mnistcu__cpu_gemm(m->ctx, 0, 1, B, out, in, L->in, in, m->params + L->wo, in, L->out, out);
+    mnistcu__cpu_bias_act(m->ctx, L->out, L->nb ? m->params + L->bo : NULL, B, out, L->act);
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__dense_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    size_t in = (size_t)L->c, out = (size_t)L->oc;
+    mnistcu__cpu_act_backward(m->ctx, dy, L->out, B * out, L->act);
+    /* dW [OC][C] = dz^T [OC][B] . x [B][C] */
+    mnistcu__cpu_gemm(m->ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in);
+    if (L->nb) mnistcu__cpu_bias_grad(m->grads + L->bo, dy, B, out);
+    /* dx [B][C] = dz [B][OC] . W [OC][C] */
+    if (dx) mnistcu__cpu_gemm(m->ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in);
+    return MNISTCU_OK;
+}
+
+#ifdef __CUDACC__
+/* y[B][OUT] = act(y + b) in place (after a cuBLAS product); bias may be NULL. */
+__global__ void mnistcu__k_bias_act(float *y, const float *bias, size_t n, int OUT, int act)
+{
+    size_t e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        y[e] = mnistcu__act_f((mnistcu_act)act, bias ? y[e] + bias[e % (size_t)OUT] : y[e]);
+}
+
+/* dz *= act'(y), from the output y. */
+__global__ void mnistcu__k_act_backward(float *dz, const float *y, size_t n, int act)
+{
+    size_t e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        dz[e] = mnistcu__act_backward_one((mnistcu_act)act, dz[e], y[e]);
+}
+
+/* db[j] = sum over rows of dz[B][OUT], one thread per column, rows in order (as the CPU). */
+__global__ void mnistcu__k_bias_grad(const float *dz, int B, int OUT, float *db)
+{
+    int j = (int)(blockIdx.x * blockDim.x + threadIdx.x), i;
+    float s = 0.0f;
+    if (j >= OUT) return;
+    for (i = 0; i < B; ++i) s += dz[(size_t)i * OUT + j];
+    db[j] = s;
+}
+
+static mnistcu_result mnistcu__dense_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    size_t in = (size_t)L->c, out = (size_t)L->oc;
+    return mnistcu__cuda_gemm(m->ctx, 0, 1, B, out, in, L->in, in, m->params + L->wo, in, L->out, out,
+                              L->nb ? m->params + L->bo : NULL, (int)L->act);
+}
+
+static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    cudaStream_t st = mnistcu__cuda_stream(ctx);
+    size_t in = (size_t)L->c, out = (size_t)L->oc;
+    mnistcu_result r;
+    if (L->act != MNISTCU_ACT_IDENTITY) {
+        mnistcu__k_act_backward<<<mnistcu__blocks(B * out), MNISTCU__THREADS, 0, st>>>(dy, L->out, B * out, (int)L->act);
+        MNISTCU__LAUNCHED(ctx, "act_backward");
+    }
+    if ((r = mnistcu__cuda_gemm(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, NULL, 0))) return r;
+    if (L->nb) {
+        mnistcu__k_bias_grad<<<mnistcu__blocks(out), MNISTCU__THREADS, 0, st>>>(dy, (int)B, (int)out, m->grads + L->bo);
+        MNISTCU__LAUNCHED(ctx, "bias_grad");
+    }
+    if (dx) return mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
+    return MNISTCU_OK;
+}
+#endif
+
+static const mnistcu__kind mnistcu__kind_DENSE = {
+    mnistcu__dense_shape, NULL, NULL,
+    {mnistcu__dense_cpu_forward, MNISTCU__CUDA_FN(mnistcu__dense_cuda_forward)},
+    {mnistcu__dense_cpu_backward, MNISTCU__CUDA_FN(mnistcu__dense_cuda_backward)}};
+
+/* >>layer_conv2d -----------------------------------------------------------------
+   torch.nn.Conv2d: y[B][OC][OH][OW] = act(W [OC][C][KH][KW] * x + b [OC]), zero
+   padding `pad` on each side, stride s: OH = (H + 2 pad - KH) / s + 1.
+   As a matrix product: the columns col [K][P] of a sample (im2col) hold, for
+   each output position, the K inputs its window sees (k = (c, i, j) in that
+   order), so that y_b [OC][P] = W [OC][K] col_b [K][P]. Backward:
+   dW = sum_b dy_b col_b^T, db = sum of dy, dcol_b = W^T dy_b, and dx_b sums
+   for each input the dcol entries it was copied to (col2im, a gather: no
+   atomics). The CPU works one sample at a time; the GPU lays the whole batch
+   side by side, col [K][B*P], and does each product in one launch. */
+static mnistcu_result mnistcu__conv_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
+{
+    mnistcu_layer_desc *d = &L->d;
+    if (d->kernel_w == 0) d->kernel_w = d->kernel_h;
+    if (d->stride == 0) d->stride = 1;
+    if (d->units < 1 || (size_t)d->units > MNISTCU__MAX_FEATURES || d->kernel_h < 1 || d->kernel_w < 1 ||
+        d->kernel_h > MNISTCU__MAX_KERNEL || d->kernel_w > MNISTCU__MAX_KERNEL || d->stride < 1 ||
+        d->stride > MNISTCU__MAX_KERNEL || d->padding < 0 || d->padding > MNISTCU__MAX_KERNEL)
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_INVALID_ARGUMENT,
+                                   "channels %d, kernel %dx%d, stride %d or padding %d out of range", d->units,
+                                   d->kernel_h, d->kernel_w, d->stride, d->padding);
+    if (L->h + 2 * d->padding < d->kernel_h || L->w + 2 * d->padding < d->kernel_w)
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_SHAPE, "a %dx%d kernel does not fit a %dx%d map with padding %d",
+                                   d->kernel_h, d->kernel_w, L->h, L->w, d->padding);
+    L->sh = L->sw = d->stride;
+    L->oc = d->units;
+    L->oh = (L->h + 2 * d->padding - d->kernel_h) / d->stride + 1;
+    L->ow = (L->w + 2 * d->padding - d->kernel_w) / d->stride + 1;
+    if (!mnistcu__shape_ok(L->oc, L->oh, L->ow) ||
+        !mnistcu__mul3((size_t)L->oc, (size_t)L->c, (size_t)d->kernel_h * (size_t)d->kernel_w, &L->nw) ||
+        L->nw > MNISTCU__MAX_FEATURES * (size_t)64)
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_SHAPE, "output %dx%dx%d or %d weights too large", L->oc, L->oh,
+                                   L->ow, (int)MNISTCU__MIN(L->nw, (size_t)2147483647));
+    L->nb = d->no_bias ? 0 : (size_t)d->units;
+    return MNISTCU_OK;
+}
+
+/* CPU: col and dcol of one sample [K][P]. GPU: col [K][B*P] and the product [OC][B*P]. */
+static size_t mnistcu__conv_scratch(const mnistcu__layer *L, size_t B, int cuda)
+{
+    size_t K = (size_t)L->c * (size_t)L->d.kernel_h * (size_t)L->d.kernel_w, P = (size_t)L->oh * (size_t)L->ow, n;
+    if (!cuda) return mnistcu__mul3(2, K, P, &n) ? n : SIZE_MAX;
+    return mnistcu__mul3(K + (size_t)L->oc, B, P, &n) ? n : SIZE_MAX;
+}
+
+/* Input k = (c, i, j) of output position p of one sample x [C][H][W]; 0 in the padding. */
+static MNISTCU__HD float mnistcu__im2col_at(const float *x, mnistcu__geom g, int k, int p)
+{
+    int j = k % g.kw, i = (k / g.kw) % g.kh, c = k / (g.kw * g.kh);
+    int iy = (p / g.ow) * g.sh - g.pad + i, ix = (p % g.ow) * g.sw - g.pad + j;
+    return (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ? x[((size_t)c * g.h + iy) * g.w + ix] : 0.0f;
+}
+
+/* dx of input (c, iy, ix) of one sample: the sum, in (i, j) order, of the dcol
+   entries it was copied to; dcol [K][ld], this sample's positions from column 0. */
+static MNISTCU__HD float mnistcu__col2im_at(const float *dcol, size_t ld, mnistcu__geom g, int c, int iy, int ix)
+{
+    float s = 0.0f;
+    int i, j;
+    for (i = 0; i < g.kh; ++i) {
+        int ty = iy + g.pad - i, oy;
+        if (ty < 0 || ty % g.sh) continue;
+        oy = ty / g.sh;
+        if (oy >= g.oh) continue;
+        for (j = 0; j < g.kw; ++j) {
+            int tx = ix + g.pad - j, ox;
+            if (tx < 0 || tx % g.sw) continue;
+            ox = tx / g.sw;
+            if (ox >= g.ow) continue;
+            s += dcol[(size_t)((c * g.kh + i) * g.kw + j) * ld + (size_t)oy * g.ow + ox];
+        }
+    }
+    return s;
+}
+
+static void mnistcu__cpu_im2col(const float *x, mnistcu__geom g, float *col)
+{
+    int k, K = g.c * g.kh * g.kw, P = g.oh * g.ow, p;
+    for (k = 0; k < K; ++k) {
+        float *row = col + (size_t)k * P;
+        int j = k % g.kw, i = (k / g.kw) % g.kh, c = k / (g.kw * g.kh), oy;
+        const float *plane = x + (size_t)c * g.h * g.w;
+        if (g.pad == 0 && g.sw == 1) { /* the common case: whole rows copy */
+            for (oy = 0; oy < g.oh; ++oy)
+                memcpy(row + (size_t)oy * g.ow, plane + (size_t)(oy * g.sh + i) * g.w + j, (size_t)g.ow * sizeof(float));
+            continue;
+        }
+        for (p = 0; p < P; ++p) row[p] = mnistcu__im2col_at(x, g, k, p); /* padding or strides */
+    }
+}
+
+/* y[OC][P] = act(y + b[oc]) in place; bias may be NULL. */
+static void mnistcu__cpu_chan_bias_act(float *y, const float *bias, size_t OC, size_t P, mnistcu_act act)
+{
+    size_t o, p;
+    for (o = 0; o < OC; ++o) {
+        float *row = y + o * P, b = bias ? bias[o] : 0.0f;
+        if (!bias && act == MNISTCU_ACT_IDENTITY) continue;
+        for (p = 0; p < P; ++p) row[p] = mnistcu__act_f(act, bias ? row[p] + b : row[p]);
+    }
+}
+
+static mnistcu_result mnistcu__conv_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    mnistcu__geom g = mnistcu__geom_of(L);
+    size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, OC = (size_t)L->oc, b;
+    float *col = m->scratch;
+    for (b = 0; b < B; ++b) {
+        float *y = L->out + b * L->out_size;
+        mnistcu__cpu_im2col(L->in + b * L->in_size, g, col);
+        mnistcu__cpu_gemm(m->ctx, 0, 0, OC, P, K, m->params + L->wo, K, col, P, y, P);
+        mnistcu__cpu_chan_bias_act(y, L->nb ? m->params + L->bo : NULL, OC, P, L->act);
+    }
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__conv_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    mnistcu__geom g = mnistcu__geom_of(L);
+    size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, OC = (size_t)L->oc, b, o, p;
+    float *col = m->scratch, *dcol = m->scratch + K * P, *dw = m->grads + L->wo, *db = m->grads + L->bo;
+    for (b = 0; b < B; ++b) {
+        float *dyb = dy + b * L->out_size;
+        mnistcu__cpu_act_backward(m->ctx, dyb, L->out + b * L->out_size, OC * P, L->act);
+        mnistcu__cpu_im2col(L->in + b * L->in_size, g, col);
+        /* dW [OC][K] (+)= dy_b [OC][P] . col_b^T [P][K] */
+        mnistcu__cpu_gemm_acc(m->ctx, 0, 1, OC, K, P, dyb, P, col, P, dw, K, b > 0);
+        if (L->nb)
+            for (o = 0; o < OC; ++o) {
+                float s = 0.0f;
+                for (p = 0; p < P; ++p) s += dyb[o * P + p];
+                db[o] = b ? db[o] + s : s;
+            }
+        if (dx) {
+            float *dxb = dx + b * L->in_size;
+            int c, iy, ix;
+            /* dcol [K][P] = W^T [K][OC] . dy_b [OC][P] */
+            mnistcu__cpu_gemm(m->ctx, 1, 0, K, P, OC, m->params + L->wo, K, dyb, P, dcol, P);
+            for (c = 0; c < g.c; ++c)
+                for (iy = 0; iy < g.h; ++iy)
+                    for (ix = 0; ix < g.w; ++ix) *dxb++ = mnistcu__col2im_at(dcol, P, g, c, iy, ix);
+        }
+    }
+    return MNISTCU_OK;
+}
+
+#ifdef __CUDACC__
+/* col [K][B*P]: sample b's positions in columns b*P .. b*P+P-1. */
+__global__ void mnistcu__k_im2col(const float *x, mnistcu__geom g, int B, size_t in_size, float *col)
+{
+    size_t P = (size_t)g.oh * g.ow, BP = (size_t)B * P, n = (size_t)g.c * g.kh * g.kw * BP, e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t k = e / BP, q = e % BP, b = q / P;
+        col[e] = mnistcu__im2col_at(x + b * in_size, g, (int)k, (int)(q % P));
+    }
+}
+
+/* y [B][OC][P] = act(prod [OC][B*P] + bias[oc]). */
+__global__ void mnistcu__k_conv_out(const float *prod, const float *bias, int act, int B, int OC, int P, float *y)
+{
+    size_t n = (size_t)B * OC * P, e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t p = e % (size_t)P, o = (e / (size_t)P) % (size_t)OC, b = e / ((size_t)P * OC);
+        float v = prod[o * (size_t)B * P + b * P + p];
+        y[e] = mnistcu__act_f((mnistcu_act)act, bias ? v + bias[o] : v);
+    }
+}
+
+/* dprod [OC][B*P] = act'(y) dy, from dy and y [B][OC][P]. */
+__global__ void mnistcu__k_conv_dout(const float *dy, const float *y, int act, int B, int OC, int P, float *dprod)
+{
+    size_t n = (size_t)B * OC * P, e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t p = e % (size_t)P, o = (e / (size_t)P) % (size_t)OC, b = e / ((size_t)P * OC);
+        dprod[o * (size_t)B * P + b * P + p] = mnistcu__act_backward_one((mnistcu_act)act, dy[e], y[e]);
+    }
+}
+
+/* dx [B][C][H][W] from dcol [K][B*P], one thread per input element. */
+__global__ void mnistcu__k_col2im(const float *dcol, mnistcu__geom g, int B, float *dx)
+{
+    size_t S = (size_t)g.h * g.w, in_size = (size_t)g.c * S, n = (size_t)B * in_size, P = (size_t)g.oh * g.ow, e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t b = e / in_size, r = e % in_size;
+        int c = (int)(r / S), iy = (int)((r % S) / (size_t)g.w), ix = (int)(r % (size_t)g.w);
+        dx[e] = mnistcu__col2im_at(dcol + b * P, (size_t)B * P, g, c, iy, ix);
+    }
+}
+
+/* out[r] = sum of row r of a [rows][cols]: one block per row, a fixed-order tree. */
+__global__ void mnistcu__k_row_sum(const float *a, size_t cols, float *out)
+{
+    __shared__ float part[MNISTCU__THREADS];
+    const float *row = a + (size_t)blockIdx.x * cols;
+    float s = 0.0f;
+    size_t j;
+    int t = (int)threadIdx.x, stride;
+    for (j = (size_t)t; j < cols; j += MNISTCU__THREADS) s += row[j];
+    part[t] = s;
+    __syncthreads();
+    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) part[t] += part[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = part[0];
+}
+
+static mnistcu_result mnistcu__conv_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    cudaStream_t st = mnistcu__cuda_stream(ctx);
+    mnistcu__geom g = mnistcu__geom_of(L);
+    size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, BP = B * P, OC = (size_t)L->oc;
+    float *col = m->scratch, *prod = m->scratch + K * BP;
+    mnistcu_result r;
+    mnistcu__k_im2col<<<mnistcu__blocks(K * BP), MNISTCU__THREADS, 0, st>>>(L->in, g, (int)B, L->in_size, col);
+    MNISTCU__LAUNCHED(ctx, "im2col");
+    if ((r = mnistcu__cuda_gemm(ctx, 0, 0, OC, BP, K, m->params + L->wo, K, col, BP, prod, BP, NULL, 0))) return r;
+    mnistcu__k_conv_out<<<mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st>>>(
+        prod, L->nb ? m->params + L->bo : NULL, (int)L->act, (int)B, (int)OC, (int)P, L->out);
+    MNISTCU__LAUNCHED(ctx, "conv_out");
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    cudaStream_t st = mnistcu__cuda_stream(ctx);
+    mnistcu__geom g = mnistcu__geom_of(L);
+    size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, BP = B * P, OC = (size_t)L->oc;
+    float *col = m->scratch, *dprod = m->scratch + K * BP;
+    mnistcu_result r;
+    mnistcu__k_conv_dout<<<mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st>>>(dy, L->out, (int)L->act, (int)B,
+                                                                                (int)OC, (int)P, dprod);
+    MNISTCU__LAUNCHED(ctx, "conv_dout");
+    mnistcu__k_im2col<<<mnistcu__blocks(K * BP), MNISTCU__THREADS, 0, st>>>(L->in, g, (int)B, L->in_size, col);
+    MNISTCU__LAUNCHED(ctx, "im2col");
+    /* dW [OC][K] = dprod [OC][BP] . col^T [BP][K] */
+    if ((r = mnistcu__cuda_gemm(ctx, 0, 1, OC, K, BP, dprod, BP, col, BP, m->grads + L->wo, K, NULL, 0))) return r;
+    if (L->nb) {
+        mnistcu__k_row_sum<<<(unsigned)OC, MNISTCU__THREADS, 0, st>>>(dprod, BP, m->grads + L->bo);
+        MNISTCU__LAUNCHED(ctx, "row_sum");
+    }
+    if (!dx) return MNISTCU_OK;
+    /* dcol [K][BP] = W^T [K][OC] . dprod [OC][BP], into col's place */
+    if ((r = mnistcu__cuda_gemm(ctx, 1, 0, K, BP, OC, m->params + L->wo, K, dprod, BP, col, BP, NULL, 0))) return r;
+    mnistcu__k_col2im<<<mnistcu__blocks(B * L->in_size), MNISTCU__THREADS, 0, st>>>(col, g, (int)B, dx);
+    MNISTCU__LAUNCHED(ctx, "col2im");
+    return MNISTCU_OK;
+}
+#endif
+
+static const mnistcu__kind mnistcu__kind_CONV2D = {
+    mnistcu__conv_shape, NULL, mnistcu__conv_scratch,
+    {mnistcu__conv_cpu_forward, MNISTCU__CUDA_FN(mnistcu__conv_cuda_forward)},
+    {mnistcu__conv_cpu_backward, MNISTCU__CUDA_FN(mnistcu__conv_cuda_backward)}};
+
+/* >>layer_pool --------------------------------------------------------------------
+   torch.nn.MaxPool2d and AvgPool2d: windows of KH x KW with strides (default
+   the kernel size), no padding, OH = (H - KH) / s + 1. Max keeps, per output,
+   the index in its plane of the first largest input (NaN counts as largest, as
+   in PyTorch); the backward pass routes each output's gradient there. Average
+   divides the window's sum by KH*KW. Both backward passes gather: each input
+   sums over the windows that cover it, in order. */
+static mnistcu_result mnistcu__pool_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
+{
+    mnistcu_layer_desc *d = &L->d;
+    if (d->kernel_h == 0) d->kernel_h = 2;
+    if (d->kernel_w == 0) d->kernel_w = d->kernel_h;
+    if (d->kernel_h < 1 || d->kernel_w < 1 || d->kernel_h > MNISTCU__MAX_KERNEL || d->kernel_w > MNISTCU__MAX_KERNEL ||
+        d->stride < 0 || d->stride > MNISTCU__MAX_KERNEL)
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_INVALID_ARGUMENT, "kernel %dx%d or stride %d out of range",
+                                   d->kernel_h, d->kernel_w, d->stride);
+    L->sh = d->stride ? d->stride : d->kernel_h;
+    L->sw = d->stride ? d->stride : d->kernel_w;
+    if (d->stride == 0 && d->kernel_h == d->kernel_w) d->stride = d->kernel_h;
+    if (L->h < d->kernel_h || L->w < d->kernel_w)
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_SHAPE, "a %dx%d window does not fit a %dx%d map", d->kernel_h,
+                                   d->kernel_w, L->h, L->w);
+    L->oc = L->c;
+    L->oh = (L->h - d->kernel_h) / L->sh + 1;
+    L->ow = (L->w - d->kernel_w) / L->sw + 1;
+    return MNISTCU_OK;
+}
+
+static size_t mnistcu__maxpool_aux(const mnistcu__layer *L, size_t B)
+{
+    size_t n;
+    return mnistcu__mul(B, L->out_size, &n) ? n : SIZE_MAX; /* int32 argmax per output */
+}
+
+/* Output (oy, ox) of plane x [H][W]; *arg gets the max's index in the plane. */
+static MNISTCU__HD float mnistcu__pool_at(const float *x, mnistcu__geom g, int oy, int ox, int is_max, int32_t *arg)
+{
+    int i, j, y0 = oy * g.sh, x0 = ox * g.sw;
+    float best = -INFINITY, sum = 0.0f;
+    int32_t bi = (int32_t)(y0 * g.w + x0);
+    for (i = 0; i < g.kh; ++i)
+        for (j = 0; j < g.kw; ++j) {
+            int32_t at = (int32_t)((y0 + i) * g.w + x0 + j);
+            float v = x[at];
+            if (is_max) {
+                if (v > best || v != v) {
+                    best = v;
+                    bi = at;
+                }
+            } else {
+                sum += v;
+            }
+        }
+    if (is_max) {
+        *arg = bi;
+        return best;
+    }
+    return sum / (float)(g.kh * g.kw);
+}
+
+/* dx of input (iy, ix) of one plane from dy [OH][OW] (and arg [OH][OW] for max). */
+static MNISTCU__HD float mnistcu__pool_back_at(const float *dy, const int32_t *arg, mnistcu__geom g, int iy, int ix)
+{
+    int oy0 = iy >= g.kh ? (iy - g.kh + g.sh) / g.sh : 0, ox0 = ix >= g.kw ? (ix - g.kw + g.sw) / g.sw : 0;
+    int oy1 = MNISTCU__MIN(iy / g.sh, g.oh - 1), ox1 = MNISTCU__MIN(ix / g.sw, g.ow - 1), oy, ox;
+    int32_t self = (int32_t)(iy * g.w + ix);
+    float s = 0.0f, div = (float)(g.kh * g.kw);
+    for (oy = oy0; oy <= oy1; ++oy)
+        for (ox = ox0; ox <= ox1; ++ox) {
+            int o = oy * g.ow + ox;
+            if (arg) {
+                if (arg[o] == self) s += dy[o];
+            } else {
+                s += dy[o] / div;
+            }
+        }
+    return s;
+}
+
+static void mnistcu__cpu_pool_forward(mnistcu__layer *L, size_t B, int is_max)
+{
+    mnistcu__geom g = mnistcu__geom_of(L);
+    size_t planes = B * (size_t)L->c, pl, S = (size_t)g.h * g.w, P = (size_t)g.oh * g.ow;
+    int32_t *arg = (int32_t *)L->aux, unused;
+    for (pl = 0; pl < planes; ++pl) {
+        int oy, ox;
+        for (oy = 0; oy < g.oh; ++oy)
+            for (ox = 0; ox < g.ow; ++ox) {
+                size_t o = pl * P + (size_t)oy * g.ow + ox;
+                L->out[o] = mnistcu__pool_at(L->in + pl * S, g, oy, ox, is_max, is_max ? &arg[o] : &unused);
+            }
+    }
+}
+
+static void mnistcu__cpu_pool_backward(mnistcu__layer *L, size_t B, const float *dy, float *dx, int is_max)
+{
+    mnistcu__geom g = mnistcu__geom_of(L);
+    size_t planes = B * (size_t)L->c, pl, S = (size_t)g.h * g.w, P = (size_t)g.oh * g.ow;
+    for (pl = 0; pl < planes; ++pl) {
+        int iy, ix;
+        for (iy = 0; iy < g.h; ++iy)
+            for (ix = 0; ix < g.w; ++ix)
+                dx[pl * S + (size_t)iy * g.w + ix] =
+                    mnistcu__pool_back_at(dy + pl * P, is_max ? (const int32_t *)L->aux + pl * P : NULL, g, iy, ix);
+    }
+}
+
+static mnistcu_result mnistcu__maxpool_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    (void)m;
+    mnistcu__cpu_pool_forward(L, B, 1);
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__avgpool_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    (void)m;
+    mnistcu__cpu_pool_forward(L, B, 0);
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__maxpool_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    (void)m;
+    if (dx) mnistcu__cpu_pool_backward(L, B, dy, dx, 1);
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__avgpool_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    (void)m;
+    if (dx) mnistcu__cpu_pool_backward(L, B, dy, dx, 0);
+    return MNISTCU_OK;
+}
+
+#ifdef __CUDACC__
+__global__ void mnistcu__k_pool_forward(const float *x, mnistcu__geom g, size_t planes, int is_max, float *y,
+                                        int32_t *arg)
+{
+    size_t P = (size_t)g.oh * g.ow, S = (size_t)g.h * g.w, n = planes * P, e;
+    int32_t unused;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t pl = e / P, o = e % P;
+        y[e] = mnistcu__pool_at(x + pl * S, g, (int)(o / (size_t)g.ow), (int)(o % (size_t)g.ow), is_max,
+                                is_max ? &arg[e] : &unused);
+    }
+}
+
+__global__ void mnistcu__k_pool_backward(const float *dy, const int32_t *arg, mnistcu__geom g, size_t planes, float *dx)
+{
+    size_t P = (size_t)g.oh * g.ow, S = (size_t)g.h * g.w, n = planes * S, e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t pl = e / S, i = e % S;
+        dx[e] = mnistcu__pool_back_at(dy + pl * P, arg ? arg + pl * P : NULL, g, (int)(i / (size_t)g.w),
+                                      (int)(i % (size_t)g.w));
+    }
+}
+
+static mnistcu_result mnistcu__cuda_pool_forward(mnistcu_model *m, mnistcu__layer *L, size_t B, int is_max)
+{
+    size_t planes = B * (size_t)L->c;
+    mnistcu__k_pool_forward<<<mnistcu__blocks(planes * L->oh * L->ow), MNISTCU__THREADS, 0,
+                              mnistcu__cuda_stream(m->ctx)>>>(L->in, mnistcu__geom_of(L), planes, is_max, L->out,
+                                                              (int32_t *)L->aux);
+    MNISTCU__LAUNCHED(m->ctx, "pool_forward");
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__cuda_pool_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, const float *dy,
+                                                  float *dx, int is_max)
+{
+    size_t planes = B * (size_t)L->c;
+    if (!dx) return MNISTCU_OK;
+    mnistcu__k_pool_backward<<<mnistcu__blocks(planes * L->h * L->w), MNISTCU__THREADS, 0,
+                               mnistcu__cuda_stream(m->ctx)>>>(dy, is_max ? (const int32_t *)L->aux : NULL,
+                                                               mnistcu__geom_of(L), planes, dx);
+    MNISTCU__LAUNCHED(m->ctx, "pool_backward");
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__maxpool_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    return mnistcu__cuda_pool_forward(m, L, B, 1);
+}
+static mnistcu_result mnistcu__avgpool_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    return mnistcu__cuda_pool_forward(m, L, B, 0);
+}
+static mnistcu_result mnistcu__maxpool_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    return mnistcu__cuda_pool_backward(m, L, B, dy, dx, 1);
+}
+static mnistcu_result mnistcu__avgpool_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    return mnistcu__cuda_pool_backward(m, L, B, dy, dx, 0);
+}
+#endif
+
+static const mnistcu__kind mnistcu__kind_MAXPOOL2D = {
+    mnistcu__pool_shape, mnistcu__maxpool_aux, NULL,
+    {mnistcu__maxpool_cpu_forward, MNISTCU__CUDA_FN(mnistcu__maxpool_cuda_forward)},
+    {mnistcu__maxpool_cpu_backward, MNISTCU__CUDA_FN(mnistcu__maxpool_cuda_backward)}};
+static const mnistcu__kind mnistcu__kind_AVGPOOL2D = {
+    mnistcu__pool_shape, NULL, NULL,
+    {mnistcu__avgpool_cpu_forward, MNISTCU__CUDA_FN(mnistcu__avgpool_cuda_forward)},
+    {mnistcu__avgpool_cpu_backward, MNISTCU__CUDA_FN(mnistcu__avgpool_cuda_backward)}};
+
+/* >>layer_batchnorm ----------------------------------------------------------------
+   torch.nn.BatchNorm2d over the channels of maps, BatchNorm1d over the features
+   of flat data: both normalise each of the C channels over its n = B*S values
+   (S = H*W, 1 when flat). TRAIN: the batch's mean and biased variance; the
+   running estimates move by momentum towards the mean and the unbiased variance
+   (n/(n-1)); num_batches_tracked counts the batches. EVAL: the running
+   estimates. y = (x - mean) * invstd * gamma + beta, invstd = 1/sqrt(var + eps).
+   Sums run in double; the CPU adds in element order, the GPU in a fixed tree,
+   so the two agree to the float. Backward, with the statistics the forward used:
+     dgamma = sum dy (x - mean) invstd,  dbeta = sum dy,
+     TRAIN: dx = (dy - sum dy / n - (x - mean) invstd^2 sum dy (x - mean) / n) invstd gamma
+     EVAL:  dx = dy invstd gamma */
+static mnistcu_result mnistcu__bn_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
+{
+    mnistcu_layer_desc *d = &L->d;
+    if (d->eps == 0.0f) d->eps = 1e-5f;
+    if (d->momentum == 0.0f) d->momentum = 0.1f;
+    if (!(d->eps > 0.0f && d->eps < 1.0f) || !(d->momentum > 0.0f && d->momentum <= 1.0f))
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_INVALID_ARGUMENT, "eps %g not in (0, 1) or momentum %g not in (0, 1]",
+                                   (double)d->eps, (double)d->momentum);
+    mnistcu__same_shape(ctx, L);
+    L->nw = L->nb = (size_t)L->c;
+    return MNISTCU_OK;
+}
+
+static size_t mnistcu__bn_aux(const mnistcu__layer *L, size_t B)
+{
+    (void)B;
+    return 2 * (size_t)L->c; /* mean [C], invstd [C] */
+}
+
+/* Training needs two values per channel for the unbiased variance, as in PyTorch. */
+static mnistcu_result mnistcu__bn_check(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    if (mnistcu__train_mode(m) && B * (size_t)L->h * (size_t)L->w < 2)
+        return mnistcu__layer_fail(m->ctx, L, MNISTCU_ERR_INVALID_ARGUMENT,
+                                   "batch norm in training mode needs more than one value per channel (batch %lu)",
+                                   (unsigned long)B);
+    if (mnistcu__train_mode(m)) L->batches++;
+    L->trained = mnistcu__train_mode(m);
+    return MNISTCU_OK;
+}
+
+/* The new running estimates, in PyTorch's order of operations. */
+static MNISTCU__HD void mnistcu__bn_running(float *rmean, float *rvar, double mean, double var, double n, float mom)
+{
+    *rmean = (float)((double)mom * mean + (1.0 - (double)mom) * (double)*rmean);
+    *rvar = (float)((double)mom * (var * n / (n - 1.0)) + (1.0 - (double)mom) * (double)*rvar);
+}
+
+static mnistcu_result mnistcu__bn_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    size_t C = (size_t)L->c, S = (size_t)L->h * L->w, ch, b, s;
+    const float *gamma = m->params + L->wo, *beta = m->params + L->bo;
+    float *rmean = m->buffers + L->buf, *rvar = rmean + C;
+    mnistcu_result r = mnistcu__bn_check(m, L, B);
+    if (r) return r;
+    for (ch = 0; ch < C; ++ch) {
+        double n = (double)(B * S), sum = 0.0, var = 0.0, mean;
+        float mf, inv;
+        if (L->trained) {
+            for (b = 0; b < B; ++b)
+                for (s = 0; s < S; ++s) sum += (double)L->in[(b * C + ch) * S + s];
+            mean = sum / n;
+            for (b = 0; b < B; ++b)
+                for (s = 0; s < S; ++s) {
+                    double dv = (double)L->in[(b * C + ch) * S + s] - mean;
+                    var += dv * dv;
+                }
+            var /= n;
+            mnistcu__bn_running(&rmean[ch], &rvar[ch], mean, var, n, L->d.momentum);
+        } else {
+            mean = (double)rmean[ch];
+            var = (double)rvar[ch];
+        }
+        mf = (float)mean;
+        inv = (float)(1.0 / sqrt(var + (double)L->d.eps));
+        L->aux[ch] = mf;
+        L->aux[C + ch] = inv;
+        for (b = 0; b < B; ++b)
+            for (s = 0; s < S; ++s) {
+                size_t e = (b * C + ch) * S + s;
+                L->out[e] = (L->in[e] - mf) * inv * gamma[ch] + beta[ch];
+            }
+    }
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__bn_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    size_t C = (size_t)L->c, S = (size_t)L->h * L->w, ch, b, s;
+    const float *gamma = m->params + L->wo;
+    for (ch = 0; ch < C; ++ch) {
+        double n = (double)(B * S), sdy = 0.0, dot = 0.0;
+        float mf = L->aux[ch], inv = L->aux[C + ch];
+        for (b = 0; b < B; ++b)
+            for (s = 0; s < S; ++s) {
+                size_t e = (b * C + ch) * S + s;
+                sdy += (double)dy[e];
+                dot += (double)dy[e] * (double)(L->in[e] - mf);
+            }
+        m->grads[L->wo + ch] = (float)(dot * (double)inv);
+        m->grads[L->bo + ch] = (float)sdy;
+        if (dx) {
+            float a = inv * gamma[ch], c1 = L->trained ? (float)(sdy / n) : 0.0f,
+                  c2 = L->trained ? (float)(dot * (double)inv * (double)inv / n) : 0.0f;
+            for (b = 0; b < B; ++b)
+                for (s = 0; s < S; ++s) {
+                    size_t e = (b * C + ch) * S + s;
+                    dx[e] = (dy[e] - c1 - (L->in[e] - mf) * c2) * a;
+                }
+        }
+    }
+    return MNISTCU_OK;
+}
+
+#ifdef __CUDACC__
+/* Sum over threads of v in a fixed tree; every thread gets the result. */
+static __device__ double mnistcu__block_sum(double v, double *part)
+{
+    int t = (int)threadIdx.x, stride;
+    double total;
+    part[t] = v;
+    __syncthreads();
+    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) part[t] += part[t + stride];
+        __syncthreads();
+    }
+    total = part[0];
+    __syncthreads();
+    return total;
+}
+
+/* One block per channel: statistics (TRAIN) or running ones (EVAL), then y. */
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_forward(
+    const float *x, float *y, int B, int C, int S, const float *gamma, const float *beta, float *rmean, float *rvar,
+    float *aux, int train, float eps, float mom)
+{
+    __shared__ double part[MNISTCU__THREADS];
+    int ch = (int)blockIdx.x, t = (int)threadIdx.x;
+    size_t n = (size_t)B * S, e;
+    double mean, var;
+    float mf, inv;
+#define MNISTCU__BN_AT(e_) (((e_) / (size_t)S * (size_t)C + (size_t)ch) * (size_t)S + (e_) % (size_t)S)
+    if (train) {
+        double s = 0.0, v = 0.0;
+        for (e = (size_t)t; e < n; e += MNISTCU__THREADS) s += (double)x[MNISTCU__BN_AT(e)];
+        mean = mnistcu__block_sum(s, part) / (double)n;
+        for (e = (size_t)t; e < n; e += MNISTCU__THREADS) {
+            double dv = (double)x[MNISTCU__BN_AT(e)] - mean;
+            v += dv * dv;
+        }
+        var = mnistcu__block_sum(v, part) / (double)n;
+    } else {
+        mean = (double)rmean[ch];
+        var = (double)rvar[ch];
+    }
+    mf = (float)mean;
+    inv = (float)(1.0 / sqrt(var + (double)eps));
+    if (t == 0) {
+        aux[ch] = mf;
+        aux[C + ch] = inv;
+        if (train) mnistcu__bn_running(&rmean[ch], &rvar[ch], mean, var, (double)n, mom);
+    }
+    for (e = (size_t)t; e < n; e += MNISTCU__THREADS) {
+        size_t i = MNISTCU__BN_AT(e);
+        y[i] = (x[i] - mf) * inv * gamma[ch] + beta[ch];
+    }
+}
+
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_backward(
+    const float *x, const float *dy, float *dx, int B, int C, int S, const float *gamma, const float *aux, int train,
+    float *dgamma, float *dbeta)
+{
+    __shared__ double part[MNISTCU__THREADS];
+    int ch = (int)blockIdx.x, t = (int)threadIdx.x;
+    size_t n = (size_t)B * S, e;
+    float mf = aux[ch], inv = aux[C + ch];
+    double sdy = 0.0, dot = 0.0;
+    for (e = (size_t)t; e < n; e += MNISTCU__THREADS) {
+        size_t i = MNISTCU__BN_AT(e);
+        sdy += (double)dy[i];
+        dot += (double)dy[i] * (double)(x[i] - mf);
+    }
+    sdy = mnistcu__block_sum(sdy, part);
+    dot = mnistcu__block_sum(dot, part);
+    if (t == 0) {
+        dgamma[ch] = (float)(dot * (double)inv);
+        dbeta[ch] = (float)sdy;
+    }
+    if (dx) {
+        float a = inv * gamma[ch], c1 = train ? (float)(sdy / (double)n) : 0.0f,
+              c2 = train ? (float)(dot * (double)inv * (double)inv / (double)n) : 0.0f;
+        for (e = (size_t)t; e < n; e += MNISTCU__THREADS) {
+            size_t i = MNISTCU__BN_AT(e);
+            dx[i] = (dy[i] - c1 - (x[i] - mf) * c2) * a;
+        }
+    }
+#undef MNISTCU__BN_AT
+}
+
+static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    size_t C = (size_t)L->c;
+    mnistcu_result r = mnistcu__bn_check(m, L, B);
+    if (r) return r;
+    mnistcu__k_bn_forward<<<(unsigned)C, MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
+        L->in, L->out, (int)B, (int)C, L->h * L->w, m->params + L->wo, m->params + L->bo, m->buffers + L->buf,
+        m->buffers + L->buf + C, L->aux, L->trained, L->d.eps, L->d.momentum);
+    MNISTCU__LAUNCHED(m->ctx, "batchnorm_forward");
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__bn_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    mnistcu__k_bn_backward<<<(unsigned)L->c, MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
+        L->in, dy, dx, (int)B, L->c, L->h * L->w, m->params + L->wo, L->aux, L->trained, m->grads + L->wo,
+        m->grads + L->bo);
+    MNISTCU__LAUNCHED(m->ctx, "batchnorm_backward");
+    return MNISTCU_OK;
+}
+#endif
+
+static const mnistcu__kind mnistcu__kind_BATCHNORM = {
+    mnistcu__bn_shape, mnistcu__bn_aux, NULL,
+    {mnistcu__bn_cpu_forward, MNISTCU__CUDA_FN(mnistcu__bn_cuda_forward)},
+    {mnistcu__bn_cpu_backward, MNISTCU__CUDA_FN(mnistcu__bn_cuda_backward)}};
+
+/* >>layer_dropout ------------------------------------------------------------------
+   torch.nn.Dropout, inverted: TRAIN keeps each element with probability 1-p
+   and scales it by 1/(1-p); EVAL is the identity. The mask is drawn from
+   Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
+   2011), a counter-based generator: element e of the layer's batch tensor at
+   optimizer step t uses word e%4 of philox(counter {e/4, layer, t lo, t hi},
+   key {seed lo, seed hi}), so any thread on any device draws the same bit with
+   no state to carry: the CPU and the GPU drop the same elements. The backward
+   pass draws the mask again. */
+static MNISTCU__HD void mnistcu__philox(uint32_t c[4], uint32_t k0, uint32_t k1)
+{
+    int round;
+    for (round = 0; round < 10; ++round) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c[0], p1 = (uint64_t)0xCD9E8D57u * c[2];
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c[1] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c[3] ^ k1;
+        c[0] = n0;
+        c[1] = (uint32_t)p1;
+        c[2] = n2;
+        c[3] = (uint32_t)p0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+}
+
+/* 1 when element e is kept: its uniform draw (24 bits) is at least p. */
+static MNISTCU__HD int mnistcu__dropout_keep(uint64_t seed, int layer, uint64_t step, size_t e, float p)
+{
+    uint32_t c[4];
+    c[0] = (uint32_t)(e >> 2);
+    c[1] = (uint32_t)layer;
+    c[2] = (uint32_t)step;
+    c[3] = (uint32_t)(step >> 32);
+    mnistcu__philox(c, (uint32_t)seed, (uint32_t)(seed >> 32));
+    return (float)(c[e & 3u] >> 8) * (1.0f / 16777216.0f) >= p;
+}
+
+static mnistcu_result mnistcu__dropout_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
+{
+    if (L->d.p == 0.0f) L->d.p = 0.5f;
+    if (!(L->d.p > 0.0f && L->d.p < 1.0f))
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_INVALID_ARGUMENT, "probability %g not in (0, 1)", (double)L->d.p);
+    return mnistcu__same_shape(ctx, L);
+}
+
+/* y = mask * x * scale (TRAIN) or x; the same for the gradient. */
+static void mnistcu__cpu_dropout(const mnistcu_model *m, const mnistcu__layer *L, size_t n, const float *x, float *y)
+{
+    size_t e;
+    float scale = 1.0f / (1.0f - L->d.p);
+    if (!L->trained) {
+        memcpy(y, x, n * sizeof(float));
+        return;
+    }
+    for (e = 0; e < n; ++e)
+        y[e] = mnistcu__dropout_keep(m->ctx->desc.seed, L->index, L->step, e, L->d.p) ? x[e] * scale : 0.0f;
+}
+
+static mnistcu_result mnistcu__dropout_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    L->trained = mnistcu__train_mode(m);
+    L->step = m->steps;
+    mnistcu__cpu_dropout(m, L, B * L->in_size, L->in, L->out);
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__dropout_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    if (dx) mnistcu__cpu_dropout(m, L, B * L->in_size, dy, dx);
+    return MNISTCU_OK;
+}
+
+#ifdef __CUDACC__
+__global__ void mnistcu__k_dropout(const float *x, float *y, size_t n, uint64_t seed, int layer, uint64_t step, float p)
+{
+    size_t e;
+    float scale = 1.0f / (1.0f - p);
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        y[e] = mnistcu__dropout_keep(seed, layer, step, e, p) ? x[e] * scale : 0.0f;
+}
+
+static mnistcu_result mnistcu__cuda_dropout(mnistcu_model *m, const mnistcu__layer *L, size_t n, const float *x, float *y)
+{
+    cudaStream_t st = mnistcu__cuda_stream(m->ctx);
+    if (!L->trained)
+        return mnistcu__cuda_check(m->ctx, cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, st),
+                                   "dropout (evaluation)");
+    mnistcu__k_dropout<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>(x, y, n, m->ctx->desc.seed, L->index, L->step,
+                                                                       L->d.p);
+    MNISTCU__LAUNCHED(m->ctx, "dropout");
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__dropout_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    L->trained = mnistcu__train_mode(m);
+    L->step = m->steps;
+    return mnistcu__cuda_dropout(m, L, B * L->in_size, L->in, L->out);
+}
+
+static mnistcu_result mnistcu__dropout_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    return dx ? mnistcu__cuda_dropout(m, L, B * L->in_size, dy, dx) : MNISTCU_OK;
+}
+#endif
+
+static const mnistcu__kind mnistcu__kind_DROPOUT = {
+    mnistcu__dropout_shape, NULL, NULL,
+    {mnistcu__dropout_cpu_forward, MNISTCU__CUDA_FN(mnistcu__dropout_cuda_forward)},
+    {mnistcu__dropout_cpu_backward, MNISTCU__CUDA_FN(mnistcu__dropout_cuda_backward)}};
+
+/* >>layer_flatten ------------------------------------------------------------------
+   torch.nn.Flatten: [C][H][W] read as [C*H*W]. NCHW is already laid out that
+   way, so the layer moves no data: its output is its input, forward and back. */
+static mnistcu_result mnistcu__flatten_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
+{
+    (void)ctx;
+    L->oc = L->c * L->h * L->w;
+    L->oh = L->ow = 1;
+    L->passthrough = 1;
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__noop_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    (void)m; (void)L; (void)B;
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__noop_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    (void)m; (void)L; (void)B; (void)dy; (void)dx;
+    return MNISTCU_OK;
+}
+
+static const mnistcu__kind mnistcu__kind_FLATTEN = {
+    mnistcu__flatten_shape, NULL, NULL,
+    {mnistcu__noop_forward, MNISTCU__CUDA_FN(mnistcu__noop_forward)},
+    {mnistcu__noop_backward, MNISTCU__CUDA_FN(mnistcu__noop_backward)}};
+
+/* >>layer_activations ----------------------------------------------------------------
+   torch.nn.ReLU, LeakyReLU, Sigmoid, Tanh, elementwise. Right after a dense or
+   conv layer, ReLU, Sigmoid and Tanh are folded into that layer's output (the
+   model marks them passthrough); elsewhere they run here. ReLU, Sigmoid and
+   Tanh take their derivative from the output y, LeakyReLU from the input x. */
+static mnistcu_act mnistcu__kind_act(mnistcu_layer_kind k)
+{
+    return k == MNISTCU_LAYER_RELU ? MNISTCU_ACT_RELU : k == MNISTCU_LAYER_SIGMOID ? MNISTCU_ACT_SIGMOID
+         : k == MNISTCU_LAYER_TANH ? MNISTCU_ACT_TANH : MNISTCU_ACT_IDENTITY;
+}
+
+static mnistcu_result mnistcu__leaky_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
+{
+    if (L->d.slope == 0.0f) L->d.slope = 0.01f;
+    if (!(L->d.slope > -FLT_MAX && L->d.slope < FLT_MAX))
+        return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_INVALID_ARGUMENT, "slope must be finite");
+    return mnistcu__same_shape(ctx, L);
+}
+
+/* act < 0: leaky ReLU with that slope... written out: kind decides. */
+static MNISTCU__HD float mnistcu__elt_forward(int leaky, int act, float slope, float x)
+{
+    return leaky ? (x > 0.0f ? x : x * slope) : mnistcu__act_f((mnistcu_act)act, x);
+}
+static MNISTCU__HD float mnistcu__elt_backward(int leaky, int act, float slope, float dy, float x, float y)
+{
+    return leaky ? (x > 0.0f ? dy : dy * slope) : mnistcu__act_backward_one((mnistcu_act)act, dy, y);
+}
+
+static mnistcu_result mnistcu__elt_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    size_t n = B * L->in_size, e;
+    int leaky = L->d.kind == MNISTCU_LAYER_LEAKY_RELU, act = (int)mnistcu__kind_act(L->d.kind);
+    (void)m;
+    for (e = 0; e < n; ++e) L->out[e] = mnistcu__elt_forward(leaky, act, L->d.slope, L->in[e]);
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__elt_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    size_t n = B * L->in_size, e;
+    int leaky = L->d.kind == MNISTCU_LAYER_LEAKY_RELU, act = (int)mnistcu__kind_act(L->d.kind);
+    (void)m;
+    if (dx)
+        for (e = 0; e < n; ++e) dx[e] = mnistcu__elt_backward(leaky, act, L->d.slope, dy[e], L->in[e], L->out[e]);
+    return MNISTCU_OK;
+}
+
+#ifdef __CUDACC__
+__global__ void mnistcu__k_elt_forward(const float *x, float *y, size_t n, int leaky, int act, float slope)
+{
+    size_t e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        y[e] = mnistcu__elt_forward(leaky, act, slope, x[e]);
+}
+__global__ void mnistcu__k_elt_backward(const float *dy, const float *x, const float *y, float *dx, size_t n, int leaky,
+                                        int act, float slope)
+{
+    size_t e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        dx[e] = mnistcu__elt_backward(leaky, act, slope, dy[e], x[e], y[e]);
+}
+
+static mnistcu_result mnistcu__elt_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    size_t n = B * L->in_size;
+    mnistcu__k_elt_forward<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
+        L->in, L->out, n, L->d.kind == MNISTCU_LAYER_LEAKY_RELU, (int)mnistcu__kind_act(L->d.kind), L->d.slope);
+    MNISTCU__LAUNCHED(m->ctx, "activation_forward");
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__elt_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    size_t n = B * L->in_size;
+    if (!dx) return MNISTCU_OK;
+    mnistcu__k_elt_backward<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
+        dy, L->in, L->out, dx, n, L->d.kind == MNISTCU_LAYER_LEAKY_RELU, (int)mnistcu__kind_act(L->d.kind), L->d.slope);
+    MNISTCU__LAUNCHED(m->ctx, "activation_backward");
+    return MNISTCU_OK;
+}
+#endif
+
+static const mnistcu__kind mnistcu__kind_RELU = {
+    mnistcu__same_shape, NULL, NULL,
+    {mnistcu__elt_cpu_forward, MNISTCU__CUDA_FN(mnistcu__elt_cuda_forward)},
+    {mnistcu__elt_cpu_backward, MNISTCU__CUDA_FN(mnistcu__elt_cuda_backward)}};
+static const mnistcu__kind mnistcu__kind_LEAKY_RELU = {
+    mnistcu__leaky_shape, NULL, NULL,
+    {mnistcu__elt_cpu_forward, MNISTCU__CUDA_FN(mnistcu__elt_cuda_forward)},
+    {mnistcu__elt_cpu_backward, MNISTCU__CUDA_FN(mnistcu__elt_cuda_backward)}};
+static const mnistcu__kind mnistcu__kind_SIGMOID = {
+    mnistcu__same_shape, NULL, NULL,
+    {mnistcu__elt_cpu_forward, MNISTCU__CUDA_FN(mnistcu__elt_cuda_forward)},
+    {mnistcu__elt_cpu_backward, MNISTCU__CUDA_FN(mnistcu__elt_cuda_backward)}};
+static const mnistcu__kind mnistcu__kind_TANH = {
+    mnistcu__same_shape, NULL, NULL,
+    {mnistcu__elt_cpu_forward, MNISTCU__CUDA_FN(mnistcu__elt_cuda_forward)},
+    {mnistcu__elt_cpu_backward, MNISTCU__CUDA_FN(mnistcu__elt_cuda_backward)}};
+
+/* >>layer_softmax ------------------------------------------------------------------
+   torch.nn.Softmax(dim=1): over the features of flat data, over the channels
+   at each position of a map. y = exp(x - max) / sum; dx = y (dy - sum dy y). */
+static MNISTCU__HD void mnistcu__softmax_at(const float *x, float *y, int C, size_t S)
+{
+    float mx = x[0], s = 0.0f;
+    int c;
+    for (c = 1; c < C; ++c)
+        if (x[(size_t)c * S] > mx) mx = x[(size_t)c * S];
+    for (c = 0; c < C; ++c) s += (y[(size_t)c * S] = expf(x[(size_t)c * S] - mx));
+    for (c = 0; c < C; ++c) y[(size_t)c * S] /= s;
+}
+static MNISTCU__HD void mnistcu__softmax_back_at(const float *dy, const float *y, float *dx, int C, size_t S)
+{
+    float dot = 0.0f;
+    int c;
+    for (c = 0; c < C; ++c) dot += dy[(size_t)c * S] * y[(size_t)c * S];
+    for (c = 0; c < C; ++c) dx[(size_t)c * S] = y[(size_t)c * S] * (dy[(size_t)c * S] - dot);
+}
+
+static mnistcu_result mnistcu__softmax_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    size_t S = (size_t)L->h * L->w, i;
+    (void)m;
+    for (i = 0; i < B * S; ++i) {
+        size_t off = (i / S) * L->in_size + i % S;
+        mnistcu__softmax_at(L->in + off, L->out + off, L->c, S);
+    }
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__softmax_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    size_t S = (size_t)L->h * L->w, i;
+    (void)m;
+    if (dx)
+        for (i = 0; i < B * S; ++i) {
+            size_t off = (i / S) * L->in_size + i % S;
+            mnistcu__softmax_back_at(dy + off, L->out + off, dx + off, L->c, S);
+        }
+    return MNISTCU_OK;
+}
+
+#ifdef __CUDACC__
+__global__ void mnistcu__k_softmax_layer(const float *x, const float *y_in, float *out, size_t rows, int C, size_t S,
+                                         size_t size, int backward)
+{
+    size_t i;
+    for (i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += (size_t)gridDim.x * blockDim.x) {
+        size_t off = (i / S) * size + i % S;
+        if (backward) mnistcu__softmax_back_at(x + off, y_in + off, out + off, C, S);
+        else mnistcu__softmax_at(x + off, out + off, C, S);
+    }
+}
+static mnistcu_result mnistcu__softmax_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    size_t rows = B * (size_t)L->h * L->w;
+    mnistcu__k_softmax_layer<<<mnistcu__blocks(rows), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
+        L->in, NULL, L->out, rows, L->c, (size_t)L->h * L->w, L->in_size, 0);
+    MNISTCU__LAUNCHED(m->ctx, "softmax_forward");
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__softmax_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    size_t rows = B * (size_t)L->h * L->w;
+    if (!dx) return MNISTCU_OK;
+    mnistcu__k_softmax_layer<<<mnistcu__blocks(rows), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
+        dy, L->out, dx, rows, L->c, (size_t)L->h * L->w, L->in_size, 1);
+    MNISTCU__LAUNCHED(m->ctx, "softmax_backward");
+    return MNISTCU_OK;
+}
+#endif
+
+static const mnistcu__kind mnistcu__kind_SOFTMAX = {
+    mnistcu__same_shape, NULL, NULL,
+    {mnistcu__softmax_cpu_forward, MNISTCU__CUDA_FN(mnistcu__softmax_cuda_forward)},
+    {mnistcu__softmax_cpu_backward, MNISTCU__CUDA_FN(mnistcu__softmax_cuda_backward)}};
+
+/* The table of kinds, in the order of MNISTCU_LAYER_LIST: a kind added to the
+   list without its section fails to compile here. */
+static const mnistcu__kind *const mnistcu__kinds[] = {
+    NULL,
+#define MNISTCU__LAYER_KIND(name, key, torch) &mnistcu__kind_##name,
+    MNISTCU_LAYER_LIST(MNISTCU__LAYER_KIND)
+#undef MNISTCU__LAYER_KIND
+};
+
+/* >>model_build ------------------------------------------------------------------
+   Making a model: the desc (MLP widths or layers) resolved into layers with
+   their shapes, the parameter and buffer arenas laid out in state_dict order,
+   the named tensors, the parameters drawn, the workspace sized per batch. */
+#ifdef __CUDACC__
+static mnistcu_result mnistcu__cuda_model_alloc(mnistcu_model *m);
+static void mnistcu__cuda_model_free(mnistcu_model *m);
+static mnistcu_result mnistcu__cuda_reserve(mnistcu_model *m, size_t batch);
+static mnistcu_result mnistcu__cuda_copy(mnistcu_model *m, void *dst, const void *src, size_t bytes, int to_device);
+static mnistcu_result mnistcu__cuda_loss(mnistcu_model *m, size_t B, int with_grad);
+static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu_optim_desc *o);
+static mnistcu_result mnistcu__cuda_ensure_velocity(mnistcu_model *m);
+#endif
+
+/* The desc fields each kind reads: the others must stay zero. */
+enum {
+    MNISTCU__F_UNITS = 1, MNISTCU__F_KERNEL = 2, MNISTCU__F_STRIDE = 4, MNISTCU__F_PAD = 8, MNISTCU__F_BIAS = 16,
+    MNISTCU__F_P = 32, MNISTCU__F_SLOPE = 64, MNISTCU__F_BN = 128
+};
+static unsigned mnistcu__kind_fields(mnistcu_layer_kind k)
+{
+    switch (k) {
+    case MNISTCU_LAYER_DENSE: return MNISTCU__F_UNITS | MNISTCU__F_BIAS;
+    case MNISTCU_LAYER_CONV2D:
+        return MNISTCU__F_UNITS | MNISTCU__F_KERNEL | MNISTCU__F_STRIDE | MNISTCU__F_PAD | MNISTCU__F_BIAS;
+    case MNISTCU_LAYER_MAXPOOL2D: case MNISTCU_LAYER_AVGPOOL2D: return MNISTCU__F_KERNEL | MNISTCU__F_STRIDE;
+    case MNISTCU_LAYER_BATCHNORM: return MNISTCU__F_BN;
+    case MNISTCU_LAYER_DROPOUT: return MNISTCU__F_P;
+    case MNISTCU_LAYER_LEAKY_RELU: return MNISTCU__F_SLOPE;
+    default: return 0;
+    }
+}
+
+static const char *mnistcu__stray_field(const mnistcu_layer_desc *d)
+{
+    unsigned f = mnistcu__kind_fields(d->kind);
+    if (d->units && !(f & MNISTCU__F_UNITS)) return "units";
+    if ((d->kernel_h || d->kernel_w) && !(f & MNISTCU__F_KERNEL)) return "kernel_h/kernel_w";
+    if (d->stride && !(f & MNISTCU__F_STRIDE)) return "stride";
+    if (d->padding && !(f & MNISTCU__F_PAD)) return "padding";
+    if (d->no_bias && !(f & MNISTCU__F_BIAS)) return "no_bias";
+    if (d->p != 0.0f && !(f & MNISTCU__F_P)) return "p";
+    if (d->slope != 0.0f && !(f & MNISTCU__F_SLOPE)) return "slope";
+    if ((d->eps != 0.0f || d->momentum != 0.0f) && !(f & MNISTCU__F_BN)) return "eps/momentum";
+    return NULL;
+}
+
+/* An MLP desc (sizes) as layers: dense, activation, ..., dense. The sizes must be valid. */
+static void mnistcu__desc_expand(const mnistcu_model_desc *in, mnistcu_model_desc *out)
+{
+    int n = 0, l, k = 0;
+    mnistcu_act act = in->hidden_act == MNISTCU_ACT_DEFAULT ? MNISTCU_ACT_RELU : in->hidden_act;
+    *out = *in;
+    memset(out->layers, 0, sizeof out->layers);
+    while (n <= MNISTCU_MAX_LAYERS && in->sizes[n] != 0) ++n;
+    out->input_c = out->input_h = 1;
+    out->input_w = in->sizes[0];
+    for (l = 1; l < n; ++l) {
+        out->layers[k].kind = MNISTCU_LAYER_DENSE;
+        out->layers[k++].units = in->sizes[l];
+        if (l + 1 < n && act != MNISTCU_ACT_IDENTITY)
+            out->layers[k++].kind = act == MNISTCU_ACT_SIGMOID ? MNISTCU_LAYER_SIGMOID
+                                  : act == MNISTCU_ACT_TANH    ? MNISTCU_LAYER_TANH
+                                                               : MNISTCU_LAYER_RELU;
+    }
+}
+
+/* Checks an MLP desc's widths (the messages of version 0.1). */
+static mnistcu_result mnistcu__check_sizes(mnistcu_ctx *ctx, const mnistcu_model_desc *desc)
+{
+    int n = 0, l;
+    while (n <= MNISTCU_MAX_LAYERS && desc->sizes[n] != 0) ++n;
+    if (n < 2)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "model_create: sizes needs an input and an output width, e.g. {784, 10}");
+    for (l = 0; l < n; ++l)
+        if (desc->sizes[l] < 1 || (size_t)desc->sizes[l] > MNISTCU__MAX_FEATURES)
+            return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: width %d (layer %d) not in 1..2^24",
+                                 desc->sizes[l], l);
+    if (desc->sizes[n - 1] < 2 || desc->sizes[n - 1] > MNISTCU_MAX_CLASSES)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: %d outputs, need 2..%d classes",
+                             desc->sizes[n - 1], MNISTCU_MAX_CLASSES);
+    return MNISTCU_OK;
+}
+
+/* Resolves m->desc (layers form) into m->layers: shapes, fusion, arenas. */
+static mnistcu_result mnistcu__model_build(mnistcu_ctx *ctx, mnistcu_model *m)
+{
+    mnistcu_model_desc *d = &m->desc;
+    int i, n = 0, params_before = 0, c, h, w;
+    size_t total = 0, nbuf = 0;
+    mnistcu_result r;
+    c = d->input_c ? d->input_c : 1;
+    h = d->input_h ? d->input_h : 1;
+    w = d->input_w;
+    if (!mnistcu__shape_ok(c, h, w))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "model: input shape %dx%dx%d: each at least 1 (input_w is required), at most 2^24 values",
+                             c, h, w);
+    d->input_c = c;
+    d->input_h = h;
+    if (c == 1 && h == 1) { /* flat data: N x 1 x 1 */
+        c = w;
+        w = 1;
+    }
+    while (n < MNISTCU_MAX_MODEL_LAYERS && d->layers[n].kind != MNISTCU_LAYER_NONE) ++n;
+    if (n == 0) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model: no layers");
+    m->inputs = (size_t)c * h * w;
+    for (i = 0; i < n; ++i) {
+        mnistcu__layer *L = &m->layers[i];
+        const char *stray;
+        memset(L, 0, sizeof *L);
+        L->d = d->layers[i];
+        L->index = i;
+        L->c = c;
+        L->h = h;
+        L->w = w;
+        L->act = MNISTCU_ACT_IDENTITY;
+        if ((unsigned)L->d.kind >= MNISTCU_LAYER_KIND_COUNT)
+            return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model: layer %d has unknown kind %d", i,
+                                 (int)L->d.kind);
+        if ((stray = mnistcu__stray_field(&L->d)) != NULL)
+            return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_INVALID_ARGUMENT, "field %s does not apply to %s (keep it 0)",
+                                       stray, mnistcu__kind_keywords[L->d.kind]);
+        if ((r = mnistcu__kinds[L->d.kind]->shape(ctx, L))) return r;
+        if (!mnistcu__shape_ok(L->oc, L->oh, L->ow))
+            return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_SHAPE, "output %dx%dx%d above 2^24 values", L->oc, L->oh, L->ow);
+        L->in_size = (size_t)c * h * w;
+        L->out_size = (size_t)L->oc * L->oh * L->ow;
+        if (i > 0 && mnistcu__kind_act(L->d.kind) != MNISTCU_ACT_IDENTITY) {
+            mnistcu__layer *prev = &m->layers[i - 1];
+            if ((prev->d.kind == MNISTCU_LAYER_DENSE || prev->d.kind == MNISTCU_LAYER_CONV2D) &&
+                prev->act == MNISTCU_ACT_IDENTITY) {
+                prev->act = mnistcu__kind_act(L->d.kind); /* folded into the layer before */
+                L->passthrough = 1;
+            }
+        }
+        if (L->nw) {
+            L->wo = total;
+            if (!mnistcu__add(total, L->nw, &total)) return mnistcu__fail(ctx, MNISTCU_ERR_OVERFLOW, "model: too many parameters");
+        }
+        if (L->nb) {
+            L->bo = total;
+            if (!mnistcu__add(total, L->nb, &total)) return mnistcu__fail(ctx, MNISTCU_ERR_OVERFLOW, "model: too many parameters");
+        }
+        if (total > ((size_t)1 << 34) / sizeof(float))
+            return mnistcu__layer_fail(ctx, L, MNISTCU_ERR_SHAPE, "the model would have %lu parameters (at most 2^32)",
+                                       (unsigned long)total);
+        if (L->d.kind == MNISTCU_LAYER_BATCHNORM) {
+            L->buf = nbuf;
+            nbuf += 2 * (size_t)L->c;
+        }
+        L->need_dx = params_before;
+        if (L->nw + L->nb) params_before = 1;
+        m->max_size = MNISTCU__MAX(m->max_size, MNISTCU__MAX(L->in_size, L->out_size));
+        d->layers[i] = L->d;
+        c = L->oc;
+        h = L->oh;
+        w = L->ow;
+    }
+    if (h != 1 || w != 1)
+        return mnistcu__layer_fail(ctx, &m->layers[n - 1], MNISTCU_ERR_SHAPE,
+                                   "the last layer gives %dx%dx%d maps, but the loss needs one score per class: end "
+                                   "with flatten and a dense layer", c, h, w);
+    if (c < 2 || c > MNISTCU_MAX_CLASSES)
+        return mnistcu__layer_fail(ctx, &m->layers[n - 1], MNISTCU_ERR_SHAPE,
+                                   "the last layer gives %d outputs, the loss needs 2..%d classes", c,
+                                   MNISTCU_MAX_CLASSES);
+    m->num_layers = n;
+    m->classes = (size_t)c;
+    m->num_params = total;
+    m->num_buffers = nbuf;
+    return MNISTCU_OK;
+}
+
+/* The named tensors, in state_dict order. */
+static mnistcu_result mnistcu__model_tensors(mnistcu_model *m)
+{
+    int i, n = 0;
+    for (i = 0; i < m->num_layers; ++i) {
+        const mnistcu__layer *L = &m->layers[i];
+        n += (L->nw > 0) + (L->nb > 0) + (L->d.kind == MNISTCU_LAYER_BATCHNORM ? 3 : 0);
+    }
+    m->tensors = (mnistcu__tensor *)mnistcu__calloc(m->ctx, (size_t)(n ? n : 1) * sizeof(mnistcu__tensor));
+    if (!m->tensors) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model: out of memory");
+    m->num_tensors = n;
+    for (n = 0, i = 0; i < m->num_layers; ++i) {
+        const mnistcu__layer *L = &m->layers[i];
+        mnistcu__tensor *t;
+        if (L->nw) {
+            t = &m->tensors[n++];
+            snprintf(t->name, sizeof t->name, "%d.weight", i);
+            t->offset = L->wo;
+            t->count = L->nw;
+            t->shape[0] = L->d.kind == MNISTCU_LAYER_BATCHNORM ? L->c : L->oc;
+            t->ndim = 1;
+            if (L->d.kind == MNISTCU_LAYER_DENSE) {
+                t->ndim = 2;
+                t->shape[1] = L->c;
+            } else if (L->d.kind == MNISTCU_LAYER_CONV2D) {
+                t->ndim = 4;
+                t->shape[1] = L->c;
+                t->shape[2] = L->d.kernel_h;
+                t->shape[3] = L->d.kernel_w;
+            }
+        }
+        if (L->nb) {
+            t = &m->tensors[n++];
+            snprintf(t->name, sizeof t->name, "%d.bias", i);
+            t->offset = L->bo;
+            t->count = L->nb;
+            t->ndim = 1;
+            t->shape[0] = (int64_t)L->nb;
+        }
+        if (L->d.kind == MNISTCU_LAYER_BATCHNORM) {
+            static const char *const names[3] = {"running_mean", "running_var", "num_batches_tracked"};
+            int k;
+            for (k = 0; k < 3; ++k) {
+                t = &m->tensors[n++];
+                snprintf(t->name, sizeof t->name, "%d.%s", i, names[k]);
+                t->arena = k < 2 ? 1 : 2;
+                t->offset = L->buf + (size_t)k * L->c;
+                t->count = k < 2 ? (size_t)L->c : 1;
+                t->ndim = k < 2 ? 1 : 0;
+                t->shape[0] = k < 2 ? L->c : 0;
+            }
+        }
+    }
+    for (i = 0; i < m->num_tensors; ++i) m->tensors[i].layer = atoi(m->tensors[i].name);
+    return MNISTCU_OK;
+}
+
+/* PyTorch's default initialisation (or He uniform), in the arena's order, from the model's generator. */
+static void mnistcu__model_init_params(mnistcu_model *m, float *host, float *buffers)
+{
+    int i;
+    for (i = 0; i < m->num_layers; ++i) {
+        const mnistcu__layer *L = &m->layers[i];
+        size_t k;
+        if (L->d.kind == MNISTCU_LAYER_BATCHNORM) {
+            for (k = 0; k < (size_t)L->c; ++k) {
+                host[L->wo + k] = 1.0f;
+                host[L->bo + k] = 0.0f;
+                buffers[L->buf + k] = 0.0f;
+                buffers[L->buf + L->c + k] = 1.0f;
+            }
+        } else if (L->nw) {
+            float fan_in = (float)(L->nw / (size_t)L->oc), wb, bb;
+            if (m->init == MNISTCU_INIT_HE_UNIFORM) {
+                wb = sqrtf(6.0f / fan_in);
+                bb = 0.0f;
+            } else {
+                wb = bb = 1.0f / sqrtf(fan_in);
+            }
+            for (k = 0; k < L->nw; ++k) host[L->wo + k] = (2.0f * mnistcu__rng_float(&m->rng) - 1.0f) * wb;
+            for (k = 0; k < L->nb; ++k) host[L->bo + k] = (2.0f * mnistcu__rng_float(&m->rng) - 1.0f) * bb;
+        }
+    }
+}
+
+/* Lays the workspace out for batches of B samples from base, or (base NULL)
+   only counts: returns the floats needed, 0 on overflow. */
+static size_t mnistcu__model_layout(mnistcu_model *m, float *base, size_t B)
+{
+    size_t off = 0, scratch = 0, need;
+    float *prev = NULL;
+    int i, ok = 1;
+#define MNISTCU__TAKE(dst, a, b)                                                      \
+    do {                                                                              \
+        size_t n_;                                                                    \
+        if (!mnistcu__mul((a), (b), &n_) || !mnistcu__add(off, n_, &need)) ok = 0;    \
+        else {                                                                        \
+            if (base) (dst) = base + off;                                             \
+            off = need;                                                               \
+        }                                                                             \
+    } while (0)
+    MNISTCU__TAKE(m->input, B, m->inputs);
+    if (base) prev = m->input;
+    for (i = 0; i < m->num_layers && ok; ++i) {
+        mnistcu__layer *L = &m->layers[i];
+        const mnistcu__kind *k = mnistcu__kinds[L->d.kind];
+        if (base) L->in = prev;
+        if (L->passthrough) {
+            if (base) L->out = prev;
+        } else {
+            MNISTCU__TAKE(L->out, B, L->out_size);
+        }
+        if (k->aux_floats) {
+            size_t a = k->aux_floats(L, B);
+            if (a == SIZE_MAX) ok = 0;
+            MNISTCU__TAKE(L->aux, a, 1);
+        }
+        if (k->scratch_floats) {
+            size_t s = k->scratch_floats(L, B, m->backend);
+            if (s == SIZE_MAX) ok = 0;
+            scratch = MNISTCU__MAX(scratch, s);
+        }
+        if (base) prev = L->out;
+    }
+    if (base) m->logits = prev;
+    MNISTCU__TAKE(m->dbuf[0], B, m->max_size);
+    MNISTCU__TAKE(m->dbuf[1], B, m->max_size);
+    MNISTCU__TAKE(m->sample_loss, B, 1);
+    MNISTCU__TAKE(m->scratch, scratch, 1);
+#undef MNISTCU__TAKE
+    return ok ? off : 0;
+}
+
+static void mnistcu__model_free_ws(mnistcu_model *m)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return; /* the CUDA side owns its workspace */
+#endif
+    mnistcu__free(m->ctx, m->ws);
+    mnistcu__free(m->ctx, m->iws);
+    m->ws = NULL;
+    m->iws = NULL;
+    m->ws_batch = 0;
+}
+
+static void mnistcu__model_free(mnistcu__object *o)
+{
+    mnistcu_model *m = (mnistcu_model *)o;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_model_free(m);
+    else
+#endif
+    {
+        mnistcu__free(m->ctx, m->params);
+        mnistcu__free(m->ctx, m->grads);
+        mnistcu__free(m->ctx, m->velocity);
+        mnistcu__free(m->ctx, m->buffers);
+        mnistcu__model_free_ws(m);
+    }
+    mnistcu__free(m->ctx, m->tensors);
+    mnistcu__free(m->ctx, m);
+}
+
+MNISTCU_DEF void mnistcu_model_destroy(mnistcu_model *m)
+{
+    if (!m) return;
+    mnistcu__object_unlink(&m->obj);
+    mnistcu__model_free(&m->obj);
+}
+
+static mnistcu_result mnistcu__model_reserve(mnistcu_model *m, size_t B)
+{
+    size_t floats, bytes;
+    float *ws;
+    int32_t *iws;
+    if (B <= m->ws_batch) return MNISTCU_OK;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_reserve(m, B);
+#endif
+    floats = mnistcu__model_layout(m, NULL, B);
+    if (!floats || !mnistcu__mul(floats, sizeof(float), &bytes))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "workspace for batch %lu overflows", (unsigned long)B);
+    ws = (float *)mnistcu__alloc(m->ctx, bytes);
+    iws = (int32_t *)mnistcu__alloc(m->ctx, 2 * B * sizeof(int32_t));
+    if (!ws || !iws) {
+        mnistcu__free(m->ctx, ws);
+        mnistcu__free(m->ctx, iws);
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for a batch of %lu (%lu bytes)",
+                             (unsigned long)B, (unsigned long)bytes);
+    }
+    mnistcu__model_free_ws(m);
+    m->ws = ws;
+    m->iws = iws;
+    m->labels = iws;
+    m->pred = iws + B;
+    mnistcu__model_layout(m, ws, B);
+    m->ws_batch = B;
+    return MNISTCU_OK;
+}
+
+/* Samples per evaluation chunk: up to 1000, fewer where one sample's workspace is large (CNNs). */
+#define MNISTCU__EVAL_CHUNK 1000
+static size_t mnistcu__eval_chunk(mnistcu_model *m, size_t n)
+{
+    size_t per = mnistcu__model_layout(m, NULL, 1), chunk = per ? ((size_t)1 << 26) / per : 1;
+    if (chunk < 1) chunk = 1;
+    if (chunk > MNISTCU__EVAL_CHUNK) chunk = MNISTCU__EVAL_CHUNK;
+    if (m->ws_batch > chunk) chunk = MNISTCU__MIN(m->ws_batch, (size_t)MNISTCU__EVAL_CHUNK);
+    return MNISTCU__MIN(chunk, n);
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_create(mnistcu_ctx *ctx, const mnistcu_model_desc *desc, mnistcu_model **out)
+{
+    mnistcu_model *m;
+    mnistcu_result r;
+    float *host, *host_buf;
+    size_t bytes, buf_bytes;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!desc || !out) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: desc or out is NULL");
+    *out = NULL;
+    if (desc->layers[0].kind == MNISTCU_LAYER_NONE && (r = mnistcu__check_sizes(ctx, desc))) return r;
+    if ((unsigned)desc->hidden_act > MNISTCU_ACT_TANH || (unsigned)desc->loss > MNISTCU_LOSS_SOFTMAX_CE ||
+        (unsigned)desc->init > MNISTCU_INIT_HE_UNIFORM)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: hidden_act, loss or init out of range");
+    m = (mnistcu_model *)mnistcu__calloc(ctx, sizeof *m);
+    if (!m) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_create: out of memory");
+    m->ctx = ctx;
+    m->device = ctx->device;
+    m->backend = ctx->device == MNISTCU_DEVICE_CUDA;
+    m->hidden_act = desc->hidden_act == MNISTCU_ACT_DEFAULT ? MNISTCU_ACT_RELU : desc->hidden_act;
+    m->loss = MNISTCU_LOSS_SOFTMAX_CE;
+    m->init = desc->init == MNISTCU_INIT_DEFAULT ? MNISTCU_INIT_TORCH : desc->init;
+    if (desc->layers[0].kind == MNISTCU_LAYER_NONE) mnistcu__desc_expand(desc, &m->desc);
+    else m->desc = *desc;
+    m->desc.hidden_act = m->hidden_act;
+    m->desc.loss = m->loss;
+    m->desc.init = m->init;
+    if ((r = mnistcu__model_build(ctx, m))) {
+        mnistcu__free(ctx, m);
+        return r;
+    }
+    mnistcu__rng_seed(&m->rng, ctx->desc.seed, 1 + ctx->objects_made++);
+    mnistcu__object_link(ctx, &m->obj, mnistcu__model_free);
+    if ((r = mnistcu__model_tensors(m))) {
+        mnistcu_model_destroy(m);
+        return r;
+    }
+    bytes = m->num_params * sizeof(float);
+    buf_bytes = m->num_buffers * sizeof(float);
+    host = (float *)mnistcu__alloc(ctx, bytes);
+    host_buf = (float *)mnistcu__alloc(ctx, buf_bytes);
+    if (!host || !host_buf) {
+        mnistcu__free(ctx, host);
+        mnistcu__free(ctx, host_buf);
+        mnistcu_model_destroy(m);
+        return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_create: out of memory for %lu parameters",
+                             (unsigned long)m->num_params);
+    }
+    mnistcu__model_init_params(m, host, host_buf);
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) {
+        r = mnistcu__cuda_model_alloc(m);
+        if (r == MNISTCU_OK) r = mnistcu__cuda_copy(m, m->params, host, bytes, 1);
+        if (r == MNISTCU_OK && buf_bytes) r = mnistcu__cuda_copy(m, m->buffers, host_buf, buf_bytes, 1);
+        mnistcu__free(ctx, host);
+        mnistcu__free(ctx, host_buf);
+        if (r) {
+            mnistcu_model_destroy(m);
+            return r;
+        }
+        *out = m;
+        return MNISTCU_OK;
+    }
+#endif
+    m->params = host;
+    m->buffers = host_buf;
+    m->grads = (float *)mnistcu__calloc(ctx, bytes);
+    if (!m->grads || (r = mnistcu__cpu_reserve(ctx)) != MNISTCU_OK) {
+        mnistcu_model_destroy(m);
+        return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_create: out of memory for gradients");
+    }
+    *out = m;
+    return MNISTCU_OK;
+}
+
+/* "784-128-10" into sizes (the messages of version 0.1). */
+static mnistcu_result mnistcu__parse_widths(mnistcu_ctx *ctx, const char *spec, mnistcu_model_desc *d)
+{
+    const char *p = spec;
+    int n = 0;
+    memset(d, 0, sizeof *d);
+    for (;;) {
+        long v = 0;
+        if (*p < '0' || *p > '9' || n == MNISTCU_MAX_LAYERS + 1)
+            return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                                 "model spec \"%s\": expected widths joined by '-', e.g. 784-128-10 (at most %d)", spec,
+                                 MNISTCU_MAX_LAYERS + 1);
+        while (*p >= '0' && *p <= '9') {
+            v = v * 10 + (*p++ - '0');
+            if (v > (long)MNISTCU__MAX_FEATURES)
+                return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model spec \"%s\": width above 2^24", spec);
+        }
+        d->sizes[n++] = (int)v;
+        if (*p == 0) break;
+        if (*p++ != '-')
+            return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model spec \"%s\": unexpected '%c'", spec, p[-1]);
+    }
+    if (n <= MNISTCU_MAX_LAYERS) d->sizes[n] = 0;
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_create_mlp(mnistcu_ctx *ctx, const char *spec, mnistcu_model **out)
+{
+    mnistcu_model_desc d;
+    mnistcu_result r;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!spec || !out) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create_mlp: NULL argument");
+    *out = NULL;
+    if ((r = mnistcu__parse_widths(ctx, spec, &d))) return r;
+    return mnistcu_model_create(ctx, &d, out);
+}
+
+/* >>spec ---------------------------------------------------------------------------
+   Spec strings (grammar in the doc block): a preset name, MLP widths, or the
+   input shape and one token per layer. Parsing gives a desc in which every
+   field equal to its default is zero, so parse -> print -> parse is the
+   identity; printing omits what is default. */
+static const char *const mnistcu__presets[][2] = {
+    {"lenet5", "1x28x28 conv5x5x6 relu maxpool2 conv5x5x16 relu maxpool2 flatten dense120 relu dense84 relu dense10"},
+    {"fashion-cnn", "1x28x28 conv3x3x64 maxpool2 relu conv3x3x128 maxpool2 relu flatten dense256 relu dense10"},
+};
+
+static int mnistcu__is_digit(char c) { return c >= '0' && c <= '9'; }
+static int mnistcu__is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ','; }
+
+/* A decimal number filling [s, end): digits, an optional fraction and exponent, a sign. */
+static float mnistcu__parse_float_text(const char *s, const char *end, int *ok)
+{
+    double mant = 0.0, v;
+    int neg = 0, digits = 0, frac = 0, e = 0, eneg = 0;
+    const char *p = s;
+    *ok = 0;
+    if (p < end && (*p == '-' || *p == '+')) neg = *p++ == '-';
+    for (; p < end && mnistcu__is_digit(*p); ++p, ++digits) mant = mant * 10.0 + (*p - '0');
+    if (p < end && *p == '.')
+        for (++p; p < end && mnistcu__is_digit(*p); ++p, ++digits, ++frac) mant = mant * 10.0 + (*p - '0');
+    if (!digits) return 0.0f;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        ++p;
+        if (p < end && (*p == '-' || *p == '+')) eneg = *p++ == '-';
+        if (p == end || !mnistcu__is_digit(*p)) return 0.0f;
+        for (; p < end && mnistcu__is_digit(*p); ++p)
+            if (e < 1000) e = e * 10 + (*p - '0');
+    }
+    if (p != end) return 0.0f;
+    e = (eneg ? -e : e) - frac;
+    v = e < 0 ? mant / pow(10.0, -e) : mant * pow(10.0, e);
+    if (!(v <= FLT_MAX)) return 0.0f;
+    *ok = 1;
+    return (float)(neg ? -v : v);
+}
+
+/* A whole non-negative integer in [s, end), at most 2^24. */
+static int mnistcu__parse_int_text(const char *s, const char *end, int *out)
+{
+    long v = 0;
+    if (s == end) return 0;
+    for (; s < end; ++s) {
+        if (!mnistcu__is_digit(*s)) return 0;
+        v = v * 10 + (*s - '0');
+        if (v > (long)MNISTCU__MAX_FEATURES) return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+/* Up to three integers joined by 'x' in [s, end); returns how many, 0 on a bad form. */
+static int mnistcu__parse_dims(const char *s, const char *end, int *v)
+{
+    int n = 0;
+    while (n < 3) {
+        const char *x = s;
+        while (x < end && *x != 'x') ++x;
+        if (!mnistcu__parse_int_text(s, x, &v[n++])) return 0;
+        if (x == end) return n;
+        s = x + 1;
+    }
+    return 0;
+}
+
+static mnistcu_result mnistcu__spec_fail(mnistcu_ctx *ctx, const char *spec, const char *tok, size_t len, int index,
+                                         const char *fmt, ...) MNISTCU__PRINTF(6, 7);
+static mnistcu_result mnistcu__spec_fail(mnistcu_ctx *ctx, const char *spec, const char *tok, size_t len, int index,
+                                         const char *fmt, ...)
+{
+    char msg[MNISTCU__ERROR_SIZE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model spec: token %d \"%.*s\" at position %d: %s", index,
+                         (int)MNISTCU__MIN(len, (size_t)64), tok, (int)(tok - spec), msg);
+}
+
+/* Zeroes the fields of a layer desc that hold their default. */
+static void mnistcu__layer_normalize(mnistcu_layer_desc *d)
+{
+    if (d->kind == MNISTCU_LAYER_CONV2D) {
+        if (d->kernel_w == d->kernel_h) d->kernel_w = 0;
+        if (d->stride == 1) d->stride = 0;
+    } else if (d->kind == MNISTCU_LAYER_MAXPOOL2D || d->kind == MNISTCU_LAYER_AVGPOOL2D) {
+        int kh = d->kernel_h ? d->kernel_h : 2, kw = d->kernel_w ? d->kernel_w : kh;
+        if (kh == kw && d->stride == kh) d->stride = 0;
+        d->kernel_w = kw == kh ? 0 : kw;
+        d->kernel_h = kh == 2 && d->kernel_w == 0 ? 0 : kh;
+    } else if (d->kind == MNISTCU_LAYER_BATCHNORM) {
+        if (d->eps == 1e-5f) d->eps = 0.0f;
+        if (d->momentum == 0.1f) d->momentum = 0.0f;
+    } else if (d->kind == MNISTCU_LAYER_DROPOUT) {
+        if (d->p == 0.5f) d->p = 0.0f;
+    } else if (d->kind == MNISTCU_LAYER_LEAKY_RELU) {
+        if (d->slope == 0.01f) d->slope = 0.0f;
+    }
+}
+
+/* One layer token [tok, tok+len) into *d. */
+static mnistcu_result mnistcu__parse_layer(mnistcu_ctx *ctx, const char *spec, const char *tok, size_t len, int index,
+                                           mnistcu_layer_desc *d)
+{
+    const char *end = tok + len, *args, *aend, *o;
+    int k, best = 0, v[3], nd, ok;
+    size_t blen = 0;
+    memset(d, 0, sizeof *d);
+    for (k = 1; k < MNISTCU_LAYER_KIND_COUNT; ++k) {
+        size_t kl = strlen(mnistcu__kind_keywords[k]);
+        if (kl <= len && kl > blen && memcmp(tok, mnistcu__kind_keywords[k], kl) == 0) {
+            best = k;
+            blen = kl;
+        }
+    }
+    if (!best)
+        return mnistcu__spec_fail(ctx, spec, tok, len, index,
+                                  "unknown layer (dense, conv, maxpool, avgpool, batchnorm, dropout, flatten, relu, "
+                                  "leaky_relu, sigmoid, tanh, softmax)");
+    d->kind = (mnistcu_layer_kind)best;
+    args = tok + blen;
+    for (aend = args; aend < end && *aend != ':'; ++aend) {}
+    switch (d->kind) {
+    case MNISTCU_LAYER_DENSE:
+        if (!mnistcu__parse_int_text(args, aend, &d->units) || d->units < 1)
+            return mnistcu__spec_fail(ctx, spec, tok, len, index, "expected denseN with N >= 1, e.g. dense128");
+        break;
+    case MNISTCU_LAYER_CONV2D:
+        if (mnistcu__parse_dims(args, aend, v) != 3 || v[0] < 1 || v[1] < 1 || v[2] < 1)
+            return mnistcu__spec_fail(ctx, spec, tok, len, index,
+                                      "expected convKHxKWxN (kernel height, width, output channels), e.g. conv5x5x6");
+        d->kernel_h = v[0];
+        d->kernel_w = v[1];
+        d->units = v[2];
+        break;
+    case MNISTCU_LAYER_MAXPOOL2D:
+    case MNISTCU_LAYER_AVGPOOL2D:
+        if (args == aend) break;
+        nd = mnistcu__parse_dims(args, aend, v);
+        if (nd < 1 || nd > 2 || v[0] < 1 || (nd == 2 && v[1] < 1))
+            return mnistcu__spec_fail(ctx, spec, tok, len, index, "expected %sK or %sKHxKW, e.g. %s2",
+                                      mnistcu__kind_keywords[best], mnistcu__kind_keywords[best],
+                                      mnistcu__kind_keywords[best]);
+        d->kernel_h = v[0];
+        d->kernel_w = nd == 2 ? v[1] : 0;
+        break;
+    case MNISTCU_LAYER_DROPOUT:
+    case MNISTCU_LAYER_LEAKY_RELU:
+        if (args == aend) break;
+        {
+            float f = mnistcu__parse_float_text(args, aend, &ok);
+            if (!ok || (d->kind == MNISTCU_LAYER_DROPOUT && !(f > 0.0f && f < 1.0f)))
+                return mnistcu__spec_fail(ctx, spec, tok, len, index, "%s",
+                                          d->kind == MNISTCU_LAYER_DROPOUT
+                                              ? "expected dropoutP with 0 < P < 1, e.g. dropout0.25"
+                                              : "expected leaky_reluS with S a number, e.g. leaky_relu0.1");
+            if (d->kind == MNISTCU_LAYER_DROPOUT) d->p = f;
+            else d->slope = f;
+        }
+        break;
+    default:
+        if (args != aend) return mnistcu__spec_fail(ctx, spec, tok, len, index, "%s takes no number", mnistcu__kind_keywords[best]);
+    }
+    for (o = aend; o < end;) {
+        const char *oend = o + 1, *eq;
+        int iv = 0;
+        float fv = 0.0f;
+        for (; oend < end && *oend != ':'; ++oend) {}
+        for (eq = o + 1; eq < oend && *eq != '='; ++eq) {}
+        if (eq == oend || eq == o + 1)
+            return mnistcu__spec_fail(ctx, spec, tok, len, index, "expected an option key=value after ':'");
+#define MNISTCU__KEY(name) ((size_t)(eq - o - 1) == strlen(name) && memcmp(o + 1, name, strlen(name)) == 0)
+        if ((d->kind == MNISTCU_LAYER_CONV2D || d->kind == MNISTCU_LAYER_MAXPOOL2D ||
+             d->kind == MNISTCU_LAYER_AVGPOOL2D) && MNISTCU__KEY("s")) {
+            if (!mnistcu__parse_int_text(eq + 1, oend, &iv) || iv < 1)
+                return mnistcu__spec_fail(ctx, spec, tok, len, index, "stride s= needs an integer >= 1");
+            d->stride = iv;
+        } else if (d->kind == MNISTCU_LAYER_CONV2D && MNISTCU__KEY("p")) {
+            if (!mnistcu__parse_int_text(eq + 1, oend, &iv))
+                return mnistcu__spec_fail(ctx, spec, tok, len, index, "padding p= needs an integer >= 0");
+            d->padding = iv;
+        } else if ((d->kind == MNISTCU_LAYER_CONV2D || d->kind == MNISTCU_LAYER_DENSE) && MNISTCU__KEY("bias")) {
+            if (!mnistcu__parse_int_text(eq + 1, oend, &iv) || iv > 1)
+                return mnistcu__spec_fail(ctx, spec, tok, len, index, "bias= takes 0 or 1");
+            d->no_bias = !iv;
+        } else if (d->kind == MNISTCU_LAYER_BATCHNORM && (MNISTCU__KEY("eps") || MNISTCU__KEY("momentum"))) {
+            fv = mnistcu__parse_float_text(eq + 1, oend, &ok);
+            if (!ok || !(fv > 0.0f))
+                return mnistcu__spec_fail(ctx, spec, tok, len, index, "eps= and momentum= take a positive number");
+            if (MNISTCU__KEY("eps")) d->eps = fv;
+            else d->momentum = fv;
+        } else {
+            return mnistcu__spec_fail(ctx, spec, tok, len, index, "option \"%.*s\" does not apply to %s",
+                                      (int)(eq - o - 1), o + 1, mnistcu__kind_keywords[best]);
+        }
+#undef MNISTCU__KEY
+        o = oend;
+    }
+    mnistcu__layer_normalize(d);
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_desc_parse(mnistcu_ctx *ctx, const char *spec, mnistcu_model_desc *out)
+{
+    const char *text, *p, *tok;
+    size_t len, k;
+    int index = 0, nl = 0, v[3], nd, only_widths = 1, has_dash = 0;
+    mnistcu_result r;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!spec || !out) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_desc_parse: NULL argument");
+    memset(out, 0, sizeof *out);
+    text = spec;
+    while (mnistcu__is_space(*text)) ++text;
+    len = strlen(text);
+    while (len && mnistcu__is_space(text[len - 1])) --len;
+    for (k = 0; k < sizeof mnistcu__presets / sizeof mnistcu__presets[0]; ++k)
+        if (len == strlen(mnistcu__presets[k][0]) && memcmp(text, mnistcu__presets[k][0], len) == 0)
+            return mnistcu_model_desc_parse(ctx, mnistcu__presets[k][1], out);
+    for (k = 0; k < len; ++k) {
+        if (text[k] == '-') has_dash = 1;
+        else if (!mnistcu__is_digit(text[k])) only_widths = 0;
+    }
+    if (len && only_widths && has_dash) { /* MLP widths: dense layers with ReLU between */
+        char widths[256];
+        if (len >= sizeof widths)
+            return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model spec: widths \"%.40s...\" too long", text);
+        memcpy(widths, text, len);
+        widths[len] = 0;
+        if ((r = mnistcu__parse_widths(ctx, widths, out)) || (r = mnistcu__check_sizes(ctx, out))) return r;
+        mnistcu__desc_expand(out, out);
+        memset(out->sizes, 0, sizeof out->sizes);
+        out->hidden_act = MNISTCU_ACT_DEFAULT;
+        return MNISTCU_OK;
+    }
+    for (p = text; p < text + len;) {
+        while (p < text + len && mnistcu__is_space(*p)) ++p;
+        tok = p;
+        while (p < text + len && !mnistcu__is_space(*p)) ++p;
+        if (p == tok) break;
+        ++index;
+        if (index == 1) {
+            nd = mnistcu__parse_dims(tok, p, v);
+            if (nd == 1 && v[0] >= 1) {
+                out->input_c = out->input_h = 1;
+                out->input_w = v[0];
+            } else if (nd == 3 && v[0] >= 1 && v[1] >= 1 && v[2] >= 1) {
+                out->input_c = v[0];
+                out->input_h = v[1];
+                out->input_w = v[2];
+            } else {
+                return mnistcu__spec_fail(ctx, text, tok, (size_t)(p - tok), index,
+                                          "a spec starts with the shape of one sample, CxHxW or N (e.g. 1x28x28 "
+                                          "or 784), or is a preset (lenet5, fashion-cnn) or widths (784-128-10)");
+            }
+            continue;
+        }
+        if (nl == MNISTCU_MAX_MODEL_LAYERS)
+            return mnistcu__spec_fail(ctx, text, tok, (size_t)(p - tok), index, "more than %d layers",
+                                      MNISTCU_MAX_MODEL_LAYERS);
+        if ((r = mnistcu__parse_layer(ctx, text, tok, (size_t)(p - tok), index, &out->layers[nl++]))) return r;
+    }
+    if (index == 0) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model spec: empty");
+    if (nl == 0)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model spec \"%.*s\": no layers after the input shape",
+                             (int)MNISTCU__MIN(len, (size_t)64), text);
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_desc_spec(const mnistcu_model_desc *d, char *buf, size_t size)
+{
+    mnistcu_model_desc e;
+    size_t len = 0;
+    int i, ok = 1, c, h;
+    if (!buf || !size) return MNISTCU_ERR_INVALID_ARGUMENT;
+    buf[0] = 0;
+    if (!d) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (d->layers[0].kind == MNISTCU_LAYER_NONE) {
+        int n = 0;
+        while (n <= MNISTCU_MAX_LAYERS && d->sizes[n] != 0) ++n;
+        if (n < 2) return MNISTCU_ERR_INVALID_ARGUMENT;
+        mnistcu__desc_expand(d, &e);
+        d = &e;
+    }
+    c = d->input_c ? d->input_c : 1;
+    h = d->input_h ? d->input_h : 1;
+    ok &= c == 1 && h == 1 ? mnistcu__cat(buf, size, &len, "%d", d->input_w)
+                           : mnistcu__cat(buf, size, &len, "%dx%dx%d", c, h, d->input_w);
+    for (i = 0; i < MNISTCU_MAX_MODEL_LAYERS && d->layers[i].kind != MNISTCU_LAYER_NONE && ok; ++i) {
+        char tok[64];
+        ok &= mnistcu__layer_token(&d->layers[i], tok, sizeof tok);
+        ok &= mnistcu__cat(buf, size, &len, " %s", tok);
+    }
+    if (!ok) {
+        buf[0] = 0;
+        return MNISTCU_ERR_INVALID_ARGUMENT;
+    }
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_spec(const mnistcu_model *m, char *buf, size_t size)
+{
+    if (!m) {
+        if (buf && size) buf[0] = 0;
+        return MNISTCU_ERR_INVALID_ARGUMENT;
+    }
+    return mnistcu_model_desc_spec(&m->desc, buf, size);
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_create_spec(mnistcu_ctx *ctx, const char *spec, mnistcu_model **out)
+{
+    mnistcu_model_desc d;
+    mnistcu_result r;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!out) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create_spec: out is NULL");
+    *out = NULL;
+    if ((r = mnistcu_model_desc_parse(ctx, spec, &d))) return r;
+    return mnistcu_model_create(ctx, &d, out);
+}
+
+/* >>model_api ------------------------------------------------------------------------ */
+MNISTCU_DEF void mnistcu_model_info_get(const mnistcu_model *m, mnistcu_model_info *info)
+{
+    int i, n = 0;
+    if (!info) return;
+    memset(info, 0, sizeof *info);
+    if (!m) return;
+    info->sizes[0] = (int)m->inputs;
+    for (i = 0; i < m->num_layers; ++i)
+        if (m->layers[i].d.kind == MNISTCU_LAYER_DENSE) {
+            if (n < MNISTCU_MAX_LAYERS) info->sizes[n + 1] = m->layers[i].oc;
+            ++n;
+        }
+    info->num_layers = n;
+    info->num_params = m->num_params;
+    info->inputs = m->inputs;
+    info->classes = m->classes;
+    info->hidden_act = m->hidden_act;
+    info->device = m->device;
+    info->layer_count = m->num_layers;
+    info->input_shape[0] = m->desc.input_c;
+    info->input_shape[1] = m->desc.input_h;
+    info->input_shape[2] = m->desc.input_w;
+    info->num_buffers = m->num_buffers;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_layer_info(const mnistcu_model *m, int layer, mnistcu_layer_info *info)
+{
+    const mnistcu__layer *L;
+    if (info) memset(info, 0, sizeof *info);
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!info || layer < 0 || layer >= m->num_layers)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_layer_info: layer %d of %d", layer,
+                             m->num_layers);
+    L = &m->layers[layer];
+    info->desc = L->d;
+    info->in_shape[0] = L->c;
+    info->in_shape[1] = L->h;
+    info->in_shape[2] = L->w;
+    info->out_shape[0] = L->oc;
+    info->out_shape[1] = L->oh;
+    info->out_shape[2] = L->ow;
+    info->num_params = L->nw + L->nb;
+    info->num_buffers = L->d.kind == MNISTCU_LAYER_BATCHNORM ? 2 * (size_t)L->c : 0;
+    info->keyword = mnistcu__kind_keywords[L->d.kind];
+    info->torch_name = L->d.kind == MNISTCU_LAYER_BATCHNORM ? (mnistcu__is_flat(L) ? "BatchNorm1d" : "BatchNorm2d")
+                                                           : mnistcu__kind_torch[L->d.kind];
+    mnistcu__layer_token(&L->d, info->spec, sizeof info->spec);
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF void mnistcu_model_set_mode(mnistcu_model *m, mnistcu_mode mode)
+{
+    if (m) m->mode = mode == MNISTCU_MODE_EVAL ? MNISTCU_MODE_EVAL : MNISTCU_MODE_TRAIN;
+}
+MNISTCU_DEF mnistcu_mode mnistcu_model_mode(const mnistcu_model *m) { return m ? m->mode : MNISTCU_MODE_TRAIN; }
+MNISTCU_DEF size_t mnistcu_model_num_params(const mnistcu_model *m) { return m ? m->num_params : 0; }
+MNISTCU_DEF uint64_t mnistcu_model_steps(const mnistcu_model *m) { return m ? m->steps : 0; }
+MNISTCU_DEF int mnistcu_model_num_tensors(const mnistcu_model *m) { return m ? m->num_tensors : 0; }
+
+MNISTCU_DEF mnistcu_result mnistcu_model_tensor_info(const mnistcu_model *m, int i, mnistcu_tensor_info *info)
+{
+    const mnistcu__tensor *t;
+    int k;
+    if (info) memset(info, 0, sizeof *info);
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!info || i < 0 || i >= m->num_tensors)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_tensor_info: tensor %d of %d", i,
+                             m->num_tensors);
+    t = &m->tensors[i];
+    memcpy(info->name, t->name, sizeof info->name);
+    info->layer = t->layer;
+    info->ndim = t->ndim;
+    for (k = 0; k < 4; ++k) info->shape[k] = t->shape[k];
+    info->count = t->count;
+    info->is_buffer = t->arena != 0;
+    info->is_int = t->arena == 2;
+    return MNISTCU_OK;
+}
+
+/* Copies between a host array and one of the model's arenas or workspace buffers. */
+static mnistcu_result mnistcu__model_copy(mnistcu_model *m, void *dst, const void *src, size_t bytes, int to_model)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_copy(m, dst, src, bytes, to_model);
+#endif
+    (void)to_model;
+    (void)m;
+    memcpy(dst, src, bytes);
+    return MNISTCU_OK;
+}
+
+static const mnistcu__tensor *mnistcu__find_tensor(const mnistcu_model *m, const char *name, const float *array,
+                                                   size_t count, const char *what)
+{
+    int i;
+    if (!name || !array) {
+        mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: NULL name or array", what);
+        return NULL;
+    }
+    for (i = 0; i < m->num_tensors; ++i)
+        if (strcmp(m->tensors[i].name, name) == 0) {
+            if (m->tensors[i].count != count) {
+                mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: \"%s\" has %lu elements, %lu given", what, name,
+                              (unsigned long)m->tensors[i].count, (unsigned long)count);
+                return NULL;
+            }
+            return &m->tensors[i];
+        }
+    mnistcu__fail(m->ctx, MNISTCU_ERR_NOT_FOUND, "%s: the model has no tensor \"%.64s\"", what, name);
+    return NULL;
+}
+
+static mnistcu_result mnistcu__tensor_io(mnistcu_model *m, const char *name, float *array, size_t count, int set,
+                                         int grad, const char *what)
+{
+    const mnistcu__tensor *t;
+    float *base;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    t = mnistcu__find_tensor(m, name, array, count, what);
+    if (!t) return m->ctx->last_result;
+    if (t->arena == 2) {
+        mnistcu__layer *L = &m->layers[t->layer];
+        if (grad) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: \"%s\" is not trained", what, name);
+        if (!set) {
+            array[0] = (float)L->batches;
+            return MNISTCU_OK;
+        }
+        if (!(array[0] >= 0.0f && array[0] <= 16777216.0f) || array[0] != floorf(array[0]))
+            return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: \"%s\" must be a whole number in 0..2^24",
+                                 what, name);
+        L->batches = (int64_t)array[0];
+        return MNISTCU_OK;
+    }
+    if (grad && t->arena != 0)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: \"%s\" is not trained", what, name);
+    base = grad ? m->grads : t->arena == 0 ? m->params : m->buffers;
+    return set ? mnistcu__model_copy(m, base + t->offset, array, count * sizeof(float), 1)
+               : mnistcu__model_copy(m, array, base + t->offset, count * sizeof(float), 0);
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_get_tensor(const mnistcu_model *m, const char *name, float *dst, size_t count)
+{
+    return mnistcu__tensor_io((mnistcu_model *)m, name, dst, count, 0, 0, "model_get_tensor");
+}
+MNISTCU_DEF mnistcu_result mnistcu_model_set_tensor(mnistcu_model *m, const char *name, const float *src, size_t count)
+{
+    return mnistcu__tensor_io(m, name, (float *)src, count, 1, 0, "model_set_tensor");
+}
+MNISTCU_DEF mnistcu_result mnistcu_model_get_tensor_grad(const mnistcu_model *m, const char *name, float *dst,
+                                                         size_t count)
+{
+    return mnistcu__tensor_io((mnistcu_model *)m, name, dst, count, 0, 1, "model_get_tensor_grad");
+}
+
+static mnistcu_result mnistcu__check_count(const mnistcu_model *m, const void *p, size_t count, const char *what)
+{
+    if (!p) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: NULL array", what);
+    if (count != m->num_params)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: %lu floats given, the model has %lu parameters", what,
+                             (unsigned long)count, (unsigned long)m->num_params);
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_get_params(const mnistcu_model *m, float *dst, size_t count)
+{
+    mnistcu_result r;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if ((r = mnistcu__check_count(m, dst, count, "model_get_params"))) return r;
+    return mnistcu__model_copy((mnistcu_model *)m, dst, m->params, count * sizeof(float), 0);
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_set_params(mnistcu_model *m, const float *src, size_t count)
+{
+    mnistcu_result r;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if ((r = mnistcu__check_count(m, src, count, "model_set_params"))) return r;
+    return mnistcu__model_copy(m, m->params, src, count * sizeof(float), 1);
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_get_grads(const mnistcu_model *m, float *dst, size_t count)
+{
+    mnistcu_result r;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if ((r = mnistcu__check_count(m, dst, count, "model_get_grads"))) return r;
+    return mnistcu__model_copy((mnistcu_model *)m, dst, m->grads, count * sizeof(float), 0);
+}
+
+/* ---- the steps of a training step: each walks the layers with the model's column of the table -- */
+
+/* input holds x [B][inputs]: fills every layer's output, the logits last. */
+static mnistcu_result mnistcu__forward(mnistcu_model *m, size_t B)
+{
+    mnistcu_result r;
+    int i;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_alive(m->ctx))) return r;
+#endif
+    for (i = 0; i < m->num_layers; ++i) {
+        mnistcu__layer *L = &m->layers[i];
+        if (L->passthrough) continue;
+        if ((r = mnistcu__kinds[L->d.kind]->forward[m->backend](m, L, B))) return r;
+    }
+    return MNISTCU_OK;
+}
+
+/* Loss of the logits against labels: sample_loss, pred, and (with_grad) dL/dlogits of the mean loss in dbuf[0]. */
+static mnistcu_result mnistcu__loss(mnistcu_model *m, size_t B, int with_grad)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_loss(m, B, with_grad);
+#endif
+    mnistcu__cpu_softmax_ce(m->ctx, m->logits, m->labels, B, m->classes, 1.0f / (float)B,
+                            with_grad ? m->dbuf[0] : NULL, m->sample_loss, m->pred);
+    return MNISTCU_OK;
+}
+
+/* dbuf[0] holds dL/dlogits: fills the gradient arena, last layer first. */
+static mnistcu_result mnistcu__backward(mnistcu_model *m, size_t B)
+{
+    float *cur = m->dbuf[0];
+    mnistcu_result r;
+    int i;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_alive(m->ctx))) return r;
+#endif
+    for (i = m->num_layers - 1; i >= 0; --i) {
+        mnistcu__layer *L = &m->layers[i];
+        float *next;
+        if (L->passthrough) continue;
+        if (!L->need_dx && L->nw + L->nb == 0) break; /* nothing at or before it is trained */
+        next = L->need_dx ? (cur == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0]) : NULL;
+        if ((r = mnistcu__kinds[L->d.kind]->backward[m->backend](m, L, B, cur, next))) return r;
+        if (!next) break;
+        cur = next;
+    }
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__resolve_optim(mnistcu_ctx *ctx, const mnistcu_optim_desc *in, mnistcu_optim_desc *o)
+{
+    memset(o, 0, sizeof *o);
+    if (in) *o = *in;
+    if (o->kind == MNISTCU_OPTIM_DEFAULT) o->kind = MNISTCU_OPTIM_SGD;
+    if (o->learning_rate == 0.0f) o->learning_rate = 0.1f;
+    if (o->kind != MNISTCU_OPTIM_SGD)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "optimizer kind %d unknown", (int)o->kind);
+    if (!(o->learning_rate > 0.0f && o->learning_rate < FLT_MAX))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "learning rate %g must be positive and finite",
+                             (double)o->learning_rate);
+    if (!(o->momentum >= 0.0f && o->momentum < 1.0f))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "momentum %g not in [0, 1)", (double)o->momentum);
+    if (o->nesterov && o->momentum == 0.0f)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "Nesterov momentum needs momentum > 0");
+    if (!(o->weight_decay >= 0.0f && o->weight_decay < FLT_MAX))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "weight decay %g must be >= 0 and finite",
+                             (double)o->weight_decay);
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__update(mnistcu_model *m, const mnistcu_optim_desc *o)
+{
+    if (o->momentum > 0.0f && !m->velocity) {
+#ifdef __CUDACC__
+        if (m->device == MNISTCU_DEVICE_CUDA) {
+            mnistcu_result r = mnistcu__cuda_ensure_velocity(m);
+            if (r) return r;
+        } else
+#endif
+        {
+            m->velocity = (float *)mnistcu__calloc(m->ctx, m->num_params * sizeof(float));
+            if (!m->velocity) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for momentum");
+        }
+    }
+    m->steps++;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_update(m, o);
+#endif
+    mnistcu__cpu_sgd(m->ctx, m->params, m->grads, o->momentum > 0.0f ? m->velocity : NULL, m->num_params,
+                     o->learning_rate, o->momentum, o->nesterov, o->weight_decay);
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__check_labels(const mnistcu_model *m, const int32_t *labels, size_t n)
+{
+    size_t i;
+    int classes = (int)m->classes;
+    for (i = 0; i < n; ++i)
+        if (labels[i] < 0 || labels[i] >= classes)
+            return mnistcu__fail(m->ctx, MNISTCU_ERR_LABEL_RANGE, "label %ld at index %lu not in 0..%d",
+                                 (long)labels[i], (unsigned long)i, classes - 1);
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads(mnistcu_model *m, const float *x, const int32_t *labels, size_t n,
+                                                       double *loss)
+{
+    mnistcu_result r;
+    size_t i, in;
+    double sum = 0.0;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!x || !labels || n == 0)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_compute_grads: x, labels and n must be given");
+    if ((r = mnistcu__check_labels(m, labels, n)) || (r = mnistcu__model_reserve(m, n))) return r;
+    in = m->inputs;
+    if ((r = mnistcu__model_copy(m, m->input, x, n * in * sizeof(float), 1)) ||
+        (r = mnistcu__model_copy(m, m->labels, labels, n * sizeof(int32_t), 1)) || (r = mnistcu__forward(m, n)) ||
+        (r = mnistcu__loss(m, n, 1)) || (r = mnistcu__backward(m, n)))
+        return r;
+    if (loss) {
+        float *host = m->sample_loss;
+#ifdef __CUDACC__
+        if (m->device == MNISTCU_DEVICE_CUDA) {
+            host = (float *)mnistcu__alloc(m->ctx, n * sizeof(float));
+            if (!host) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory");
+            if ((r = mnistcu__cuda_copy(m, host, m->sample_loss, n * sizeof(float), 0))) {
+                mnistcu__free(m->ctx, host);
+                return r;
+            }
+        }
+#endif
+        for (i = 0; i < n; ++i) sum += (double)host[i];
+        *loss = sum / (double)n;
+        if (host != m->sample_loss) mnistcu__free(m->ctx, host);
+    }
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_apply_grads(mnistcu_model *m, const mnistcu_optim_desc *opt)
+{
+    mnistcu_optim_desc o;
+    mnistcu_result r;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if ((r = mnistcu__resolve_optim(m->ctx, opt, &o))) return r;
+    return mnistcu__update(m, &o);
+}
+
+/* >>train ----------------------------------------------------------------------
+   One epoch: a shuffled index (host RNG, so CPU and GPU see the same batches),
+   then for each batch: gather, forward, loss, backward, update. The loss and
+   the number of correct predictions of every step are kept per step and summed
+   in step order only where a report is due, so the GPU never waits for the host
+   inside an epoch unless the caller asks for progress. */
+#ifdef __CUDACC__
+static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx,
+                                                size_t n, size_t steps);
+static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
+                                           float scale, float shift);
+static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
+static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
+#endif
+
+typedef struct mnistcu__stats {
+    double *loss;      /* [steps] loss summed over each step's samples */
+    int64_t *correct;  /* [steps] correct predictions of each step */
+    size_t steps;
+} mnistcu__stats;
+
+static mnistcu_result mnistcu__epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t n,
+                                           mnistcu__stats *st)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_epoch_begin(m, ds, idx, n, st->steps);
+#endif
+    (void)m; (void)ds; (void)idx; (void)n; (void)st;
+    return MNISTCU_OK;
+}
+
+/* How the model normalises ds: as its training set when it was trained on data
+   stored the same way, else as the dataset says. */
+static void mnistcu__norm_for(const mnistcu_model *m, const mnistcu_dataset *ds, float *scale, float *shift)
+{
+    int same_kind = m->norm_u8 == (ds->u8 != NULL);
+    *scale = m->has_norm && same_kind ? m->norm_scale : ds->scale;
+    *shift = m->has_norm && same_kind ? m->norm_shift : ds->shift;
+}
+
+/* x and labels of samples idx[offset .. offset+B) into act[0] and labels. */
+static mnistcu_result mnistcu__gather(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t offset,
+                                      size_t B)
+{
+    size_t i, j, F = ds->features;
+    float scale, shift;
+    mnistcu__norm_for(m, ds, &scale, &shift);
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_gather(m, ds, offset, B, scale, shift);
+#endif
+    for (i = 0; i < B; ++i) {
+        size_t s = idx[offset + i];
+        float *x = m->input + i * F;
+        if (ds->u8) {
+            const uint8_t *src = ds->u8 + s * F;
+            for (j = 0; j < F; ++j) x[j] = (float)src[j] * scale + shift;
+        } else {
+            const float *src = ds->f32 + s * F;
+            for (j = 0; j < F; ++j) x[j] = src[j] * scale + shift;
+        }
+        m->labels[i] = ds->labels[s];
+    }
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__step_stats(mnistcu_model *m, size_t B, size_t step, mnistcu__stats *st)
+{
+    double sum = 0.0;
+    int64_t correct = 0;
+    size_t i;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_step_stats(m, B, step);
+#endif
+    for (i = 0; i < B; ++i) {
+        sum += (double)m->sample_loss[i];
+        correct += m->pred[i] == m->labels[i];
+    }
+    st->loss[step] = sum;
+    st->correct[step] = correct;
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__read_stats(mnistcu_model *m, const mnistcu__stats *st, size_t from, size_t to,
+                                          double *loss, int64_t *correct)
+{
+    size_t i;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_read_stats(m, from, to, loss, correct);
+#endif
+    (void)m;
+    for (i = from; i < to; ++i) {
+        *loss += st->loss[i];
+        *correct += st->correct[i];
+    }
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out)
+{
+    mnistcu_train_desc d;
+    if (!out) return;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (d.epochs == 0) d.epochs = 10;
+    if (d.batch_size == 0) d.batch_size = 64;
+    if (d.optim.kind == MNISTCU_OPTIM_DEFAULT) d.optim.kind = MNISTCU_OPTIM_SGD;
+    if (d.optim.learning_rate == 0.0f) d.optim.learning_rate = 0.1f;
+    *out = d;
+}
+
+static mnistcu_result mnistcu__check_dataset(const mnistcu_model *m, const mnistcu_dataset *ds, const char *what)
+{
+    if (!ds) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: dataset is NULL", what);
+    if (ds->ctx != m->ctx)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: dataset and model belong to different contexts",
+                             what);
+    if (ds->features != m->inputs)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: samples have %lu features, the model takes %lu inputs", what,
+                             (unsigned long)ds->features, (unsigned long)m->inputs);
+    if ((size_t)ds->num_classes > m->classes)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: dataset has %d classes, the model outputs %lu", what,
+                             ds->num_classes, (unsigned long)m->classes);
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
+                                         mnistcu_train_result *result)
+{
+    mnistcu_train_desc d;
+    mnistcu_optim_desc o;
+    mnistcu_ctx *ctx;
+    mnistcu_result r;
+    mnistcu__stats st;
+    mnistcu_train_result res;
+    uint32_t *idx = NULL;
+    size_t n, B, steps, i;
+    double t_train = 0.0;
+    int epoch, stop = 0;
+    mnistcu_mode mode;
+
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    ctx = m->ctx;
+    mode = m->mode;
+    memset(&res, 0, sizeof res);
+    memset(&st, 0, sizeof st);
+    if (result) *result = res;
+    if ((r = mnistcu__check_dataset(m, train, "train"))) return r;
+    if (desc && desc->validation && (r = mnistcu__check_dataset(m, desc->validation, "train (validation set)")))
+        return r;
+    mnistcu_train_desc_resolve(desc, &d);
+    if (d.epochs < 0 || d.batch_size < 0)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: epochs %d and batch_size %d must be positive",
+                             d.epochs, d.batch_size);
+    n = train->count;
+    B = (size_t)d.batch_size;
+    if (B > n)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: batch_size %lu is larger than the dataset (%lu)",
+                             (unsigned long)B, (unsigned long)n);
+    if ((r = mnistcu__resolve_optim(ctx, &d.optim, &o))) return r;
+    if ((r = mnistcu__model_reserve(m, B))) return r;
+    steps = (n + B - 1) / B; /* the last partial batch is trained too */
+    idx = (uint32_t *)mnistcu__alloc(ctx, n * sizeof(uint32_t));
+    st.steps = steps;
+    st.loss = (double *)mnistcu__alloc(ctx, steps * sizeof(double));
+    st.correct = (int64_t *)mnistcu__alloc(ctx, steps * sizeof(int64_t));
+    if (!idx || !st.loss || !st.correct) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu indices", (unsigned long)n);
+        goto done;
+    }
+    m->mode = MNISTCU_MODE_TRAIN;
+    m->has_norm = 1; /* evaluation and predict_u8 normalise as this training set does */
+    m->norm_u8 = train->u8 != NULL;
+    m->norm_scale = train->scale;
+    m->norm_shift = train->shift;
+
+    for (epoch = 1; epoch <= d.epochs && !stop; ++epoch) {
+        double t_epoch = mnistcu__now(), loss_sum = 0.0;
+        int64_t correct = 0;
+        size_t step, reported = 0, seen = 0;
+        for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
+        if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
+        if ((r = mnistcu__epoch_begin(m, train, idx, n, &st))) goto done;
+        for (step = 0; step < steps && !stop; ++step) {
+            size_t b = MNISTCU__MIN(B, n - step * B);
+            if ((r = mnistcu__gather(m, train, idx, step * B, b)) || (r = mnistcu__forward(m, b)) ||
+                (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, &st)) ||
+                (r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, &o)))
+                goto done;
+            seen += b;
+            res.steps++;
+            if (step + 1 == steps || (d.progress && d.progress_every && (step + 1) % d.progress_every == 0)) {
+                mnistcu_progress p;
+                if ((r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct))) goto done;
+                reported = step + 1;
+                memset(&p, 0, sizeof p);
+                p.epoch = epoch;
+                p.epochs = d.epochs;
+                p.step = step + 1;
+                p.steps = steps;
+                p.samples = seen;
+                p.train_loss = loss_sum / (double)seen;
+                p.train_accuracy = (double)correct / (double)seen;
+                p.epoch_end = step + 1 == steps;
+                p.seconds = t_train + (mnistcu__now() - t_epoch);
+                p.images_per_second = (double)seen / MNISTCU__MAX(mnistcu__now() - t_epoch, 1e-9);
+                if (p.epoch_end) {
+                    t_train += mnistcu__now() - t_epoch;
+                    p.seconds = t_train;
+                    res.epochs = epoch;
+                    res.train_loss = p.train_loss;
+                    res.train_accuracy = p.train_accuracy;
+                    res.seconds = t_train;
+                    if (d.validation) {
+                        mnistcu_metrics vm;
+                        if ((r = mnistcu_evaluate(m, d.validation, &vm, NULL))) goto done;
+                        p.has_validation = res.has_validation = 1;
+                        p.val_loss = res.val_loss = vm.loss;
+                        p.val_accuracy = res.val_accuracy = vm.accuracy;
+                    }
+                    if (p.has_validation)
+                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
+                                     "epoch %d/%d  loss %.4f  acc %.2f%%  val loss %.4f  val acc %.2f%%  %.2f s  %.0f img/s",
+                                     epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.val_loss,
+                                     100.0 * p.val_accuracy, p.seconds, p.images_per_second);
+                    else
+                        mnistcu__log(ctx, MNISTCU_LOG_INFO, "epoch %d/%d  loss %.4f  acc %.2f%%  %.2f s  %.0f img/s",
+                                     epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.seconds,
+                                     p.images_per_second);
+                }
+                if (d.progress && d.progress(d.progress_user, &p)) stop = 1;
+                if (stop && !p.epoch_end) { /* stopped inside an epoch: report what was trained */
+                    t_train += mnistcu__now() - t_epoch;
+                    res.epochs = epoch;
+                    res.train_loss = p.train_loss;
+                    res.train_accuracy = p.train_accuracy;
+                    res.seconds = t_train;
+                }
+            }
+        }
+    }
+    if (result) *result = res;
+    r = MNISTCU_OK;
+done:
+    m->mode = mode;
+    mnistcu__free(ctx, idx);
+    mnistcu__free(ctx, st.loss);
+    mnistcu__free(ctx, st.correct);
+    return r;
+}
+
+/* >>evaluate ------------------------------------------------------------------- */
+
+MNISTCU_DEF mnistcu_result mnistcu_evaluate(mnistcu_model *m, const mnistcu_dataset *ds, mnistcu_metrics *out,
+                                            int64_t *confusion)
+{
+    mnistcu_result r;
+    mnistcu__stats st;
+    uint32_t *idx = NULL;
+    int32_t *pred = NULL, *labels;
+    size_t n, i, chunk, steps, s, C;
+    double loss = 0.0;
+    int64_t correct = 0;
+    mnistcu_mode mode;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!out) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate: out is NULL");
+    memset(out, 0, sizeof *out);
+    if ((r = mnistcu__check_dataset(m, ds, "evaluate"))) return r;
+    n = ds->count;
+    C = m->classes;
+    chunk = mnistcu__eval_chunk(m, n);
+    if ((r = mnistcu__model_reserve(m, chunk))) return r;
+    mode = m->mode;
+    m->mode = MNISTCU_MODE_EVAL;
+    steps = (n + chunk - 1) / chunk;
+    memset(&st, 0, sizeof st);
+    st.steps = steps;
+    idx = (uint32_t *)mnistcu__alloc(m->ctx, n * sizeof(uint32_t));
+    st.loss = (double *)mnistcu__alloc(m->ctx, steps * sizeof(double));
+    st.correct = (int64_t *)mnistcu__alloc(m->ctx, steps * sizeof(int64_t));
+    if (confusion) pred = (int32_t *)mnistcu__alloc(m->ctx, chunk * sizeof(int32_t));
+    if (!idx || !st.loss || !st.correct || (confusion && !pred)) {
+        r = mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "evaluate: out of memory");
+        goto done;
+    }
+    for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
+    if (confusion) memset(confusion, 0, C * C * sizeof(int64_t));
+    if ((r = mnistcu__epoch_begin(m, ds, idx, n, &st))) goto done;
+    for (s = 0; s < steps; ++s) {
+        size_t b = MNISTCU__MIN(chunk, n - s * chunk);
+        if ((r = mnistcu__gather(m, ds, idx, s * chunk, b)) || (r = mnistcu__forward(m, b)) ||
+            (r = mnistcu__loss(m, b, 0)) || (r = mnistcu__step_stats(m, b, s, &st)))
+            goto done;
+        if (confusion) {
+            if ((r = mnistcu__model_copy(m, pred, m->pred, b * sizeof(int32_t), 0))) goto done;
+            labels = ds->labels + s * chunk;
+            for (i = 0; i < b; ++i) confusion[(size_t)labels[i] * C + (size_t)pred[i]]++;
+        }
+    }
+    if ((r = mnistcu__read_stats(m, &st, 0, steps, &loss, &correct))) goto done;
+    out->count = n;
+    out->correct = (size_t)correct;
+    out->loss = loss / (double)n;
+    out->accuracy = (double)correct / (double)n;
+done:
+    m->mode = mode;
+    mnistcu__free(m->ctx, idx);
+    mnistcu__free(m->ctx, st.loss);
+    mnistcu__free(m->ctx, st.correct);
+    mnistcu__free(m->ctx, pred);
+    return r;
+}
+
+/* >>predict --------------------------------------------------------------------- */
+MNISTCU_DEF mnistcu_result mnistcu_model_forward(mnistcu_model *m, const float *x, size_t n, float *logits)
+{
+    mnistcu_result r;
+    size_t off, in, C, chunk;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!x || !logits || n == 0)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_forward: x, logits and n must be given");
+    in = m->inputs;
+    C = m->classes;
+    chunk = mnistcu__eval_chunk(m, n);
+    if ((r = mnistcu__model_reserve(m, chunk))) return r;
+    for (off = 0; off < n; off += chunk) {
+        size_t b = MNISTCU__MIN(chunk, n - off);
+        if ((r = mnistcu__model_copy(m, m->input, x + off * in, b * in * sizeof(float), 1)) ||
+            (r = mnistcu__forward(m, b)) ||
+            (r = mnistcu__model_copy(m, logits + off * C, m->logits, b * C * sizeof(float), 0)))
+            return r;
+    }
+    return MNISTCU_OK;
+}
+
+/* Softmax and arg-max of logits already on the host. */
+static void mnistcu__host_softmax(float *z, size_t n, size_t C, int32_t *labels, int want_probs)
+{
+    size_t i, j;
+    for (i = 0; i < n; ++i) {
+        float *row = z + i * C, mx = row[0], s = 0.0f;
+        size_t arg = 0;
+        for (j = 1; j < C; ++j)
+            if (row[j] > mx) {
+                mx = row[j];
+                arg = j;
+            }
+        if (labels) labels[i] = (int32_t)arg;
+        if (want_probs) {
+            for (j = 0; j < C; ++j) s += (row[j] = expf(row[j] - mx));
+            for (j = 0; j < C; ++j) row[j] /= s;
+        }
+    }
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_predict(mnistcu_model *m, const float *x, size_t n, int32_t *labels, float *probs)
+{
+    mnistcu_result r;
+    float *z;
+    size_t C, bytes;
+    mnistcu_mode mode;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!x || n == 0 || (!labels && !probs))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict: x, n and labels or probs must be given");
+    C = m->classes;
+    if (!mnistcu__mul3(n, C, sizeof(float), &bytes))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "predict: %lu samples overflow", (unsigned long)n);
+    z = probs ? probs : (float *)mnistcu__alloc(m->ctx, bytes);
+    if (!z) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict: out of memory");
+    mode = m->mode;
+    m->mode = MNISTCU_MODE_EVAL;
+    r = mnistcu_model_forward(m, x, n, z);
+    m->mode = mode;
+    if (r == MNISTCU_OK) mnistcu__host_softmax(z, n, C, labels, probs != NULL);
+    if (z != probs) mnistcu__free(m->ctx, z);
+    return r;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *pixels, size_t n, int32_t *labels,
+                                              float *probs)
+{
+    mnistcu_result r = MNISTCU_OK;
+    float *x, scale, shift;
+    size_t in, C, i, off, chunk, bytes;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!pixels || n == 0 || (!labels && !probs))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict_u8: pixels, n and labels or probs must be given");
+    in = m->inputs;
+    C = m->classes;
+    scale = m->has_norm && m->norm_u8 ? m->norm_scale : 1.0f / 255.0f;
+    shift = m->has_norm && m->norm_u8 ? m->norm_shift : 0.0f;
+    chunk = MNISTCU__MIN(n, (size_t)MNISTCU__EVAL_CHUNK);
+    if (!mnistcu__mul3(chunk, in, sizeof(float), &bytes))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "predict_u8: %lu inputs overflow", (unsigned long)in);
+    x = (float *)mnistcu__alloc(m->ctx, bytes);
+    if (!x) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict_u8: out of memory");
+    for (off = 0; off < n && r == MNISTCU_OK; off += chunk) {
+        size_t b = MNISTCU__MIN(chunk, n - off);
+        for (i = 0; i < b * in; ++i) x[i] = (float)pixels[off * in + i] * scale + shift;
+        r = mnistcu_predict(m, x, b, labels ? labels + off : NULL, probs ? probs + off * C : NULL);
+    }
+    mnistcu__free(m->ctx, x);
+    return r;
+}
+/* >>cuda ------------------------------------------------------------------------
+   The CUDA backend: the same operations as >>cpu_ops, one kernel each, on one
+   stream. Shapes as in the legend above >>cpu_ops. Every launch is checked;
+   errors that leave the device unusable (illegal address, launch failure...) are
+   latched in the context and reported by every later call. No kernel uses
+   atomics: each output element is computed by one thread in a fixed order, and
+   reductions run in a fixed tree, so two runs are bitwise identical. */
+#ifdef __CUDACC__
 /* The register-tiled matrix product, C[M][N] = op(A)[M][K] op(B)[K][N], with an
    optional fused epilogue C = act(C + bias[n]). A 64x64 tile of C per block of
    256 threads, 4x4 outputs per thread (rows ty+16i, columns tx+16j, so that
@@ -3589,7 +5780,9 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm(int M, int N, int K, cons
 #pragma unroll
             for (j = 0; j < 4; ++j) {
                 int gn = n0 + tx + 16 * j;
-                if (gn < N) C[(size_t)gm * ldc + gn] = FUSE ? mnistcu__act_f((mnistcu_act)act, acc[i][j] + bias[gn]) : acc[i][j];
+                if (gn < N)
+                    C[(size_t)gm * ldc + gn] =
+                        FUSE ? mnistcu__act_f((mnistcu_act)act, bias ? acc[i][j] + bias[gn] : acc[i][j]) : acc[i][j];
             }
         }
     }
@@ -3628,34 +5821,9 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm16(int M, int N, int K, co
             __syncthreads();
         }
         if (m0 + ty < M && n0 + tx < N)
-            C[(size_t)(m0 + ty) * ldc + n0 + tx] = FUSE ? mnistcu__act_f((mnistcu_act)act, acc + bias[n0 + tx]) : acc;
+            C[(size_t)(m0 + ty) * ldc + n0 + tx] =
+                FUSE ? mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[n0 + tx] : acc) : acc;
     }
-}
-
-/* y[B][OUT] = act(y + b) in place (after a cuBLAS product). */
-__global__ void mnistcu__k_bias_act(float *y, const float *bias, size_t n, int OUT, int act)
-{
-    size_t e;
-    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        y[e] = mnistcu__act_f((mnistcu_act)act, y[e] + bias[e % (size_t)OUT]);
-}
-
-/* dz *= act'(y), from the output y. */
-__global__ void mnistcu__k_act_backward(float *dz, const float *y, size_t n, int act)
-{
-    size_t e;
-    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        dz[e] = mnistcu__act_backward_one((mnistcu_act)act, dz[e], y[e]);
-}
-
-/* db[j] = sum over rows of dz[B][OUT], one thread per column, rows in order (as the CPU). */
-__global__ void mnistcu__k_bias_grad(const float *dz, int B, int OUT, float *db)
-{
-    int j = (int)(blockIdx.x * blockDim.x + threadIdx.x), i;
-    float s = 0.0f;
-    if (j >= OUT) return;
-    for (i = 0; i < B; ++i) s += dz[(size_t)i * OUT + j];
-    db[j] = s;
 }
 
 /* Softmax cross-entropy with its gradient, one thread per sample (C <= 256). */
@@ -3853,7 +6021,8 @@ static mnistcu_result mnistcu__cuda_model_alloc(mnistcu_model *m)
     if (!cm) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory");
     m->cuda = cm;
     if ((r = mnistcu__cuda_alive(ctx)) || (r = mnistcu__cuda_malloc(ctx, (void **)&m->params, bytes, "parameters")) ||
-        (r = mnistcu__cuda_malloc(ctx, (void **)&m->grads, bytes, "gradients")))
+        (r = mnistcu__cuda_malloc(ctx, (void **)&m->grads, bytes, "gradients")) ||
+        (r = mnistcu__cuda_malloc(ctx, (void **)&m->buffers, m->num_buffers * sizeof(float), "running statistics")))
         return r; /* the caller destroys the model, which frees what was made */
     return mnistcu__cuda_check(ctx, cudaMemsetAsync(m->grads, 0, bytes, mnistcu__cu(ctx)->stream), "zeroing gradients");
 }
@@ -3882,6 +6051,7 @@ static void mnistcu__cuda_model_free(mnistcu_model *m)
     mnistcu__cuda_free(ctx, m->params);
     mnistcu__cuda_free(ctx, m->grads);
     mnistcu__cuda_free(ctx, m->velocity);
+    mnistcu__cuda_free(ctx, m->buffers);
     mnistcu__cuda_free(ctx, m->ws);
     mnistcu__cuda_free(ctx, m->iws);
     if (cm) {
@@ -3897,7 +6067,7 @@ static void mnistcu__cuda_model_free(mnistcu_model *m)
 static mnistcu_result mnistcu__cuda_reserve(mnistcu_model *m, size_t B)
 {
     mnistcu_ctx *ctx = m->ctx;
-    size_t floats = mnistcu__model_ws_floats(m, B), bytes;
+    size_t floats = mnistcu__model_layout(m, NULL, B), bytes;
     float *ws = NULL;
     int32_t *iws = NULL;
     mnistcu_result r;
@@ -3913,7 +6083,10 @@ static mnistcu_result mnistcu__cuda_reserve(mnistcu_model *m, size_t B)
     mnistcu__cuda_free(ctx, m->ws);
     mnistcu__cuda_free(ctx, m->iws);
     m->ws = ws;
-    mnistcu__model_layout_ws(m, ws, iws, B);
+    m->iws = iws;
+    m->labels = iws;
+    m->pred = iws + B;
+    mnistcu__model_layout(m, ws, B);
     m->ws_batch = B;
     return MNISTCU_OK;
 }
@@ -3955,7 +6128,7 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         if (s != CUBLAS_STATUS_SUCCESS)
             return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cublasSgemm %lux%lux%lu: %s", (unsigned long)M,
                                  (unsigned long)N, (unsigned long)K, cublasGetStatusString(s));
-        if (bias) {
+        if (bias || (act != 0 && act != MNISTCU_ACT_IDENTITY)) {
             size_t n = M * N;
             mnistcu__k_bias_act<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(C, bias, n, (int)N, act);
             MNISTCU__LAUNCHED(ctx, "bias_act");
@@ -3972,7 +6145,8 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         dim3 grid((unsigned)((N + tn - 1) / tn), (unsigned)(mtiles < 65535 ? mtiles : 65535));
         int m_ = (int)M, n_ = (int)N, k_ = (int)K, la = (int)lda, lb = (int)ldb, lc = (int)ldc;
         cudaStream_t st = cu->stream;
-        if (bias && (ta || !tb)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused gemm is only NT");
+        int fuse = bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY);
+        if (fuse && (ta || !tb)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused gemm is only NT");
 #define MNISTCU__GEMM_LAUNCH(TA_, TB_, FUSE_)                                                                   \
     do {                                                                                                        \
         if (small)                                                                                              \
@@ -3980,7 +6154,7 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         else                                                                                                    \
             mnistcu__k_gemm<TA_, TB_, FUSE_><<<grid, 256, 0, st>>>(m_, n_, k_, A, la, B, lb, C, lc, bias, act);   \
     } while (0)
-        if (bias) MNISTCU__GEMM_LAUNCH(0, 1, 1);
+        if (fuse) MNISTCU__GEMM_LAUNCH(0, 1, 1);
         else if (!ta && tb) MNISTCU__GEMM_LAUNCH(0, 1, 0);
         else if (ta && !tb) MNISTCU__GEMM_LAUNCH(1, 0, 0);
         else if (!ta && !tb) MNISTCU__GEMM_LAUNCH(0, 0, 0);
@@ -3992,59 +6166,14 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
 }
 
 /* ---- the steps of training, mirroring the CPU ones ------------------------------ */
-static mnistcu_result mnistcu__cuda_forward(mnistcu_model *m, size_t B)
-{
-    mnistcu_result r;
-    int l;
-    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
-    for (l = 0; l < m->num_layers; ++l) {
-        const mnistcu__layer *L = &m->layers[l];
-        if ((r = mnistcu__cuda_gemm(m->ctx, 0, 1, B, (size_t)L->out, (size_t)L->in, m->act[l], (size_t)L->in,
-                                    m->params + L->w, (size_t)L->in, m->act[l + 1], (size_t)L->out, m->params + L->b,
-                                    (int)L->act)))
-            return r;
-    }
-    return MNISTCU_OK;
-}
-
 static mnistcu_result mnistcu__cuda_loss(mnistcu_model *m, size_t B, int with_grad)
 {
     mnistcu_result r;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
     mnistcu__k_softmax_ce<<<mnistcu__blocks(B), MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream>>>(
-        m->act[m->num_layers], m->labels, (int)B, m->sizes[m->num_layers], 1.0f / (float)B,
+        m->logits, m->labels, (int)B, (int)m->classes, 1.0f / (float)B,
         with_grad ? m->dbuf[0] : NULL, m->sample_loss, m->pred);
     MNISTCU__LAUNCHED(m->ctx, "softmax_ce");
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__cuda_backward(mnistcu_model *m, size_t B)
-{
-    mnistcu_ctx *ctx = m->ctx;
-    cudaStream_t st = mnistcu__cu(ctx)->stream;
-    float *cur = m->dbuf[0];
-    mnistcu_result r;
-    int l;
-    if ((r = mnistcu__cuda_alive(ctx))) return r;
-    for (l = m->num_layers - 1; l >= 0; --l) {
-        const mnistcu__layer *L = &m->layers[l];
-        size_t in = (size_t)L->in, out = (size_t)L->out;
-        if (L->act != MNISTCU_ACT_IDENTITY) {
-            mnistcu__k_act_backward<<<mnistcu__blocks(B * out), MNISTCU__THREADS, 0, st>>>(cur, m->act[l + 1], B * out,
-                                                                                           (int)L->act);
-            MNISTCU__LAUNCHED(ctx, "act_backward");
-        }
-        if ((r = mnistcu__cuda_gemm(ctx, 1, 0, out, in, B, cur, out, m->act[l], in, m->grads + L->w, in, NULL, 0)))
-            return r;
-        mnistcu__k_bias_grad<<<mnistcu__blocks(out), MNISTCU__THREADS, 0, st>>>(cur, (int)B, (int)out, m->grads + L->b);
-        MNISTCU__LAUNCHED(ctx, "bias_grad");
-        if (l > 0) {
-            float *next = cur == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0];
-            if ((r = mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, cur, out, m->params + L->w, in, next, in, NULL, 0)))
-                return r;
-            cur = next;
-        }
-    }
     return MNISTCU_OK;
 }
 
@@ -4164,7 +6293,7 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
     if (!cm->streaming) {
         const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
         mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
-            dc->u8, dc->f32, dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->act[0], m->labels);
+            dc->u8, dc->f32, dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->input, m->labels);
         MNISTCU__LAUNCHED(ctx, "gather");
         return MNISTCU_OK;
     } else {
@@ -4191,7 +6320,7 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
             const unsigned char *dev = (const unsigned char *)cm->staged[s];
             mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
                 ds->u8 ? dev : NULL, ds->u8 ? NULL : (const float *)dev, (const int32_t *)(dev + lab_off), NULL, 0,
-                (int)B, (int)F, scale, shift, m->act[0], m->labels);
+                (int)B, (int)F, scale, shift, m->input, m->labels);
             MNISTCU__LAUNCHED(ctx, "gather (streamed)");
         }
         cm->slot_used[s] = 1;

@@ -216,6 +216,8 @@ SUITE_EXTERN(grad_suite);
 SUITE_EXTERN(train_suite);
 SUITE_EXTERN(api_suite);
 SUITE_EXTERN(torch_fixture_suite);
+SUITE_EXTERN(layers_suite);
+SUITE_EXTERN(layer_fixture_suite);
 
 GREATEST_MAIN_DEFS();
 
@@ -230,6 +232,8 @@ int main(int argc, char **argv)
     RUN_SUITE(grad_suite);
     RUN_SUITE(api_suite);
     RUN_SUITE(torch_fixture_suite);
+    RUN_SUITE(layers_suite);
+    RUN_SUITE(layer_fixture_suite);
     RUN_SUITE(train_suite);
 #ifdef __CUDACC__
     RUN_SUITE(cuda_suite);
