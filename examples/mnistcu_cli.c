@@ -4,7 +4,7 @@
            make build/mnistcu       (nvcc: CUDA backend, CPU fallback)
 
    Commands (run `mnistcu --help` for every option):
-     mnistcu train [options]        train an MLP on MNIST or Fashion-MNIST, test it
+     mnistcu train [options]        train an MLP or a CNN on MNIST or Fashion-MNIST, test it
      mnistcu eval --weights FILE    test weights saved by `train --save-weights`
      mnistcu info FILE              describe an IDX file (raw or .gz)
 
@@ -59,15 +59,18 @@ static void print_help(FILE *f)
     /* In pieces: C99 only promises string literals of up to 4095 characters. */
     print_synopsis(f);
     fprintf(f, "\n"
-               "Train and test multilayer perceptrons on MNIST-style data (mnistcu %s).\n"
+               "Train and test neural networks (MLPs and CNNs) on MNIST-style data (mnistcu %s).\n"
                "Progress and tables go to stderr; the last line on stdout is a JSON object.\n",
             MNISTCU_VERSION_STRING);
     fputs("\n"
           "Data and model (train and eval):\n"
           "  --data DIR            folder holding mnist/ and fashion-mnist/ (default: data)\n"
           "  --dataset NAME        mnist or fashion (default: mnist)\n"
-          "  --layers SPEC         layer widths, input first (default: 784-128-10)\n"
-          "  --act NAME            hidden activation: relu, tanh, sigmoid, identity (default: relu)\n"
+          "  --model SPEC          the model: lenet5, fashion-cnn, or a spec string of layers\n"
+          "                        (see Models below); overrides --layers and --act\n"
+          "  --layers SPEC         an MLP's widths, input first (default: 784-128-10)\n"
+          "  --act NAME            the MLP's hidden activation: relu, tanh, sigmoid, identity\n"
+          "                        (default: relu)\n"
           "  --norm NAME           pixel scaling: standard (x/255, then zero mean and unit\n"
           "                        variance over the training set), unit (x/255), none\n"
           "                        (default: standard)\n"
@@ -96,11 +99,25 @@ static void print_help(FILE *f)
           "  --weights FILE        weights written by train --save-weights (required)\n",
           f);
     fputs("\n"
+          "Models (--model): a preset, or the input shape and one token per layer:\n"
+          "  lenet5       1x28x28 conv5x5x6 relu maxpool2 conv5x5x16 relu maxpool2 flatten\n"
+          "               dense120 relu dense84 relu dense10 (44,426 parameters)\n"
+          "  fashion-cnn  1x28x28 conv3x3x64 maxpool2 relu conv3x3x128 maxpool2 relu flatten\n"
+          "               dense256 relu dense10 (896,522 parameters)\n"
+          "  tokens       denseN  convKHxKWxN[:s=S][:p=P][:bias=0]  maxpoolK[:s=S]  avgpoolK[:s=S]\n"
+          "               batchnorm  dropout[P]  flatten  relu  leaky_relu[S]  sigmoid  tanh\n"
+          "               softmax; a spec without an input shape takes the dataset's (1x28x28)\n"
+          "  e.g.         --model \"conv3x3x32:p=1 batchnorm relu maxpool2 flatten dropout0.25 dense10\"\n"
+          "The layer table (shapes and parameters) is printed before training.\n",
+          f);
+    fputs("\n"
           "Weights file: the parameters as raw little-endian float32 values, no header,\n"
           "in the library's (PyTorch's) order: for each layer W[out][in], then b[out].\n"
           "A 784-128-10 model has 101770 values (407080 bytes). Because there is no\n"
-          "header, eval must be given the same --layers and --act as train (and, with\n"
-          "--norm standard, the same --limit: it recomputes the training statistics).\n"
+          "header, eval must be given the same --model (or --layers and --act) as train\n"
+          "(and, with --norm standard, the same --limit: it recomputes the training\n"
+          "statistics). Batch norm's running statistics are not in the file: eval of a\n"
+          "model with batchnorm needs the model files of a later version.\n"
           "\n"
           "Options take their value as `--lr 0.05` or `--lr=0.05`.\n"
           "Exit status: 0 success, 1 error (a failed library call or file operation),\n"
@@ -108,6 +125,8 @@ static void print_help(FILE *f)
           "\n"
           "Examples:\n"
           "  mnistcu train --layers 784-256-128-10 --epochs 20 --momentum 0.9 --val 5000\n"
+          "  mnistcu train --model lenet5 --epochs 10 --lr 0.02 --momentum 0.9\n"
+          "  mnistcu train --dataset fashion --model fashion-cnn --lr 0.02 --momentum 0.9\n"
           "  mnistcu train --dataset fashion --save-weights fashion.f32\n"
           "  mnistcu eval --dataset fashion --weights fashion.f32\n"
           "  mnistcu info data/mnist/train-labels-idx1-ubyte.gz\n",
@@ -276,7 +295,7 @@ static const char *norm_name(mnistcu_norm norm)
 enum { CMD_TRAIN = 1, CMD_EVAL = 2, CMD_BOTH = CMD_TRAIN | CMD_EVAL };
 
 typedef enum option_id {
-    OPT_HELP, OPT_DATA, OPT_DATASET, OPT_LAYERS, OPT_ACT, OPT_NORM, OPT_LIMIT, OPT_DEVICE, OPT_THREADS, OPT_QUIET,
+    OPT_HELP, OPT_DATA, OPT_DATASET, OPT_MODEL, OPT_LAYERS, OPT_ACT, OPT_NORM, OPT_LIMIT, OPT_DEVICE, OPT_THREADS, OPT_QUIET,
     OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WEIGHT_DECAY, OPT_SEED, OPT_VAL, OPT_NO_SHUFFLE,
     OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS
 } option_id;
@@ -292,6 +311,7 @@ static const option_spec option_table[] = {
     {"--help", OPT_HELP, 0, CMD_BOTH},
     {"--data", OPT_DATA, 1, CMD_BOTH},
     {"--dataset", OPT_DATASET, 1, CMD_BOTH},
+    {"--model", OPT_MODEL, 1, CMD_BOTH},
     {"--layers", OPT_LAYERS, 1, CMD_BOTH},
     {"--act", OPT_ACT, 1, CMD_BOTH},
     {"--norm", OPT_NORM, 1, CMD_BOTH},
@@ -319,6 +339,8 @@ typedef struct cli_options {
     const char *dataset;         /* "mnist" or "fashion" */
     int sizes[MNISTCU_MAX_LAYERS + 1];
     char layers[256];            /* the widths as text, "784-128-10" */
+    const char *model;           /* --model: a preset or spec string; NULL: the MLP of --layers */
+    char model_spec[1024];       /* the model's canonical spec, once made */
     mnistcu_act act;
     mnistcu_norm norm;
     size_t limit;                /* 0: every training sample */
@@ -367,6 +389,10 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         if (strcmp(v, "mnist") == 0) o->dataset = "mnist";
         else if (strcmp(v, "fashion") == 0 || strcmp(v, "fashion-mnist") == 0) o->dataset = "fashion";
         else break;
+        return 1;
+    case OPT_MODEL:
+        if (!v[0]) break;
+        o->model = v;
         return 1;
     case OPT_LAYERS:
         if (!parse_layers(v, o->sizes)) return 0;
@@ -550,13 +576,58 @@ static int load_split(mnistcu_ctx *ctx, const cli_options *o, mnistcu_split spli
     return 1;
 }
 
-static int create_model(mnistcu_ctx *ctx, const cli_options *o, mnistcu_model **net)
+/* The model of --model (a spec without an input shape takes the data's), or the MLP of --layers. */
+static int create_model(mnistcu_ctx *ctx, cli_options *o, const mnistcu_dataset *data, mnistcu_model **net)
 {
     mnistcu_model_desc desc;
-    memset(&desc, 0, sizeof desc);
-    memcpy(desc.sizes, o->sizes, sizeof desc.sizes);
-    desc.hidden_act = o->act;
-    return !failed(ctx, mnistcu_model_create(ctx, &desc, net));
+    mnistcu_result r;
+    if (o->model) {
+        char spec[1200];
+        const char *s = o->model;
+        while (*s == ' ') ++s;
+        if (*s < '0' || *s > '9') {
+            if (mnistcu_model_desc_parse(ctx, s, &desc) != MNISTCU_OK) { /* no input shape: the data's */
+                mnistcu_dataset_info di;
+                mnistcu_dataset_info_get(data, &di);
+                mnistcu_ctx_clear_error(ctx);
+                if (snprintf(spec, sizeof spec, "1x%dx%d %s", di.rows, di.cols, s) >= (int)sizeof spec) {
+                    fprintf(stderr, "mnistcu: error: --model: spec too long\n");
+                    return 0;
+                }
+                s = spec;
+            }
+        }
+        r = mnistcu_model_create_spec(ctx, s, net);
+    } else {
+        memset(&desc, 0, sizeof desc);
+        memcpy(desc.sizes, o->sizes, sizeof desc.sizes);
+        desc.hidden_act = o->act;
+        r = mnistcu_model_create(ctx, &desc, net);
+    }
+    if (failed(ctx, r)) return 0;
+    mnistcu_model_spec(*net, o->model_spec, sizeof o->model_spec);
+    return 1;
+}
+
+/* The layers, one line each: what a model summary shows. */
+static void print_layer_table(const mnistcu_model *net)
+{
+    mnistcu_model_info info;
+    int i;
+    mnistcu_model_info_get(net, &info);
+    fprintf(stderr, "  #  layer                 torch          output        params\n");
+    for (i = 0; i < info.layer_count; ++i) {
+        mnistcu_layer_info li;
+        char shape[48];
+        if (mnistcu_model_layer_info(net, i, &li) != MNISTCU_OK) return;
+        if (li.out_shape[1] == 1 && li.out_shape[2] == 1) snprintf(shape, sizeof shape, "%d", li.out_shape[0]);
+        else snprintf(shape, sizeof shape, "%dx%dx%d", li.out_shape[0], li.out_shape[1], li.out_shape[2]);
+        fprintf(stderr, "%3d  %-20s  %-13s  %-12s  %7zu\n", i, li.spec, li.torch_name, shape, li.num_params);
+    }
+    fprintf(stderr, "     input %dx%dx%d, %zu parameters", info.input_shape[0], info.input_shape[1],
+            info.input_shape[2], info.num_params);
+    if (info.num_buffers) fprintf(stderr, ", %zu running statistics", info.num_buffers);
+    fprintf(stderr, "\n");
 }
 
 /* ==========================================================================
@@ -798,7 +869,7 @@ static int load_weights(mnistcu_ctx *ctx, mnistcu_model *net, const char *path, 
     if ((unsigned long)size != (unsigned long)(count * 4)) {
         fprintf(stderr,
                 "mnistcu: error: %s: %ld bytes, but a %s model has %zu parameters (%zu bytes);\n"
-                "               give eval the --layers the weights were trained with\n",
+                "               give eval the --model or --layers the weights were trained with\n",
                 path, size, layers, count, count * 4);
         goto done;
     }
@@ -871,7 +942,8 @@ static int cmd_train(int argc, char **argv)
     mnistcu_dataset_info_get(test, &test_info);
 
     /* 3. Model. */
-    if (!create_model(ctx, &o, &net)) goto done;
+    if (!create_model(ctx, &o, train, &net)) goto done;
+    if (!o.quiet) print_layer_table(net);
 
     /* 4. Train. */
     memset(&desc, 0, sizeof desc);
@@ -897,8 +969,9 @@ static int cmd_train(int argc, char **argv)
         desc.progress = on_progress;
         desc.progress_user = &progress;
 
-        fprintf(stderr, "training %s (%s) on %s: %zu samples", o.layers, act_name(o.act), o.dataset,
-                train_info.count);
+        if (o.model) fprintf(stderr, "training %s on %s: %zu samples", o.model_spec, o.dataset, train_info.count);
+        else fprintf(stderr, "training %s (%s) on %s: %zu samples", o.layers, act_name(o.act), o.dataset,
+                     train_info.count);
         if (val) fprintf(stderr, " (+%zu for validation)", o.val);
         fprintf(stderr, ", %d epochs of batch %d, lr %g, on %s\n", o.epochs, o.batch, o.lr,
                 mnistcu_ctx_device_name(ctx));
@@ -926,12 +999,15 @@ static int cmd_train(int argc, char **argv)
                o.val);
     printf(",\"epochs\":%d,\"batch\":%d,\"lr\":%.6g,\"momentum\":%.6g,\"nesterov\":%s,\"weight_decay\":%.6g", result.epochs,
            o.batch, o.lr, o.momentum, o.nesterov ? "true" : "false", o.weight_decay);
-    json_field_str("layers", o.layers);
-    json_field_str("act", act_name(o.act));
+    if (!o.model) {
+        json_field_str("layers", o.layers);
+        json_field_str("act", act_name(o.act));
+    }
+    json_field_str("model", o.model_spec);
     json_field_str("norm", norm_name(o.norm));
     json_field_str("dataset", o.dataset);
-    printf(",\"params\":%zu,\"train_samples\":%zu,\"test_samples\":%zu", mnistcu_model_num_params(net),
-           train_info.count, test_info.count);
+    printf(",\"params\":%zu,\"num_params\":%zu,\"train_samples\":%zu,\"test_samples\":%zu",
+           mnistcu_model_num_params(net), mnistcu_model_num_params(net), train_info.count, test_info.count);
     printf(",\"train_seconds\":%.4f,\"images_per_second\":%.1f", result.seconds,
            result.seconds > 0.0 ? (double)train_info.count * result.epochs / result.seconds : 0.0);
     json_field_str("device", mnistcu_ctx_device_name(ctx));
@@ -973,10 +1049,12 @@ static int cmd_eval(int argc, char **argv)
             goto done;
         mnistcu_dataset_destroy(train);
     }
-    if (!create_model(ctx, &o, &net) || !load_weights(ctx, net, o.weights, o.layers)) goto done;
+    if (!create_model(ctx, &o, test, &net) ||
+        !load_weights(ctx, net, o.weights, o.model ? o.model_spec : o.layers))
+        goto done;
     if (!o.quiet)
-        fprintf(stderr, "evaluating %s (%s) from %s on the %s test set, on %s\n", o.layers, act_name(o.act), o.weights,
-                o.dataset, mnistcu_ctx_device_name(ctx));
+        fprintf(stderr, "evaluating %s (%s) from %s on the %s test set, on %s\n", o.model ? o.model_spec : o.layers,
+                o.model ? "--model" : act_name(o.act), o.weights, o.dataset, mnistcu_ctx_device_name(ctx));
     if (!evaluate_and_report(ctx, net, test, &o, &m)) goto done;
 
     printf("{\"command\":\"eval\"");
@@ -985,8 +1063,9 @@ static int cmd_eval(int argc, char **argv)
     json_field_str("act", act_name(o.act));
     json_field_str("norm", norm_name(o.norm));
     json_field_str("dataset", o.dataset);
+    json_field_str("model", o.model_spec);
     json_field_str("weights", o.weights);
-    printf(",\"params\":%zu", mnistcu_model_num_params(net));
+    printf(",\"params\":%zu,\"num_params\":%zu", mnistcu_model_num_params(net), mnistcu_model_num_params(net));
     json_field_str("device", mnistcu_ctx_device_name(ctx));
     json_field_str("version", MNISTCU_VERSION_STRING);
     printf("}\n");
