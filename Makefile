@@ -27,6 +27,13 @@ NVCC_ARCH := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) 
              -gencode arch=compute_75,code=compute_75 -gencode arch=compute_120,code=compute_120
 endif
 NVCC_WARN := -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror
+# cuDNN for the optional path (MNISTCU_CUDNN): a folder with include/cudnn.h and lib/ or lib64/ holding
+# libcudnn.so.9: the CUDA toolkit's, the system's, or the one inside PyTorch's nvidia-cudnn wheel.
+CUDNN_DIR ?= $(shell for d in $(dir $(NVCC)).. /usr/local/cuda /usr; do [ -f $$d/include/cudnn.h ] && { echo $$d; exit 0; }; done; \
+               python3 -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2>/dev/null)
+CUDNN_FLAGS := $(if $(strip $(CUDNN_DIR)),-DMNISTCU_CUDNN -I$(CUDNN_DIR)/include)
+CUDNN_LIBS := $(if $(strip $(CUDNN_DIR)),-L$(CUDNN_DIR)/lib -L$(CUDNN_DIR)/lib64 -l:libcudnn.so.9 \
+              -Xlinker -rpath -Xlinker $(CUDNN_DIR)/lib -Xlinker -rpath -Xlinker $(CUDNN_DIR)/lib64)
 comma := ,
 NVCC_HOST := -Xcompiler -O3,-march=native$(if $(OMP),$(comma)$(OMP))
 
@@ -118,6 +125,7 @@ ifneq ($(strip $(NVCC)),)
 	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -c -o $(B)/impl_cuda.o tests/compile/impl.c
 	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -DMNISTCU_CUBLAS -c -o $(B)/impl_cublas.o tests/compile/impl.c
 	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -DMNISTCU_DEBUG_SYNC -DMNISTCU_STATIC -c -o $(B)/impl_debug.o tests/compile/impl.c
+	$(if $(strip $(CUDNN_DIR)),$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) $(CUDNN_FLAGS) -DMNISTCU_CUBLAS -c -o $(B)/impl_cudnn.o tests/compile/impl.c,@echo "cuDNN not found: the MNISTCU_CUDNN compile test is skipped")
 	$(NVCC) -arch=sm_75 -o $(B)/train_mnist_nvcc examples/train_mnist.cu
 else
 	@echo "nvcc not found: CUDA compile tests skipped"
@@ -135,8 +143,8 @@ fuzz: | $(B)
 # ---- GPU ------------------------------------------------------------------------
 # The CUDA parity suite (tests/test_cuda.h) is compiled into test_main.c, which holds the implementation.
 $(B)/tests-cuda: $(TEST_SRC) tests/test_cuda.h $(TEST_HDR) $(HDR) | $(B)
-	$(NVCC) -x cu -std=c++17 $(NVCC_ARCH) $(NVCC_WARN) -lineinfo $(NVCC_HOST) -DMNISTCU_CUBLAS -o $@ \
-	  $(TEST_SRC) -lcublas -lz $(if $(OMP),-Xcompiler $(OMP) -lgomp)
+	$(NVCC) -x cu -std=c++17 $(NVCC_ARCH) $(NVCC_WARN) -lineinfo $(NVCC_HOST) -DMNISTCU_CUBLAS $(CUDNN_FLAGS) -o $@ \
+	  $(TEST_SRC) -lcublas $(CUDNN_LIBS) -lz $(if $(OMP),-Xcompiler $(OMP) -lgomp)
 
 test-gpu: $(B)/tests-cuda $(B)/train_mnist_cuda
 	sh tests/run_gpu_tests.sh $(B)

@@ -159,6 +159,7 @@ extern "C" {
     X(ERR_NO_DEVICE,               "the requested device is not available") \
     X(ERR_CUDA,                    "CUDA error") \
     X(ERR_CUBLAS,                  "cuBLAS error") \
+    X(ERR_CUDNN,                   "cuDNN error") \
     X(ERR_IDX_MAGIC,               "IDX: bytes 0-1 are not zero") \
     X(ERR_IDX_TYPE,                "IDX: unknown element type") \
     X(ERR_IDX_NDIM,                "IDX: dimension count is 0 or above the cap") \
@@ -233,6 +234,12 @@ typedef enum mnistcu_gemm {
     MNISTCU_GEMM_CUBLAS       /* needs MNISTCU_CUBLAS at build time */
 } mnistcu_gemm;
 
+typedef enum mnistcu_cnn {
+    MNISTCU_CNN_DEFAULT = 0, /* cuDNN when built with MNISTCU_CUDNN, else OWN */
+    MNISTCU_CNN_OWN,         /* this file's kernels for convolution, pooling and batch norm */
+    MNISTCU_CNN_CUDNN        /* cuDNN's (deterministic algorithms, FP32); needs MNISTCU_CUDNN at build time */
+} mnistcu_cnn;
+
 typedef enum mnistcu_data_mode {
     MNISTCU_DATA_DEFAULT = 0, /* RESIDENT when the dataset fits in GPU memory, else STREAM */
     MNISTCU_DATA_RESIDENT,    /* upload each dataset once as uint8 (or float) */
@@ -250,6 +257,7 @@ typedef struct mnistcu_ctx_desc {
     mnistcu_allocator allocator; /* zero: malloc/free (cudaMalloc/cudaFree on the GPU) */
     mnistcu_gemm gemm;           /* CUDA matrix products: DEFAULT (see mnistcu_gemm) */
     mnistcu_data_mode data_mode; /* CUDA datasets: DEFAULT (see mnistcu_data_mode) */
+    mnistcu_cnn cnn;             /* CUDA convolution, pooling, batch norm: DEFAULT (see mnistcu_cnn) */
 } mnistcu_ctx_desc;
 
 /* On failure *out still holds a context carrying the error message (NULL only when
@@ -1849,7 +1857,7 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "allocator: give both alloc and free, or neither");
 
     if ((unsigned)d.device > MNISTCU_DEVICE_CUDA || (unsigned)d.log_level > MNISTCU_LOG_DEBUG ||
-        d.threads < 0 || d.cuda_device < 0 || (unsigned)d.gemm > MNISTCU_GEMM_CUBLAS ||
+        d.threads < 0 || d.cuda_device < 0 || (unsigned)d.gemm > MNISTCU_GEMM_CUBLAS || (unsigned)d.cnn > MNISTCU_CNN_CUDNN ||
         (unsigned)d.data_mode > MNISTCU_DATA_STREAM)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
                              "context desc: device %d, log_level %d, threads %d, cuda_device %d, gemm %d or "
@@ -1860,6 +1868,10 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
 #ifndef MNISTCU_CUBLAS
     if (d.gemm == MNISTCU_GEMM_CUBLAS)
         return mnistcu__fail(ctx, MNISTCU_ERR_UNSUPPORTED, "gemm CUBLAS asked, but this build has no MNISTCU_CUBLAS");
+#endif
+#ifndef MNISTCU_CUDNN
+    if (d.cnn == MNISTCU_CNN_CUDNN)
+        return mnistcu__fail(ctx, MNISTCU_ERR_UNSUPPORTED, "cnn CUDNN asked, but this build has no MNISTCU_CUDNN");
 #endif
 #ifdef _OPENMP
     ctx->threads = d.threads ? d.threads : omp_get_max_threads();
@@ -2669,6 +2681,9 @@ static void mnistcu__cpu_sgd(mnistcu_ctx *ctx, float *w, const float *g, float *
 #ifdef MNISTCU_CUBLAS
 #include <cublas_v2.h>
 #endif
+#ifdef MNISTCU_CUDNN
+#include <cudnn.h>
+#endif
 
 typedef struct mnistcu__cuda {
     int device;
@@ -2676,8 +2691,16 @@ typedef struct mnistcu__cuda {
     cudaStream_t copy_stream;  /* streaming mode: host-to-device batch copies */
     cudaError_t sticky;        /* latched unrecoverable error, cudaSuccess if none */
     int use_cublas;
+    int use_cudnn;
+    float *splitk;             /* partial sums of split-K products, grown on demand */
+    size_t splitk_floats;
 #ifdef MNISTCU_CUBLAS
     cublasHandle_t blas;
+#endif
+#ifdef MNISTCU_CUDNN
+    cudnnHandle_t dnn;
+    void *dnn_ws;              /* cuDNN's workspace, grown on demand */
+    size_t dnn_ws_bytes;
 #endif
 } mnistcu__cuda;
 
@@ -2798,6 +2821,74 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                          const float *bias, int act);
 static cudaStream_t mnistcu__cuda_stream(const mnistcu_ctx *ctx) { return mnistcu__cu(ctx)->stream; }
+/* ---- cuDNN (MNISTCU_CUDNN): the optional path for convolution, pooling and batch
+   norm, through cuDNN's legacy API (deprecated in cuDNN 9, still supported),
+   with deterministic algorithms and FP32 arithmetic only (no TF32). */
+#ifdef MNISTCU_CUDNN
+static int mnistcu__use_cudnn(const mnistcu_ctx *ctx) { return mnistcu__cu(ctx)->use_cudnn; }
+
+static mnistcu_result mnistcu__dnn_check(mnistcu_ctx *ctx, cudnnStatus_t s, const char *what)
+{
+    if (s == CUDNN_STATUS_SUCCESS) return MNISTCU_OK;
+    return mnistcu__fail(ctx, MNISTCU_ERR_CUDNN, "cuDNN %s: %s", what, cudnnGetErrorString(s));
+}
+
+/* A workspace of at least bytes, kept in the context and grown when needed. */
+static mnistcu_result mnistcu__dnn_workspace(mnistcu_ctx *ctx, size_t bytes, void **ws)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    if (bytes > cu->dnn_ws_bytes) {
+        void *p = NULL;
+        mnistcu_result r;
+        cudaStreamSynchronize(cu->stream); /* the old one may still be in use */
+        if (cu->dnn_ws) cudaFree(cu->dnn_ws);
+        cu->dnn_ws = NULL;
+        cu->dnn_ws_bytes = 0;
+        if ((r = mnistcu__cuda_check(ctx, cudaMalloc(&p, bytes), "cuDNN workspace"))) return r;
+        cu->dnn_ws = p;
+        cu->dnn_ws_bytes = bytes;
+    }
+    *ws = cu->dnn_ws;
+    return MNISTCU_OK;
+}
+
+/* A float NCHW tensor descriptor (NULL on failure). */
+static cudnnTensorDescriptor_t mnistcu__dnn_tensor(size_t n, int c, int h, int w)
+{
+    cudnnTensorDescriptor_t t = NULL;
+    if (cudnnCreateTensorDescriptor(&t) != CUDNN_STATUS_SUCCESS) return NULL;
+    if (cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)n, c, h, w) != CUDNN_STATUS_SUCCESS) {
+        cudnnDestroyTensorDescriptor(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* y [B][C][P] = act(y + b[c]) in place (after a cuDNN convolution). */
+__global__ void mnistcu__k_chan_bias_act(float *y, const float *bias, size_t n, int C, int P, int act)
+{
+    size_t e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        y[e] = mnistcu__act_f((mnistcu_act)act, bias ? y[e] + bias[(e / (size_t)P) % (size_t)C] : y[e]);
+}
+
+/* db[c] = sum over b and p of dy [B][C][P]: one block per channel, a fixed-order tree. */
+__global__ void mnistcu__k_chan_sum(const float *dy, int B, int C, int P, float *db)
+{
+    __shared__ float part[MNISTCU__THREADS];
+    int c = (int)blockIdx.x, t = (int)threadIdx.x, stride;
+    size_t n = (size_t)B * P, e;
+    float s = 0.0f;
+    for (e = (size_t)t; e < n; e += MNISTCU__THREADS) s += dy[(e / (size_t)P * C + (size_t)c) * P + e % (size_t)P];
+    part[t] = s;
+    __syncthreads();
+    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) part[t] += part[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) db[c] = part[0];
+}
+#endif /* MNISTCU_CUDNN */
 #define MNISTCU__CUDA_FN(f) f
 #else
 #define MNISTCU__CUDA_FN(f) NULL
@@ -3347,8 +3438,77 @@ __global__ void mnistcu__k_row_sum(const float *a, size_t cols, float *out)
     if (t == 0) out[blockIdx.x] = part[0];
 }
 
+#ifdef MNISTCU_CUDNN
+/* The same convolution through cuDNN (forward: implicit GEMM; backward: the
+   deterministic algorithms 1), with our bias, activation and bias gradient.
+   dy NULL: forward; else backward. */
+static mnistcu_result mnistcu__conv_dnn(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    cudaStream_t st = cu->stream;
+    cudnnTensorDescriptor_t xd = mnistcu__dnn_tensor(B, L->c, L->h, L->w), yd = mnistcu__dnn_tensor(B, L->oc, L->oh, L->ow);
+    cudnnFilterDescriptor_t wd = NULL;
+    cudnnConvolutionDescriptor_t cd = NULL;
+    cudnnStatus_t s = xd && yd ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+    const cudnnConvolutionFwdAlgo_t fa = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+    const cudnnConvolutionBwdFilterAlgo_t fb = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    const cudnnConvolutionBwdDataAlgo_t da = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    const float one = 1.0f, zero = 0.0f;
+    const float *W = m->params + L->wo;
+    size_t P = (size_t)L->oh * L->ow, n = B * L->out_size, bytes = 0, bytes2 = 0;
+    void *ws = NULL;
+    mnistcu_result r = MNISTCU_OK;
+#define MNISTCU__OK_ (s == CUDNN_STATUS_SUCCESS && r == MNISTCU_OK)
+    if (MNISTCU__OK_) s = cudnnCreateFilterDescriptor(&wd);
+    if (MNISTCU__OK_)
+        s = cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, L->oc, L->c, L->d.kernel_h, L->d.kernel_w);
+    if (MNISTCU__OK_) s = cudnnCreateConvolutionDescriptor(&cd);
+    if (MNISTCU__OK_)
+        s = cudnnSetConvolution2dDescriptor(cd, L->d.padding, L->d.padding, L->sh, L->sw, 1, 1, CUDNN_CROSS_CORRELATION,
+                                            CUDNN_DATA_FLOAT);
+    if (MNISTCU__OK_) s = cudnnSetConvolutionMathType(cd, CUDNN_FMA_MATH); /* FP32: no TF32 */
+    if (!dy) {
+        if (MNISTCU__OK_) s = cudnnGetConvolutionForwardWorkspaceSize(cu->dnn, xd, wd, cd, yd, fa, &bytes);
+        if (MNISTCU__OK_) r = mnistcu__dnn_workspace(ctx, bytes, &ws);
+        if (MNISTCU__OK_) s = cudnnConvolutionForward(cu->dnn, &one, xd, L->in, wd, W, cd, fa, ws, bytes, &zero, yd, L->out);
+        if (MNISTCU__OK_ && (L->nb || L->act != MNISTCU_ACT_IDENTITY)) {
+            mnistcu__k_chan_bias_act<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>(
+                L->out, L->nb ? m->params + L->bo : NULL, n, L->oc, (int)P, (int)L->act);
+            r = mnistcu__cuda_launched(ctx, "chan_bias_act");
+        }
+    } else {
+        if (MNISTCU__OK_ && L->act != MNISTCU_ACT_IDENTITY) {
+            mnistcu__k_act_backward<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>(dy, L->out, n, (int)L->act);
+            r = mnistcu__cuda_launched(ctx, "act_backward");
+        }
+        if (MNISTCU__OK_) s = cudnnGetConvolutionBackwardFilterWorkspaceSize(cu->dnn, xd, yd, cd, wd, fb, &bytes);
+        if (MNISTCU__OK_ && dx) s = cudnnGetConvolutionBackwardDataWorkspaceSize(cu->dnn, wd, yd, cd, xd, da, &bytes2);
+        if (MNISTCU__OK_) r = mnistcu__dnn_workspace(ctx, MNISTCU__MAX(bytes, bytes2), &ws);
+        if (MNISTCU__OK_)
+            s = cudnnConvolutionBackwardFilter(cu->dnn, &one, xd, L->in, yd, dy, cd, fb, ws, bytes, &zero, wd,
+                                               m->grads + L->wo);
+        if (MNISTCU__OK_ && L->nb) {
+            mnistcu__k_chan_sum<<<(unsigned)L->oc, MNISTCU__THREADS, 0, st>>>(dy, (int)B, L->oc, (int)P, m->grads + L->bo);
+            r = mnistcu__cuda_launched(ctx, "chan_sum");
+        }
+        if (MNISTCU__OK_ && dx)
+            s = cudnnConvolutionBackwardData(cu->dnn, &one, wd, W, yd, dy, cd, da, ws, bytes2, &zero, xd, dx);
+    }
+#undef MNISTCU__OK_
+    if (cd) cudnnDestroyConvolutionDescriptor(cd);
+    if (wd) cudnnDestroyFilterDescriptor(wd);
+    if (xd) cudnnDestroyTensorDescriptor(xd);
+    if (yd) cudnnDestroyTensorDescriptor(yd);
+    return r ? r : mnistcu__dnn_check(ctx, s, "convolution");
+}
+#endif
+
 static mnistcu_result mnistcu__conv_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
+#ifdef MNISTCU_CUDNN
+    if (mnistcu__use_cudnn(m->ctx)) return mnistcu__conv_dnn(m, L, B, NULL, NULL);
+#endif
     mnistcu_ctx *ctx = m->ctx;
     cudaStream_t st = mnistcu__cuda_stream(ctx);
     mnistcu__geom g = mnistcu__geom_of(L);
@@ -3366,6 +3526,9 @@ static mnistcu_result mnistcu__conv_cuda_forward(mnistcu_model *m, mnistcu__laye
 
 static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
 {
+#ifdef MNISTCU_CUDNN
+    if (mnistcu__use_cudnn(m->ctx)) return mnistcu__conv_dnn(m, L, B, dy, dx);
+#endif
     mnistcu_ctx *ctx = m->ctx;
     cudaStream_t st = mnistcu__cuda_stream(ctx);
     mnistcu__geom g = mnistcu__geom_of(L);
@@ -3552,8 +3715,37 @@ __global__ void mnistcu__k_pool_backward(const float *dy, const int32_t *arg, mn
     }
 }
 
+#ifdef MNISTCU_CUDNN
+/* The same pooling through cuDNN (deterministic max). dy NULL: forward; else backward. */
+static mnistcu_result mnistcu__pool_dnn(mnistcu_model *m, mnistcu__layer *L, size_t B, const float *dy, float *dx,
+                                        int is_max)
+{
+    mnistcu__cuda *cu = mnistcu__cu(m->ctx);
+    cudnnTensorDescriptor_t xd = mnistcu__dnn_tensor(B, L->c, L->h, L->w), yd = mnistcu__dnn_tensor(B, L->oc, L->oh, L->ow);
+    cudnnPoolingDescriptor_t pd = NULL;
+    cudnnStatus_t s = xd && yd ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+    const float one = 1.0f, zero = 0.0f;
+    if (s == CUDNN_STATUS_SUCCESS) s = cudnnCreatePoolingDescriptor(&pd);
+    if (s == CUDNN_STATUS_SUCCESS)
+        s = cudnnSetPooling2dDescriptor(pd, is_max ? CUDNN_POOLING_MAX_DETERMINISTIC
+                                                   : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
+                                        CUDNN_PROPAGATE_NAN, L->d.kernel_h, L->d.kernel_w, 0, 0, L->sh, L->sw);
+    if (s == CUDNN_STATUS_SUCCESS) {
+        if (!dy) s = cudnnPoolingForward(cu->dnn, pd, &one, xd, L->in, &zero, yd, L->out);
+        else s = cudnnPoolingBackward(cu->dnn, pd, &one, yd, L->out, yd, dy, xd, L->in, &zero, xd, dx);
+    }
+    if (pd) cudnnDestroyPoolingDescriptor(pd);
+    if (xd) cudnnDestroyTensorDescriptor(xd);
+    if (yd) cudnnDestroyTensorDescriptor(yd);
+    return mnistcu__dnn_check(m->ctx, s, "pooling");
+}
+#endif
+
 static mnistcu_result mnistcu__cuda_pool_forward(mnistcu_model *m, mnistcu__layer *L, size_t B, int is_max)
 {
+#ifdef MNISTCU_CUDNN
+    if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, NULL, NULL, is_max);
+#endif
     size_t planes = B * (size_t)L->c;
     mnistcu__k_pool_forward<<<mnistcu__blocks(planes * L->oh * L->ow), MNISTCU__THREADS, 0,
                               mnistcu__cuda_stream(m->ctx)>>>(L->in, mnistcu__geom_of(L), planes, is_max, L->out,
@@ -3566,6 +3758,9 @@ static mnistcu_result mnistcu__cuda_pool_backward(mnistcu_model *m, mnistcu__lay
 {
     size_t planes = B * (size_t)L->c;
     if (!dx) return MNISTCU_OK;
+#ifdef MNISTCU_CUDNN
+    if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, dy, dx, is_max);
+#endif
     mnistcu__k_pool_backward<<<mnistcu__blocks(planes * L->h * L->w), MNISTCU__THREADS, 0,
                                mnistcu__cuda_stream(m->ctx)>>>(dy, is_max ? (const int32_t *)L->aux : NULL,
                                                                mnistcu__geom_of(L), planes, dx);
@@ -3805,6 +4000,22 @@ static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer 
     size_t C = (size_t)L->c;
     mnistcu_result r = mnistcu__bn_check(m, L, B);
     if (r) return r;
+#ifdef MNISTCU_CUDNN
+    /* training mode through cuDNN; its saved mean and inverse deviation are our aux */
+    if (mnistcu__use_cudnn(m->ctx) && L->trained && L->d.eps >= CUDNN_BN_MIN_EPSILON) {
+        cudnnTensorDescriptor_t xd = mnistcu__dnn_tensor(B, L->c, L->h, L->w), pd = mnistcu__dnn_tensor(1, L->c, 1, 1);
+        const float one = 1.0f, zero = 0.0f;
+        cudnnStatus_t s = xd && pd ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = cudnnBatchNormalizationForwardTraining(
+                mnistcu__cu(m->ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, L->in, xd, L->out, pd,
+                m->params + L->wo, m->params + L->bo, (double)L->d.momentum, m->buffers + L->buf,
+                m->buffers + L->buf + C, (double)L->d.eps, L->aux, L->aux + C);
+        if (xd) cudnnDestroyTensorDescriptor(xd);
+        if (pd) cudnnDestroyTensorDescriptor(pd);
+        return mnistcu__dnn_check(m->ctx, s, "batch norm forward");
+    }
+#endif
     mnistcu__k_bn_forward<<<(unsigned)C, MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
         L->in, L->out, (int)B, (int)C, L->h * L->w, m->params + L->wo, m->params + L->bo, m->buffers + L->buf,
         m->buffers + L->buf + C, L->aux, L->trained, L->d.eps, L->d.momentum);
@@ -3814,6 +4025,21 @@ static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer 
 
 static mnistcu_result mnistcu__bn_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
 {
+#ifdef MNISTCU_CUDNN
+    if (mnistcu__use_cudnn(m->ctx) && L->trained && dx && L->d.eps >= CUDNN_BN_MIN_EPSILON) {
+        cudnnTensorDescriptor_t xd = mnistcu__dnn_tensor(B, L->c, L->h, L->w), pd = mnistcu__dnn_tensor(1, L->c, 1, 1);
+        const float one = 1.0f, zero = 0.0f;
+        cudnnStatus_t s = xd && pd ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = cudnnBatchNormalizationBackward(mnistcu__cu(m->ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one,
+                                                &zero, xd, L->in, xd, dy, xd, dx, pd, m->params + L->wo,
+                                                m->grads + L->wo, m->grads + L->bo, (double)L->d.eps, L->aux,
+                                                L->aux + L->c);
+        if (xd) cudnnDestroyTensorDescriptor(xd);
+        if (pd) cudnnDestroyTensorDescriptor(pd);
+        return mnistcu__dnn_check(m->ctx, s, "batch norm backward");
+    }
+#endif
     mnistcu__k_bn_backward<<<(unsigned)L->c, MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
         L->in, dy, dx, (int)B, L->c, L->h * L->w, m->params + L->wo, L->aux, L->trained, m->grads + L->wo,
         m->grads + L->bo);
@@ -5728,6 +5954,16 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
 #define MNISTCU__GBN 64
 #define MNISTCU__GBK 16
 
+/* Split K (gridDim.z > 1): slice z sums k in [kz0, kz0 + kc) only, kc a multiple
+   of 16, and writes its partial product to the z-th [M][ldc] matrix after C; a
+   second kernel adds the slices in order. With gridDim.z = 1 the slice is all
+   of K, and nothing changes. K becomes the slice's end. */
+#define MNISTCU__GEMM_SLICE()                                                                         \
+    const int kc_ = gridDim.z == 1 ? K : ((K + (int)gridDim.z - 1) / (int)gridDim.z + 15) / 16 * 16; \
+    const int kz0 = (int)blockIdx.z * kc_;                                                            \
+    K = kz0 + kc_ < K ? kz0 + kc_ : K;                                                                \
+    C += (size_t)blockIdx.z * (size_t)M * (size_t)ldc
+
 template <int TA, int TB, int FUSE>
 __global__ void __launch_bounds__(256) mnistcu__k_gemm(int M, int N, int K, const float *__restrict__ A, int lda,
                                                         const float *__restrict__ B, int ldb, float *__restrict__ C,
@@ -5739,11 +5975,12 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm(int M, int N, int K, cons
     const int n0 = (int)blockIdx.x * MNISTCU__GBN;
     float acc[4][4];
     int i, j, r, k0, kk, m0;
+    MNISTCU__GEMM_SLICE();
     /* Rows of tiles beyond gridDim.y's limit (65535) are walked by the same blocks. */
     for (m0 = (int)blockIdx.y * MNISTCU__GBM; m0 < M; m0 += (int)gridDim.y * MNISTCU__GBM) {
         for (i = 0; i < 4; ++i)
             for (j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-        for (k0 = 0; k0 < K; k0 += MNISTCU__GBK) {
+        for (k0 = kz0; k0 < K; k0 += MNISTCU__GBK) {
             for (r = 0; r < 4; ++r) {
                 int m = TA ? t % 64 : t / 16 + 16 * r, k = TA ? t / 64 + 4 * r : t % 16;
                 int gm = m0 + m, gk = k0 + k;
@@ -5806,9 +6043,10 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm16(int M, int N, int K, co
     const int tx = (int)threadIdx.x % MNISTCU__GT, ty = (int)threadIdx.x / MNISTCU__GT;
     const int n0 = (int)blockIdx.x * MNISTCU__GT;
     int m0, k0, kk;
+    MNISTCU__GEMM_SLICE();
     for (m0 = (int)blockIdx.y * MNISTCU__GT; m0 < M; m0 += (int)gridDim.y * MNISTCU__GT) {
         float acc = 0.0f;
-        for (k0 = 0; k0 < K; k0 += MNISTCU__GT) {
+        for (k0 = kz0; k0 < K; k0 += MNISTCU__GT) {
             /* each thread stages one element of each tile, reading along the
                source's contiguous direction */
             int am = TA ? tx : ty, ak = TA ? ty : tx, bk = TB ? tx : ty, bn = TB ? ty : tx;
@@ -5823,6 +6061,21 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm16(int M, int N, int K, co
         if (m0 + ty < M && n0 + tx < N)
             C[(size_t)(m0 + ty) * ldc + n0 + tx] =
                 FUSE ? mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[n0 + tx] : acc) : acc;
+    }
+}
+
+/* C = epilogue(sum over s of part [S][M][N]), slices added in order. */
+__global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, float *C, int ldc, const float *bias,
+                                      int act, int fuse)
+{
+    size_t n = (size_t)M * N, e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        float acc = part[e];
+        int s2;
+        size_t col = e % (size_t)N;
+        for (s2 = 1; s2 < S; ++s2) acc += part[(size_t)s2 * n + e];
+        if (fuse) acc = mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[col] : acc);
+        C[(e / (size_t)N) * (size_t)ldc + col] = acc;
     }
 }
 
@@ -5935,9 +6188,20 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
         }
     }
 #endif
+#ifdef MNISTCU_CUDNN
+    cu->use_cudnn = ctx->desc.cnn != MNISTCU_CNN_OWN;
+    if (cu->use_cudnn) {
+        cudnnStatus_t s = cudnnCreate(&cu->dnn);
+        if (s == CUDNN_STATUS_SUCCESS) s = cudnnSetStream(cu->dnn, cu->stream);
+        if (s != CUDNN_STATUS_SUCCESS) {
+            mnistcu__cuda_ctx_free(ctx);
+            return mnistcu__fail(ctx, MNISTCU_ERR_CUDNN, "cuDNN initialisation failed: %s", cudnnGetErrorString(s));
+        }
+    }
+#endif
     ctx->device = MNISTCU_DEVICE_CUDA;
-    snprintf(ctx->device_name, sizeof ctx->device_name, "%.255s (sm_%d%d%s)", prop.name, prop.major, prop.minor,
-             cu->use_cublas ? ", cuBLAS" : "");
+    snprintf(ctx->device_name, sizeof ctx->device_name, "%.255s (sm_%d%d%s%s)", prop.name, prop.major, prop.minor,
+             cu->use_cublas ? ", cuBLAS" : "", cu->use_cudnn ? ", cuDNN" : "");
     return MNISTCU_OK;
 }
 
@@ -5948,6 +6212,14 @@ static void mnistcu__cuda_ctx_free(mnistcu_ctx *ctx)
 #ifdef MNISTCU_CUBLAS
     if (cu->blas) cublasDestroy(cu->blas);
 #endif
+#ifdef MNISTCU_CUDNN
+    if (cu->dnn) cudnnDestroy(cu->dnn);
+    if (cu->dnn_ws) cudaFree(cu->dnn_ws);
+#endif
+    if (cu->splitk) {
+        if (cu->stream) cudaStreamSynchronize(cu->stream);
+        mnistcu__cuda_free(ctx, cu->splitk);
+    }
     if (cu->stream) cudaStreamDestroy(cu->stream);
     if (cu->copy_stream) cudaStreamDestroy(cu->copy_stream);
     mnistcu__free(ctx, cu);
@@ -6139,28 +6411,63 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
     {
         /* Few 64x64 tiles (small batches): the 16x16 kernel keeps more of the GPU busy. */
         size_t tiles64 = ((M + MNISTCU__GBM - 1) / MNISTCU__GBM) * ((N + MNISTCU__GBN - 1) / MNISTCU__GBN);
+        size_t tiles16 = ((M + MNISTCU__GT - 1) / MNISTCU__GT) * ((N + MNISTCU__GT - 1) / MNISTCU__GT), S = 1;
         int small = tiles64 < 128;
-        size_t tm = small ? MNISTCU__GT : MNISTCU__GBM, tn = small ? MNISTCU__GT : MNISTCU__GBN;
-        size_t mtiles = (M + tm - 1) / tm;
-        dim3 grid((unsigned)((N + tn - 1) / tn), (unsigned)(mtiles < 65535 ? mtiles : 65535));
+        size_t tm, tn, mtiles;
+        dim3 grid;
         int m_ = (int)M, n_ = (int)N, k_ = (int)K, la = (int)lda, lb = (int)ldb, lc = (int)ldc;
         cudaStream_t st = cu->stream;
+        float *out = C;
         int fuse = bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY);
         if (fuse && (ta || !tb)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused gemm is only NT");
-#define MNISTCU__GEMM_LAUNCH(TA_, TB_, FUSE_)                                                                   \
-    do {                                                                                                        \
-        if (small)                                                                                              \
-            mnistcu__k_gemm16<TA_, TB_, FUSE_><<<grid, 256, 0, st>>>(m_, n_, k_, A, la, B, lb, C, lc, bias, act); \
-        else                                                                                                    \
-            mnistcu__k_gemm<TA_, TB_, FUSE_><<<grid, 256, 0, st>>>(m_, n_, k_, A, la, B, lb, C, lc, bias, act);   \
+        /* Long sums over few outputs (a convolution's weight gradient sums over
+           batch x positions): split K so that about 264 blocks (two per H100
+           multiprocessor) share the work, each slice at least 128 (or 256) long. */
+        if (K >= 2048) {
+            small = !(M >= 64 && N >= 64);
+            S = small ? (4 * 132 + tiles16 - 1) / tiles16 : (2 * 132 + tiles64 - 1) / tiles64;
+            S = MNISTCU__MIN(S, K / (small ? 128 : 256));
+            if (S > 1) {
+                size_t need = S * M * N;
+                mnistcu_result r;
+                if (need > cu->splitk_floats) {
+                    cudaStreamSynchronize(st); /* the old buffer may still be in use */
+                    mnistcu__cuda_free(ctx, cu->splitk);
+                    cu->splitk = NULL;
+                    cu->splitk_floats = 0;
+                    if ((r = mnistcu__cuda_malloc(ctx, (void **)&cu->splitk, need * sizeof(float), "split-K sums")))
+                        return r;
+                    cu->splitk_floats = need;
+                }
+                out = cu->splitk;
+                lc = n_;
+            } else {
+                S = 1;
+            }
+        }
+        tm = small ? MNISTCU__GT : MNISTCU__GBM;
+        tn = small ? MNISTCU__GT : MNISTCU__GBN;
+        mtiles = (M + tm - 1) / tm;
+        grid = dim3((unsigned)((N + tn - 1) / tn), (unsigned)(mtiles < 65535 ? mtiles : 65535), (unsigned)S);
+#define MNISTCU__GEMM_LAUNCH(TA_, TB_, FUSE_)                                                                     \
+    do {                                                                                                          \
+        if (small)                                                                                                \
+            mnistcu__k_gemm16<TA_, TB_, FUSE_><<<grid, 256, 0, st>>>(m_, n_, k_, A, la, B, lb, out, lc, bias, act); \
+        else                                                                                                      \
+            mnistcu__k_gemm<TA_, TB_, FUSE_><<<grid, 256, 0, st>>>(m_, n_, k_, A, la, B, lb, out, lc, bias, act);   \
     } while (0)
-        if (fuse) MNISTCU__GEMM_LAUNCH(0, 1, 1);
+        if (fuse && S == 1) MNISTCU__GEMM_LAUNCH(0, 1, 1);
         else if (!ta && tb) MNISTCU__GEMM_LAUNCH(0, 1, 0);
         else if (ta && !tb) MNISTCU__GEMM_LAUNCH(1, 0, 0);
         else if (!ta && !tb) MNISTCU__GEMM_LAUNCH(0, 0, 0);
         else MNISTCU__GEMM_LAUNCH(1, 1, 0);
 #undef MNISTCU__GEMM_LAUNCH
         MNISTCU__LAUNCHED(ctx, "gemm");
+        if (S > 1) {
+            mnistcu__k_splitk_sum<<<mnistcu__blocks(M * N), MNISTCU__THREADS, 0, st>>>(out, (int)S, m_, n_, C, (int)ldc,
+                                                                                     bias, act, fuse);
+            MNISTCU__LAUNCHED(ctx, "splitk_sum");
+        }
     }
     return MNISTCU_OK;
 }

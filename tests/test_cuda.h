@@ -45,6 +45,9 @@ static double tc_relerr(const float *got, const float *ref, size_t n)
     return den > 0.0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* A GPU context with the given matrix-product path and the CNN path in tc_cnn_path. */
+static mnistcu_cnn tc_cnn_path = MNISTCU_CNN_OWN;
+
 static mnistcu_ctx *tc_ctx(mnistcu_gemm gemm)
 {
     mnistcu_ctx_desc d;
@@ -54,6 +57,7 @@ static mnistcu_ctx *tc_ctx(mnistcu_gemm gemm)
     d.log_level = MNISTCU_LOG_SILENT;
     d.seed = 1234;
     d.gemm = gemm;
+    d.cnn = tc_cnn_path;
     if (mnistcu_ctx_create(&ctx, &d) != MNISTCU_OK) {
         mnistcu_ctx_destroy(ctx);
         return NULL;
@@ -634,6 +638,342 @@ TEST cuda_sticky_error_is_latched(void)
     PASS();
 }
 
+/* ---- layers: every kind's kernels against its CPU reference ---------------------
+   One small model per kind (the kind where it needs its input gradient, after a
+   layer with parameters), built with the same seed on the CPU and the GPU, so
+   they start from the same parameters. The GPU's whole workspace and gradient
+   arena are poisoned with NaN before each pass; then every layer's output, the
+   loss, every gradient and the running statistics are compared with the CPU's. */
+typedef struct tc_layer_case { mnistcu_layer_kind kind; const char *spec; size_t batch; } tc_layer_case;
+
+static const tc_layer_case tc_layer_cases[] = {
+    {MNISTCU_LAYER_DENSE, "13 dense7:bias=0 sigmoid dense9 dense5", 5},
+    {MNISTCU_LAYER_CONV2D, "2x9x9 conv3x3x4:s=2:p=1 relu conv2x3x3:bias=0 tanh conv1x1x2 flatten dense5", 3},
+    {MNISTCU_LAYER_MAXPOOL2D, "2x11x10 conv3x3x3 maxpool3:s=2 maxpool2x1 flatten dense5", 4},
+    {MNISTCU_LAYER_AVGPOOL2D, "2x10x10 conv3x3x3 avgpool2 avgpool3x2:s=1 flatten dense5", 3},
+    {MNISTCU_LAYER_BATCHNORM, "2x6x6 conv3x3x4 batchnorm:momentum=0.3 relu flatten dense8 batchnorm dense5", 6},
+    {MNISTCU_LAYER_DROPOUT, "30 dense20 dropout0.3 dense12 relu dropout dense5", 7},
+    {MNISTCU_LAYER_FLATTEN, "3x4x4 conv3x3x2 flatten dense5", 2},
+    {MNISTCU_LAYER_RELU, "2x6x6 conv3x3x3 maxpool2 relu flatten dense5", 3},
+    {MNISTCU_LAYER_LEAKY_RELU, "20 dense10 leaky_relu0.2 dense9 leaky_relu dense5", 5},
+    {MNISTCU_LAYER_SIGMOID, "2x6x6 conv3x3x3 avgpool2 sigmoid flatten dense5", 3},
+    {MNISTCU_LAYER_TANH, "20 dense10 dropout tanh dense5", 4},
+    {MNISTCU_LAYER_SOFTMAX, "3x4x4 conv1x1x4 softmax flatten dense6 softmax dense5", 3},
+    {MNISTCU_LAYER_CONV2D, "lenet5", 3},
+    {MNISTCU_LAYER_CONV2D, "fashion-cnn", 2},
+    {MNISTCU_LAYER_DENSE, "784-128-10", 1},
+};
+
+/* Elementwise |got - ref| <= 1e-5 (|ref| + 1e-2 max|ref|): relative, with a floor at the
+   tensor's own scale for entries that are sums cancelling to near zero. */
+static int tc_close(const float *got, const float *ref, size_t n, double *worst, size_t *at)
+{
+    double mx = 0.0;
+    size_t i;
+    *worst = 0.0;
+    *at = 0;
+    for (i = 0; i < n; ++i) mx = fmax(mx, fabs((double)ref[i]));
+    for (i = 0; i < n; ++i) {
+        double d = fabs((double)got[i] - (double)ref[i]), scale = fabs((double)ref[i]) + 1e-2 * mx, e;
+        if (got[i] != got[i] || ref[i] != ref[i]) { *worst = INFINITY; *at = i; return 0; }
+        e = scale > 0.0 ? d / scale : d;
+        if (e > *worst) { *worst = e; *at = i; }
+    }
+    return *worst <= TC_MAX_REL;
+}
+
+static float *tc_up_into(float *dev, const float *host, size_t n)
+{
+    cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice);
+    return dev;
+}
+
+/* Each kernel gets exactly the CPU's inputs: layer by layer, the CPU runs its
+   forward, the GPU layer is given the CPU's input and its own output poisoned,
+   and the two outputs are compared; then backward, layer by layer from the
+   loss, with the CPU's output gradient given to both. Pass 0 in TRAIN mode,
+   pass 1 in EVAL mode after an SGD step (the GPU then takes the CPU's
+   parameters and running statistics, so both start the pass equal). */
+static int tc_layer_case_run(const tc_layer_case *c, mnistcu_gemm path, char *msg, size_t msg_size)
+{
+    mnistcu_ctx *g = tc_ctx(path), *h = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    mnistcu_model *mg = NULL, *mh = NULL;
+    tu_rng rng = tu_rng_make(77 + c->batch);
+    float *x = NULL, *got = NULL, *dy = NULL, *tmp = NULL;
+    int32_t *labels = NULL;
+    double lh, worst;
+    size_t i, at, n, B = c->batch, ws;
+    int pass, l, ok = 1;
+    mnistcu_optim_desc o;
+    memset(&o, 0, sizeof o);
+    o.learning_rate = 0.05f;
+    o.momentum = 0.9f;
+    if (!g || !h || mnistcu_model_create_spec(g, c->spec, &mg) || mnistcu_model_create_spec(h, c->spec, &mh)) {
+        snprintf(msg, msg_size, "%s: cannot make the models", c->spec);
+        ok = 0;
+        goto done;
+    }
+    n = mg->num_params;
+    x = tu_random_floats(&rng, B * mg->inputs, -1.5f, 1.5f);
+    labels = (int32_t *)malloc(B * sizeof(int32_t));
+    dy = (float *)malloc(B * mh->max_size * sizeof(float));
+    tmp = (float *)malloc((B * mh->max_size > n ? B * mh->max_size : n) * sizeof(float));
+    for (i = 0; i < B; ++i) labels[i] = (int32_t)(tu_next(&rng) % mg->classes);
+    mnistcu__model_reserve(mg, B);
+    mnistcu__model_reserve(mh, B);
+    ws = mnistcu__model_layout(mg, NULL, mg->ws_batch);
+#define TC_CHECK(what_, gdev_, href_, count_)                                                                     \
+    do {                                                                                                          \
+        free(got);                                                                                                \
+        got = tc_down((gdev_), (count_));                                                                         \
+        if (ok && !tc_close(got, (href_), (count_), &worst, &at)) {                                               \
+            snprintf(msg, msg_size, "%.60s pass %d: layer %d (%s) %s [%lu] = %.9g, CPU %.9g (error %.3g)", c->spec, \
+                     pass, l, mnistcu__kind_keywords[mg->layers[l].d.kind], what_, (unsigned long)at, got[at],     \
+                     (href_)[at], worst);                                                                         \
+            ok = 0;                                                                                               \
+        }                                                                                                         \
+    } while (0)
+    for (pass = 0; pass < 2 && ok; ++pass) {
+        float *cur_h, *cur_g;
+        if (pass == 1) { /* an SGD step on the CPU, its result given to the GPU; then EVAL mode */
+            if (mnistcu_model_compute_grads(mh, x, labels, B, &lh) || mnistcu_model_apply_grads(mh, &o)) {
+                ok = 0;
+                break;
+            }
+            mnistcu_model_set_params(mg, mh->params, n);
+            if (mh->num_buffers) tc_up_into(mg->buffers, mh->buffers, mh->num_buffers);
+            mnistcu_model_set_mode(mg, MNISTCU_MODE_EVAL);
+            mnistcu_model_set_mode(mh, MNISTCU_MODE_EVAL);
+            mg->steps = mh->steps;
+        }
+        cudaMemset(mg->ws, 0xFF, ws * sizeof(float)); /* all ones: a NaN */
+        cudaMemset(mg->grads, 0xFF, n * sizeof(float));
+        memcpy(mh->input, x, B * mh->inputs * sizeof(float));
+        memcpy(mh->labels, labels, B * sizeof(int32_t));
+        cudaMemcpy(mg->labels, labels, B * sizeof(int32_t), cudaMemcpyHostToDevice);
+        for (l = 0; l < mg->num_layers && ok; ++l) {
+            mnistcu__layer *Lg = &mg->layers[l], *Lh = &mh->layers[l];
+            if (Lg->passthrough) continue;
+            mnistcu__kinds[Lh->d.kind]->forward[0](mh, Lh, B);
+            tc_up_into(Lg->in, Lh->in, B * Lg->in_size);
+            if (mnistcu__kinds[Lg->d.kind]->forward[1](mg, Lg, B) != MNISTCU_OK) {
+                snprintf(msg, msg_size, "%.60s: layer %d forward failed: %.300s", c->spec, l, mnistcu_ctx_error(g));
+                ok = 0;
+                break;
+            }
+            TC_CHECK("output", Lg->out, Lh->out, B * Lg->out_size);
+            if (mh->num_buffers && Lh->d.kind == MNISTCU_LAYER_BATCHNORM)
+                TC_CHECK("running statistics", mg->buffers, mh->buffers, mh->num_buffers);
+        }
+        if (!ok) break;
+        /* the loss and its gradient from the same logits */
+        l = mg->num_layers - 1;
+        tc_up_into(mg->logits, mh->logits, B * mg->classes);
+        mnistcu__loss(mh, B, 1);
+        mnistcu__loss(mg, B, 1);
+        TC_CHECK("loss gradient", mg->dbuf[0], mh->dbuf[0], B * mg->classes);
+        /* backward, each layer given the CPU's output gradient */
+        memcpy(dy, mh->dbuf[0], B * mh->classes * sizeof(float));
+        for (l = mg->num_layers - 1; l >= 0 && ok; --l) {
+            mnistcu__layer *Lg = &mg->layers[l], *Lh = &mh->layers[l];
+            size_t ny = B * Lh->out_size, nx = B * Lh->in_size;
+            if (Lg->passthrough) continue;
+            if (!Lh->need_dx && Lh->nw + Lh->nb == 0) break;
+            cur_h = mh->dbuf[0];
+            cur_g = mg->dbuf[0];
+            memcpy(cur_h, dy, ny * sizeof(float));
+            tc_up_into(cur_g, dy, ny);
+            if (Lg->need_dx) cudaMemset(mg->dbuf[1], 0xFF, nx * sizeof(float));
+            mnistcu__kinds[Lh->d.kind]->backward[0](mh, Lh, B, cur_h, Lh->need_dx ? mh->dbuf[1] : NULL);
+            if (mnistcu__kinds[Lg->d.kind]->backward[1](mg, Lg, B, cur_g, Lg->need_dx ? mg->dbuf[1] : NULL) !=
+                MNISTCU_OK) {
+                snprintf(msg, msg_size, "%.60s: layer %d backward failed: %.300s", c->spec, l, mnistcu_ctx_error(g));
+                ok = 0;
+                break;
+            }
+            if (Lh->nw) TC_CHECK("weight gradient", mg->grads + Lg->wo, mh->grads + Lh->wo, Lh->nw);
+            if (Lh->nb) TC_CHECK("bias gradient", mg->grads + Lg->bo, mh->grads + Lh->bo, Lh->nb);
+            if (!Lh->need_dx) break;
+            TC_CHECK("input gradient", mg->dbuf[1], mh->dbuf[1], nx);
+            memcpy(dy, mh->dbuf[1], nx * sizeof(float));
+        }
+    }
+#undef TC_CHECK
+done:
+    free(x); free(got); free(dy); free(tmp); free(labels);
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(h);
+    return ok;
+}
+
+/* Whole passes chained, each device on its own: the same loss and gradients
+   after forward and backward through every layer (rounding differences
+   compound through the layers, so 1e-4). */
+static int tc_layer_case_chained(const tc_layer_case *c, char *msg, size_t msg_size)
+{
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN), *h = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    mnistcu_model *mg = NULL, *mh = NULL;
+    tu_rng rng = tu_rng_make(99 + c->batch);
+    float *x = NULL, *gg = NULL, *gh = NULL;
+    int32_t *labels = NULL;
+    double lg = 0.0, lh = 0.0, num = 0.0, den = 0.0;
+    size_t i, n, B = c->batch;
+    int ok = 1;
+    if (!g || !h || mnistcu_model_create_spec(g, c->spec, &mg) || mnistcu_model_create_spec(h, c->spec, &mh)) {
+        snprintf(msg, msg_size, "%s: cannot make the models", c->spec);
+        ok = 0;
+        goto done;
+    }
+    n = mg->num_params;
+    x = tu_random_floats(&rng, B * mg->inputs, -1.5f, 1.5f);
+    labels = (int32_t *)malloc(B * sizeof(int32_t));
+    gg = (float *)malloc(n * sizeof(float));
+    gh = (float *)malloc(n * sizeof(float));
+    for (i = 0; i < B; ++i) labels[i] = (int32_t)(tu_next(&rng) % mg->classes);
+    if (mnistcu_model_compute_grads(mg, x, labels, B, &lg) || mnistcu_model_compute_grads(mh, x, labels, B, &lh) ||
+        mnistcu_model_get_grads(mg, gg, n) || mnistcu_model_get_grads(mh, gh, n)) {
+        snprintf(msg, msg_size, "%s: compute_grads failed", c->spec);
+        ok = 0;
+        goto done;
+    }
+    for (i = 0; i < n; ++i) {
+        num += ((double)gg[i] - gh[i]) * ((double)gg[i] - gh[i]);
+        den += (double)gh[i] * gh[i];
+    }
+    if (!(fabs(lg - lh) <= 1e-5 * fabs(lh) + 1e-7) || !(sqrt(num / (den > 0 ? den : 1)) <= 1e-4)) {
+        snprintf(msg, msg_size, "%.60s chained: loss %.9g vs CPU %.9g, gradient relative error %.3g", c->spec, lg, lh,
+                 sqrt(num / (den > 0 ? den : 1)));
+        ok = 0;
+    }
+done:
+    free(x); free(gg); free(gh); free(labels);
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(h);
+    return ok;
+}
+
+TEST cuda_layers_match_cpu(void)
+{
+    char msg[512] = "";
+    int covered[MNISTCU_LAYER_KIND_COUNT] = {0}, k, path;
+    size_t i;
+    for (i = 0; i < sizeof tc_layer_cases / sizeof tc_layer_cases[0]; ++i) covered[tc_layer_cases[i].kind] = 1;
+    for (k = 1; k < MNISTCU_LAYER_KIND_COUNT; ++k)
+        if (!covered[k]) {
+            snprintf(msg, sizeof msg, "layer kind %s has no CUDA parity case", mnistcu__kind_keywords[k]);
+            FAILm(msg);
+        }
+    /* own kernels with our product, with cuBLAS's, and (built with MNISTCU_CUDNN) cuDNN's */
+    for (path = 0; path < 3; ++path) {
+#ifndef MNISTCU_CUBLAS
+        if (path == 1) continue;
+#endif
+#ifndef MNISTCU_CUDNN
+        if (path == 2) continue;
+#endif
+        tc_cnn_path = path == 2 ? MNISTCU_CNN_CUDNN : MNISTCU_CNN_OWN;
+        for (i = 0; i < sizeof tc_layer_cases / sizeof tc_layer_cases[0]; ++i)
+            if (!tc_layer_case_run(&tc_layer_cases[i], path == 1 ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN, msg,
+                                   sizeof msg) ||
+                (path == 0 && !tc_layer_case_chained(&tc_layer_cases[i], msg, sizeof msg))) {
+                tc_cnn_path = MNISTCU_CNN_OWN;
+                FAILm(msg);
+            }
+        tc_cnn_path = MNISTCU_CNN_OWN;
+        printf("\n    layer parity: %s ok", path == 0 ? "own kernels" : path == 1 ? "cuBLAS products" : "cuDNN");
+    }
+    PASS();
+}
+
+/* The dropout masks of the two devices are the same bits, at every step. */
+TEST cuda_dropout_mask_matches_cpu_bitwise(void)
+{
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN), *h = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    mnistcu_model *mg = NULL, *mh = NULL;
+    const size_t B = 9, F = 1000;
+    float *x = (float *)malloc(B * F * sizeof(float)), *yg = NULL;
+    int32_t labels[9] = {0};
+    mnistcu_optim_desc o;
+    double loss;
+    size_t i, kept = 0;
+    int step, same = 1, differs = 0;
+    memset(&o, 0, sizeof o);
+    ASSERT(g && h);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(g, "1000 dropout0.3 dense2", &mg));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(h, "1000 dropout0.3 dense2", &mh));
+    for (i = 0; i < B * F; ++i) x[i] = 1.0f + (float)(i % 7);
+    for (step = 0; step < 3; ++step) {
+        float *prev = yg;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_compute_grads(mg, x, labels, B, &loss));
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_compute_grads(mh, x, labels, B, &loss));
+        yg = tc_down(mg->layers[0].out, B * F);
+        if (memcmp(yg, mh->layers[0].out, B * F * sizeof(float)) != 0) same = 0;
+        if (prev && memcmp(prev, yg, B * F * sizeof(float)) != 0) differs = 1;
+        for (i = 0; i < B * F; ++i) kept += yg[i] != 0.0f;
+        free(prev);
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_apply_grads(mg, &o));
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_apply_grads(mh, &o));
+    }
+    free(yg);
+    free(x);
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(h);
+    ASSERTm("the GPU's dropout output must equal the CPU's bit for bit", same);
+    ASSERTm("the mask must change from step to step", differs);
+    ASSERT_IN_RANGE(0.7, (double)kept / (3.0 * B * F), 0.02);
+    PASS();
+}
+
+/* A CNN with every stateful kind trains to the same bits twice on the GPU. */
+TEST cuda_cnn_runs_are_bitwise_identical(void)
+{
+    const char *spec = "1x12x12 conv3x3x6:p=1 batchnorm relu maxpool2 conv3x3x8 avgpool2 flatten dropout0.2 dense16 "
+                       "relu dense10";
+    float *p[2] = {NULL, NULL}, *b[2] = {NULL, NULL};
+    size_t np = 0, nb = 0, i;
+    int run, step;
+    for (run = 0; run < 4; ++run) {
+        mnistcu_ctx *g;
+        mnistcu_model *m = NULL;
+        tu_rng rng = tu_rng_make(5);
+#ifndef MNISTCU_CUDNN
+        if (run >= 2) break;
+#endif
+        tc_cnn_path = run >= 2 ? MNISTCU_CNN_CUDNN : MNISTCU_CNN_OWN; /* runs 2 and 3: cuDNN, also repeatable */
+        g = tc_ctx(MNISTCU_GEMM_OWN);
+        tc_cnn_path = MNISTCU_CNN_OWN;
+        if (run == 2) {
+            ASSERT_ARRAY_EQ_BITS_F(p[0], p[1], np);
+            ASSERT_ARRAY_EQ_BITS_F(b[0], b[1], nb);
+            free(p[0]); free(p[1]); free(b[0]); free(b[1]);
+        }
+        float *x = tu_random_floats(&rng, 16 * 144, -1, 1);
+        int32_t labels[16];
+        mnistcu_optim_desc o;
+        double loss;
+        memset(&o, 0, sizeof o);
+        o.learning_rate = 0.05f;
+        o.momentum = 0.9f;
+        for (i = 0; i < 16; ++i) labels[i] = (int32_t)(i % 10);
+        ASSERT(g);
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(g, spec, &m));
+        for (step = 0; step < 20; ++step) {
+            ASSERT_EQ(MNISTCU_OK, mnistcu_model_compute_grads(m, x, labels, 16, &loss));
+            ASSERT_EQ(MNISTCU_OK, mnistcu_model_apply_grads(m, &o));
+        }
+        np = m->num_params;
+        nb = m->num_buffers;
+        p[run % 2] = tc_down(m->params, np);
+        b[run % 2] = tc_down(m->buffers, nb);
+        free(x);
+        mnistcu_ctx_destroy(g);
+    }
+    ASSERT_ARRAY_EQ_BITS_F(p[0], p[1], np);
+    ASSERT_ARRAY_EQ_BITS_F(b[0], b[1], nb);
+    free(p[0]); free(p[1]); free(b[0]); free(b[1]);
+    PASS();
+}
+
 SUITE(cuda_suite)
 {
     RUN_TEST(cuda_reports_device);
@@ -649,5 +989,8 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_streaming_mixed_storage);
     RUN_TEST(cuda_gemm_beyond_grid_rows);
     RUN_TEST(cuda_out_of_memory_frees_and_stays_usable);
+    RUN_TEST(cuda_layers_match_cpu);
+    RUN_TEST(cuda_dropout_mask_matches_cpu_bitwise);
+    RUN_TEST(cuda_cnn_runs_are_bitwise_identical);
     RUN_TEST(cuda_sticky_error_is_latched);
 }
