@@ -5126,16 +5126,16 @@ MNISTCU_DEF mnistcu_result mnistcu_model_desc_parse(mnistcu_ctx *ctx, const char
                 out->input_h = v[1];
                 out->input_w = v[2];
             } else {
-                return mnistcu__spec_fail(ctx, text, tok, (size_t)(p - tok), index,
+                return mnistcu__spec_fail(ctx, spec, tok, (size_t)(p - tok), index,
                                           "a spec starts with the shape of one sample, CxHxW or N (e.g. 1x28x28 "
                                           "or 784), or is a preset (lenet5, fashion-cnn) or widths (784-128-10)");
             }
             continue;
         }
         if (nl == MNISTCU_MAX_MODEL_LAYERS)
-            return mnistcu__spec_fail(ctx, text, tok, (size_t)(p - tok), index, "more than %d layers",
+            return mnistcu__spec_fail(ctx, spec, tok, (size_t)(p - tok), index, "more than %d layers",
                                       MNISTCU_MAX_MODEL_LAYERS);
-        if ((r = mnistcu__parse_layer(ctx, text, tok, (size_t)(p - tok), index, &out->layers[nl++]))) return r;
+        if ((r = mnistcu__parse_layer(ctx, spec, tok, (size_t)(p - tok), index, &out->layers[nl++]))) return r;
     }
     if (index == 0) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model spec: empty");
     if (nl == 0)
@@ -5849,12 +5849,17 @@ MNISTCU_DEF mnistcu_result mnistcu_model_forward(mnistcu_model *m, const float *
 {
     mnistcu_result r;
     size_t off, in, C, chunk;
+    int i;
     if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
     if (!x || !logits || n == 0)
         return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_forward: x, logits and n must be given");
     in = m->inputs;
     C = m->classes;
     chunk = mnistcu__eval_chunk(m, n);
+    /* In TRAIN mode the n samples are one batch, as in PyTorch: batch norm's
+       statistics and dropout's element count must not restart in chunks. */
+    for (i = 0; i < m->num_layers && m->mode == MNISTCU_MODE_TRAIN; ++i)
+        if (m->layers[i].d.kind == MNISTCU_LAYER_BATCHNORM || m->layers[i].d.kind == MNISTCU_LAYER_DROPOUT) chunk = n;
     if ((r = mnistcu__model_reserve(m, chunk))) return r;
     for (off = 0; off < n; off += chunk) {
         size_t b = MNISTCU__MIN(chunk, n - off);
@@ -6422,12 +6427,16 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         if (fuse && (ta || !tb)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused gemm is only NT");
         /* Long sums over few outputs (a convolution's weight gradient sums over
            batch x positions): split K so that about 264 blocks (two per H100
-           multiprocessor) share the work, each slice at least 128 (or 256) long. */
+           multiprocessor) share the work, each slice at least 128 (or 256) long.
+           (A 128x128 tile with 8x8 outputs per thread was slower than this 64x64
+           one on every convolution shape: bench/cuda_gemm.cu, v6.) */
         if (K >= 2048) {
             small = !(M >= 64 && N >= 64);
             S = small ? (4 * 132 + tiles16 - 1) / tiles16 : (2 * 132 + tiles64 - 1) / tiles64;
             S = MNISTCU__MIN(S, K / (small ? 128 : 256));
-            if (S > 1) {
+        }
+        if (S > 1) {
+            {
                 size_t need = S * M * N;
                 mnistcu_result r;
                 if (need > cu->splitk_floats) {
@@ -6441,9 +6450,9 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
                 }
                 out = cu->splitk;
                 lc = n_;
-            } else {
-                S = 1;
             }
+        } else {
+            S = 1;
         }
         tm = small ? MNISTCU__GT : MNISTCU__GBM;
         tn = small ? MNISTCU__GT : MNISTCU__GBN;

@@ -1,6 +1,8 @@
 /* bench/cuda_gemm.cu - the matrix-product kernel variants, validated and timed on the shapes of training.
 
    Build:  nvcc -O3 -arch=sm_90 bench/cuda_gemm.cu -o build/cuda_gemm -lcublas
+   The last three shapes are the Fashion CNN's second convolution at batch 64 as products over
+   batch x positions (im2col): forward, weight gradient, input gradient.
    Run:    build/cuda_gemm          (needs a CUDA GPU; exits 1 without one or when a variant is wrong)
 
    C[M][N] = op(A)[M][K] op(B)[K][N], row-major, FP32. The shapes (M x N x K):
@@ -12,6 +14,9 @@
      v3  register-tiled: the header's own mnistcu__k_gemm<TA,TB,0> (64x64 tile per block of 256
          threads, 4x4 outputs per thread), called directly, so the kernel timed is the one training uses
      v4  cuBLAS SGEMM (FP32, default math mode: no TF32), for reference
+     v5  the header's 16x16 kernel (small problems)
+     v6  128x128 tiles, 8x8 outputs per thread, float4 fragments: tried for the convolution shapes,
+         slower than v3 everywhere (measured figures at the kernel), so not in the header
    Each variant is checked against a double-precision CPU product: the relative error
    ||C - ref||_F / ||ref||_F is printed and must be below 1e-5. Then each is timed with CUDA events,
    one launch per event pair, median of 20 after 3 warm-up launches, and reported in GFLOP/s (2MNK/t). */
@@ -71,6 +76,73 @@ __global__ void k_v2(int M, int N, int K, const float *A, int lda, const float *
     if (m < M && n < N) C[(size_t)m * ldc + n] = acc;
 }
 
+/* ---- v6: 128x128 tiles, 8x8 outputs per thread ------------------------------------------------
+   Rows 4ty..4ty+3 and 64+4ty.., columns likewise, so that fragments are read from shared memory as
+   float4; op(A) and op(B) staged in K-steps of 8. Written for the convolution shapes, where we
+   predicted 12-15 TFLOP/s against the 64x64 kernel's assumed 5. Measured on an H100 (2026-11-23):
+   11.3 TFLOP/s on conv fwd 128x7744x576 against 18.9 for v3, 16.5 against 19.5 on conv dX, and
+   slower on every MLP shape: 128 registers allow two blocks per multiprocessor, too few warps to
+   hide the shared-memory latency without double buffering. It stays here, not in the header. */
+#define V6_B 128
+#define V6_K 8
+
+template <int TA, int TB>
+__global__ void __launch_bounds__(256) k_v6(int M, int N, int K, const float *__restrict__ A, int lda,
+                                                           const float *__restrict__ B, int ldb, float *__restrict__ C,
+                                                           int ldc)
+{
+    __shared__ __align__(16) float As[V6_K][V6_B + 4]; /* [k][m] */
+    __shared__ __align__(16) float Bs[V6_K][V6_B + 4]; /* [k][n] */
+    const int t = (int)threadIdx.x, tx = t % 16, ty = t / 16;
+    const int n0 = (int)blockIdx.x * V6_B;
+    float acc[8][8];
+    int i, j, r, k0, kk, m0;
+        for (m0 = (int)blockIdx.y * V6_B; m0 < M; m0 += (int)gridDim.y * V6_B) {
+        for (i = 0; i < 8; ++i)
+            for (j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+        for (k0 = 0; k0 < K; k0 += V6_K) {
+            /* 1024 elements of each tile, 4 per thread, read along the source's contiguous direction */
+#pragma unroll
+            for (r = 0; r < 4; ++r) {
+                int m = TA ? (t % 32) * 4 + r : t / 2, k = TA ? t / 32 : (t % 2) * 4 + r;
+                int gm = m0 + m, gk = k0 + k;
+                As[k][m] = (gm < M && gk < K) ? (TA ? A[(size_t)gk * lda + gm] : A[(size_t)gm * lda + gk]) : 0.0f;
+            }
+#pragma unroll
+            for (r = 0; r < 4; ++r) {
+                int n = TB ? t / 2 : (t % 32) * 4 + r, k = TB ? (t % 2) * 4 + r : t / 32;
+                int gn = n0 + n, gk = k0 + k;
+                Bs[k][n] = (gn < N && gk < K) ? (TB ? B[(size_t)gn * ldb + gk] : B[(size_t)gk * ldb + gn]) : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (kk = 0; kk < V6_K; ++kk) {
+                float a[8], b[8];
+                float4 a0 = *(const float4 *)&As[kk][4 * ty], a1 = *(const float4 *)&As[kk][64 + 4 * ty];
+                float4 b0 = *(const float4 *)&Bs[kk][4 * tx], b1 = *(const float4 *)&Bs[kk][64 + 4 * tx];
+                a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w; a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
+                b[0] = b0.x; b[1] = b0.y; b[2] = b0.z; b[3] = b0.w; b[4] = b1.x; b[5] = b1.y; b[6] = b1.z; b[7] = b1.w;
+#pragma unroll
+                for (i = 0; i < 8; ++i)
+#pragma unroll
+                    for (j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (i = 0; i < 8; ++i) {
+            int gm = m0 + (i < 4 ? 4 * ty + i : 64 + 4 * ty + i - 4);
+            if (gm >= M) continue;
+#pragma unroll
+            for (j = 0; j < 8; ++j) {
+                int gn = n0 + (j < 4 ? 4 * tx + j : 64 + 4 * tx + j - 4);
+                if (gn < N)
+                    C[(size_t)gm * ldc + gn] = acc[i][j];
+            }
+        }
+    }
+}
+
 struct shape {
     const char *name;
     int ta, tb, M, N, K;
@@ -83,11 +155,14 @@ static const shape SHAPES[] = {
     {"fwd NT 512x1024x1024", 0, 1, 512, 1024, 1024},
     {"dW  TN 1024x784x512", 1, 0, 1024, 784, 512},
     {"dX  NN 512x784x1024", 0, 0, 512, 784, 1024},
+    {"conv fwd NN 128x7744x576", 0, 0, 128, 7744, 576},
+    {"conv dW  NT 128x576x7744", 0, 1, 128, 576, 7744},
+    {"conv dX  TN 576x7744x128", 1, 0, 576, 7744, 128},
 };
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
-#define NVAR 5
+#define NVAR 6
 static const char *VNAME[NVAR] = {"v1 naive", "v2 smem 16x16", "v3 mnistcu 64x64/4x4", "v4 cuBLAS",
-                                  "v5 mnistcu 16x16"};
+                                  "v5 mnistcu 16x16", "v6 128x128/8x8"};
 
 static cublasHandle_t g_blas;
 
@@ -115,6 +190,13 @@ static void launch(int v, const shape &s, const float *A, int lda, const float *
         else if (sel == 1) mnistcu__k_gemm<0, 1, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N, NULL, 0);
         else if (sel == 2) mnistcu__k_gemm<1, 0, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N, NULL, 0);
         else mnistcu__k_gemm<1, 1, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N, NULL, 0);
+    } else if (v == 5) { /* v6 above: a variant that lost, kept for the record */
+        dim3 grid((unsigned)((N + V6_B - 1) / V6_B), (unsigned)((M + V6_B - 1) / V6_B));
+        int sel = s.ta * 2 + s.tb;
+        if (sel == 0) k_v6<0, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N);
+        else if (sel == 1) k_v6<0, 1><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N);
+        else if (sel == 2) k_v6<1, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N);
+        else k_v6<1, 1><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N);
     } else if (v == 4) { /* the header's small-problem kernel, which it picks below 128 tiles of 64x64 */
         dim3 grid((unsigned)((N + MNISTCU__GT - 1) / MNISTCU__GT), (unsigned)((M + MNISTCU__GT - 1) / MNISTCU__GT));
         int sel = s.ta * 2 + s.tb;

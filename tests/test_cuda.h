@@ -90,7 +90,8 @@ static int tc_gemm_case(mnistcu_ctx *g, mnistcu_ctx *c, int ta, int tb, size_t M
 static int tc_gemm_all(mnistcu_gemm path, char *msg, size_t msg_size)
 {
     static const size_t dims[][3] = {{1, 1, 1}, {1, 10, 784}, {7, 37, 100}, {33, 100, 784}, {64, 128, 784},
-                                     {65, 63, 17}, {128, 784, 64}, {100, 784, 33}, {200, 1024, 300}};
+                                     {65, 63, 17}, {128, 784, 64}, {100, 784, 33}, {200, 1024, 300},
+                                     {6, 25, 36864}, {128, 576, 7744}, {131, 300, 1000}, {576, 7744, 128}};
     mnistcu_ctx *g = tc_ctx(path), *c = tu_ctx(MNISTCU_DEVICE_CPU, 1);
     size_t i;
     int ta, tb, act, ok = 1;
@@ -651,7 +652,7 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_CONV2D, "2x9x9 conv3x3x4:s=2:p=1 relu conv2x3x3:bias=0 tanh conv1x1x2 flatten dense5", 3},
     {MNISTCU_LAYER_MAXPOOL2D, "2x11x10 conv3x3x3 maxpool3:s=2 maxpool2x1 flatten dense5", 4},
     {MNISTCU_LAYER_AVGPOOL2D, "2x10x10 conv3x3x3 avgpool2 avgpool3x2:s=1 flatten dense5", 3},
-    {MNISTCU_LAYER_BATCHNORM, "2x6x6 conv3x3x4 batchnorm:momentum=0.3 relu flatten dense8 batchnorm dense5", 6},
+    {MNISTCU_LAYER_BATCHNORM, "2x6x6 conv3x3x4:bias=0 batchnorm:momentum=0.3 relu flatten dense8:bias=0 batchnorm dense5", 6},
     {MNISTCU_LAYER_DROPOUT, "30 dense20 dropout0.3 dense12 relu dropout dense5", 7},
     {MNISTCU_LAYER_FLATTEN, "3x4x4 conv3x3x2 flatten dense5", 2},
     {MNISTCU_LAYER_RELU, "2x6x6 conv3x3x3 maxpool2 relu flatten dense5", 3},
