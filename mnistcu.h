@@ -2852,18 +2852,6 @@ static mnistcu_result mnistcu__dnn_workspace(mnistcu_ctx *ctx, size_t bytes, voi
     return MNISTCU_OK;
 }
 
-/* A float NCHW tensor descriptor (NULL on failure). */
-static cudnnTensorDescriptor_t mnistcu__dnn_tensor(size_t n, int c, int h, int w)
-{
-    cudnnTensorDescriptor_t t = NULL;
-    if (cudnnCreateTensorDescriptor(&t) != CUDNN_STATUS_SUCCESS) return NULL;
-    if (cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)n, c, h, w) != CUDNN_STATUS_SUCCESS) {
-        cudnnDestroyTensorDescriptor(t);
-        return NULL;
-    }
-    return t;
-}
-
 /* y [B][C][P] = act(y + b[c]) in place (after a cuDNN convolution). */
 __global__ void mnistcu__k_chan_bias_act(float *y, const float *bias, size_t n, int C, int P, int act)
 {
@@ -2925,6 +2913,7 @@ typedef struct mnistcu__layer {
     uint64_t step;             /* dropout: the step its last mask was drawn for */
     float *in, *out;           /* workspace: x [B][in_size], y [B][out_size] */
     float *aux;                /* maxpool: argmax [B][out_size] (int32); batch norm: mean [C], invstd [C] */
+    void *dnn;                 /* with cuDNN: the layer's descriptors (mnistcu__dnn_layer), made on first use */
 } mnistcu__layer;
 
 typedef struct mnistcu__tensor {
@@ -3134,6 +3123,87 @@ static mnistcu__geom mnistcu__geom_of(const mnistcu__layer *L)
     g.oh = L->oh; g.ow = L->ow;
     return g;
 }
+
+#ifdef MNISTCU_CUDNN
+/* A layer's cuDNN descriptors and workspace sizes, made once per batch size:
+   making them costs more host time than the convolutions themselves. */
+typedef struct mnistcu__dnn_layer {
+    size_t batch;                          /* the batch size they describe */
+    cudnnTensorDescriptor_t x, y, chan;    /* input [B][C][H][W], output, per channel [1][C][1][1] */
+    cudnnFilterDescriptor_t w;             /* conv */
+    cudnnConvolutionDescriptor_t conv;
+    cudnnPoolingDescriptor_t pool;
+    size_t ws_fwd, ws_filter, ws_data;     /* workspace bytes of the three convolution algorithms */
+} mnistcu__dnn_layer;
+
+#define MNISTCU__DNN_FWD CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+#define MNISTCU__DNN_FILTER CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 /* deterministic */
+#define MNISTCU__DNN_DATA CUDNN_CONVOLUTION_BWD_DATA_ALGO_1     /* deterministic */
+
+static void mnistcu__dnn_layer_free(mnistcu_ctx *ctx, mnistcu__layer *L)
+{
+    mnistcu__dnn_layer *d = (mnistcu__dnn_layer *)L->dnn;
+    if (!d) return;
+    if (d->x) cudnnDestroyTensorDescriptor(d->x);
+    if (d->y) cudnnDestroyTensorDescriptor(d->y);
+    if (d->chan) cudnnDestroyTensorDescriptor(d->chan);
+    if (d->w) cudnnDestroyFilterDescriptor(d->w);
+    if (d->conv) cudnnDestroyConvolutionDescriptor(d->conv);
+    if (d->pool) cudnnDestroyPoolingDescriptor(d->pool);
+    mnistcu__free(ctx, d);
+    L->dnn = NULL;
+}
+
+static mnistcu_result mnistcu__dnn_layer_get(mnistcu_model *m, mnistcu__layer *L, size_t B, mnistcu__dnn_layer **out)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    cudnnHandle_t h = mnistcu__cu(ctx)->dnn;
+    mnistcu__dnn_layer *d = (mnistcu__dnn_layer *)L->dnn;
+    cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
+    *out = d;
+    if (d && d->batch == B) return MNISTCU_OK;
+    mnistcu__dnn_layer_free(ctx, L);
+    d = (mnistcu__dnn_layer *)mnistcu__calloc(ctx, sizeof *d);
+    if (!d) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for cuDNN descriptors");
+    L->dnn = d;
+    d->batch = B;
+#define MNISTCU__DNN(call) if (s == CUDNN_STATUS_SUCCESS) s = (call)
+    MNISTCU__DNN(cudnnCreateTensorDescriptor(&d->x));
+    MNISTCU__DNN(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)B, L->c, L->h, L->w));
+    MNISTCU__DNN(cudnnCreateTensorDescriptor(&d->y));
+    MNISTCU__DNN(cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)B, L->oc, L->oh, L->ow));
+    if (L->d.kind == MNISTCU_LAYER_BATCHNORM) {
+        MNISTCU__DNN(cudnnCreateTensorDescriptor(&d->chan));
+        MNISTCU__DNN(cudnnSetTensor4dDescriptor(d->chan, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, L->c, 1, 1));
+    } else if (L->d.kind == MNISTCU_LAYER_CONV2D) {
+        MNISTCU__DNN(cudnnCreateFilterDescriptor(&d->w));
+        MNISTCU__DNN(cudnnSetFilter4dDescriptor(d->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, L->oc, L->c, L->d.kernel_h,
+                                                L->d.kernel_w));
+        MNISTCU__DNN(cudnnCreateConvolutionDescriptor(&d->conv));
+        MNISTCU__DNN(cudnnSetConvolution2dDescriptor(d->conv, L->d.padding, L->d.padding, L->sh, L->sw, 1, 1,
+                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+        MNISTCU__DNN(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH)); /* FP32: no TF32 */
+        MNISTCU__DNN(cudnnGetConvolutionForwardWorkspaceSize(h, d->x, d->w, d->conv, d->y, MNISTCU__DNN_FWD, &d->ws_fwd));
+        MNISTCU__DNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d->x, d->y, d->conv, d->w, MNISTCU__DNN_FILTER,
+                                                                    &d->ws_filter));
+        MNISTCU__DNN(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d->w, d->y, d->conv, d->x, MNISTCU__DNN_DATA,
+                                                                  &d->ws_data));
+    } else {
+        MNISTCU__DNN(cudnnCreatePoolingDescriptor(&d->pool));
+        MNISTCU__DNN(cudnnSetPooling2dDescriptor(d->pool, L->d.kind == MNISTCU_LAYER_MAXPOOL2D
+                                                              ? CUDNN_POOLING_MAX_DETERMINISTIC
+                                                              : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
+                                                 CUDNN_PROPAGATE_NAN, L->d.kernel_h, L->d.kernel_w, 0, 0, L->sh, L->sw));
+    }
+#undef MNISTCU__DNN
+    if (s != CUDNN_STATUS_SUCCESS) {
+        mnistcu__dnn_layer_free(ctx, L);
+        return mnistcu__dnn_check(ctx, s, "descriptors");
+    }
+    *out = d;
+    return MNISTCU_OK;
+}
+#endif
 
 /* >>layer_dense ------------------------------------------------------------------
    torch.nn.Linear: y[B][OC] = act(x[B][C] W^T + b), W [OC][C], b [OC]; the
@@ -3445,62 +3515,43 @@ __global__ void mnistcu__k_row_sum(const float *a, size_t cols, float *out)
 static mnistcu_result mnistcu__conv_dnn(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
 {
     mnistcu_ctx *ctx = m->ctx;
-    mnistcu__cuda *cu = mnistcu__cu(ctx);
-    cudaStream_t st = cu->stream;
-    cudnnTensorDescriptor_t xd = mnistcu__dnn_tensor(B, L->c, L->h, L->w), yd = mnistcu__dnn_tensor(B, L->oc, L->oh, L->ow);
-    cudnnFilterDescriptor_t wd = NULL;
-    cudnnConvolutionDescriptor_t cd = NULL;
-    cudnnStatus_t s = xd && yd ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
-    const cudnnConvolutionFwdAlgo_t fa = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-    const cudnnConvolutionBwdFilterAlgo_t fb = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    const cudnnConvolutionBwdDataAlgo_t da = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    const float one = 1.0f, zero = 0.0f;
-    const float *W = m->params + L->wo;
-    size_t P = (size_t)L->oh * L->ow, n = B * L->out_size, bytes = 0, bytes2 = 0;
+    cudnnHandle_t h = mnistcu__cu(ctx)->dnn;
+    cudaStream_t st = mnistcu__cuda_stream(ctx);
+    mnistcu__dnn_layer *d;
+    const float one = 1.0f, zero = 0.0f, *W = m->params + L->wo;
+    size_t P = (size_t)L->oh * L->ow, n = B * L->out_size;
     void *ws = NULL;
-    mnistcu_result r = MNISTCU_OK;
-#define MNISTCU__OK_ (s == CUDNN_STATUS_SUCCESS && r == MNISTCU_OK)
-    if (MNISTCU__OK_) s = cudnnCreateFilterDescriptor(&wd);
-    if (MNISTCU__OK_)
-        s = cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, L->oc, L->c, L->d.kernel_h, L->d.kernel_w);
-    if (MNISTCU__OK_) s = cudnnCreateConvolutionDescriptor(&cd);
-    if (MNISTCU__OK_)
-        s = cudnnSetConvolution2dDescriptor(cd, L->d.padding, L->d.padding, L->sh, L->sw, 1, 1, CUDNN_CROSS_CORRELATION,
-                                            CUDNN_DATA_FLOAT);
-    if (MNISTCU__OK_) s = cudnnSetConvolutionMathType(cd, CUDNN_FMA_MATH); /* FP32: no TF32 */
+    cudnnStatus_t s;
+    mnistcu_result r = mnistcu__dnn_layer_get(m, L, B, &d);
+    if (r) return r;
     if (!dy) {
-        if (MNISTCU__OK_) s = cudnnGetConvolutionForwardWorkspaceSize(cu->dnn, xd, wd, cd, yd, fa, &bytes);
-        if (MNISTCU__OK_) r = mnistcu__dnn_workspace(ctx, bytes, &ws);
-        if (MNISTCU__OK_) s = cudnnConvolutionForward(cu->dnn, &one, xd, L->in, wd, W, cd, fa, ws, bytes, &zero, yd, L->out);
-        if (MNISTCU__OK_ && (L->nb || L->act != MNISTCU_ACT_IDENTITY)) {
+        if ((r = mnistcu__dnn_workspace(ctx, d->ws_fwd, &ws))) return r;
+        s = cudnnConvolutionForward(h, &one, d->x, L->in, d->w, W, d->conv, MNISTCU__DNN_FWD, ws, d->ws_fwd, &zero, d->y,
+                                    L->out);
+        if ((r = mnistcu__dnn_check(ctx, s, "convolution forward"))) return r;
+        if (L->nb || L->act != MNISTCU_ACT_IDENTITY) {
             mnistcu__k_chan_bias_act<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>(
                 L->out, L->nb ? m->params + L->bo : NULL, n, L->oc, (int)P, (int)L->act);
-            r = mnistcu__cuda_launched(ctx, "chan_bias_act");
+            MNISTCU__LAUNCHED(ctx, "chan_bias_act");
         }
-    } else {
-        if (MNISTCU__OK_ && L->act != MNISTCU_ACT_IDENTITY) {
-            mnistcu__k_act_backward<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>(dy, L->out, n, (int)L->act);
-            r = mnistcu__cuda_launched(ctx, "act_backward");
-        }
-        if (MNISTCU__OK_) s = cudnnGetConvolutionBackwardFilterWorkspaceSize(cu->dnn, xd, yd, cd, wd, fb, &bytes);
-        if (MNISTCU__OK_ && dx) s = cudnnGetConvolutionBackwardDataWorkspaceSize(cu->dnn, wd, yd, cd, xd, da, &bytes2);
-        if (MNISTCU__OK_) r = mnistcu__dnn_workspace(ctx, MNISTCU__MAX(bytes, bytes2), &ws);
-        if (MNISTCU__OK_)
-            s = cudnnConvolutionBackwardFilter(cu->dnn, &one, xd, L->in, yd, dy, cd, fb, ws, bytes, &zero, wd,
-                                               m->grads + L->wo);
-        if (MNISTCU__OK_ && L->nb) {
-            mnistcu__k_chan_sum<<<(unsigned)L->oc, MNISTCU__THREADS, 0, st>>>(dy, (int)B, L->oc, (int)P, m->grads + L->bo);
-            r = mnistcu__cuda_launched(ctx, "chan_sum");
-        }
-        if (MNISTCU__OK_ && dx)
-            s = cudnnConvolutionBackwardData(cu->dnn, &one, wd, W, yd, dy, cd, da, ws, bytes2, &zero, xd, dx);
+        return MNISTCU_OK;
     }
-#undef MNISTCU__OK_
-    if (cd) cudnnDestroyConvolutionDescriptor(cd);
-    if (wd) cudnnDestroyFilterDescriptor(wd);
-    if (xd) cudnnDestroyTensorDescriptor(xd);
-    if (yd) cudnnDestroyTensorDescriptor(yd);
-    return r ? r : mnistcu__dnn_check(ctx, s, "convolution");
+    if (L->act != MNISTCU_ACT_IDENTITY) {
+        mnistcu__k_act_backward<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>(dy, L->out, n, (int)L->act);
+        MNISTCU__LAUNCHED(ctx, "act_backward");
+    }
+    if ((r = mnistcu__dnn_workspace(ctx, MNISTCU__MAX(d->ws_filter, dx ? d->ws_data : 0), &ws))) return r;
+    s = cudnnConvolutionBackwardFilter(h, &one, d->x, L->in, d->y, dy, d->conv, MNISTCU__DNN_FILTER, ws, d->ws_filter,
+                                       &zero, d->w, m->grads + L->wo);
+    if ((r = mnistcu__dnn_check(ctx, s, "convolution weight gradient"))) return r;
+    if (L->nb) {
+        mnistcu__k_chan_sum<<<(unsigned)L->oc, MNISTCU__THREADS, 0, st>>>(dy, (int)B, L->oc, (int)P, m->grads + L->bo);
+        MNISTCU__LAUNCHED(ctx, "chan_sum");
+    }
+    if (!dx) return MNISTCU_OK;
+    s = cudnnConvolutionBackwardData(h, &one, d->w, W, d->y, dy, d->conv, MNISTCU__DNN_DATA, ws, d->ws_data, &zero, d->x,
+                                     dx);
+    return mnistcu__dnn_check(ctx, s, "convolution input gradient");
 }
 #endif
 
@@ -3717,26 +3768,16 @@ __global__ void mnistcu__k_pool_backward(const float *dy, const int32_t *arg, mn
 
 #ifdef MNISTCU_CUDNN
 /* The same pooling through cuDNN (deterministic max). dy NULL: forward; else backward. */
-static mnistcu_result mnistcu__pool_dnn(mnistcu_model *m, mnistcu__layer *L, size_t B, const float *dy, float *dx,
-                                        int is_max)
+static mnistcu_result mnistcu__pool_dnn(mnistcu_model *m, mnistcu__layer *L, size_t B, const float *dy, float *dx)
 {
-    mnistcu__cuda *cu = mnistcu__cu(m->ctx);
-    cudnnTensorDescriptor_t xd = mnistcu__dnn_tensor(B, L->c, L->h, L->w), yd = mnistcu__dnn_tensor(B, L->oc, L->oh, L->ow);
-    cudnnPoolingDescriptor_t pd = NULL;
-    cudnnStatus_t s = xd && yd ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
+    cudnnHandle_t h = mnistcu__cu(m->ctx)->dnn;
+    mnistcu__dnn_layer *d;
     const float one = 1.0f, zero = 0.0f;
-    if (s == CUDNN_STATUS_SUCCESS) s = cudnnCreatePoolingDescriptor(&pd);
-    if (s == CUDNN_STATUS_SUCCESS)
-        s = cudnnSetPooling2dDescriptor(pd, is_max ? CUDNN_POOLING_MAX_DETERMINISTIC
-                                                   : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
-                                        CUDNN_PROPAGATE_NAN, L->d.kernel_h, L->d.kernel_w, 0, 0, L->sh, L->sw);
-    if (s == CUDNN_STATUS_SUCCESS) {
-        if (!dy) s = cudnnPoolingForward(cu->dnn, pd, &one, xd, L->in, &zero, yd, L->out);
-        else s = cudnnPoolingBackward(cu->dnn, pd, &one, yd, L->out, yd, dy, xd, L->in, &zero, xd, dx);
-    }
-    if (pd) cudnnDestroyPoolingDescriptor(pd);
-    if (xd) cudnnDestroyTensorDescriptor(xd);
-    if (yd) cudnnDestroyTensorDescriptor(yd);
+    cudnnStatus_t s;
+    mnistcu_result r = mnistcu__dnn_layer_get(m, L, B, &d);
+    if (r) return r;
+    if (!dy) s = cudnnPoolingForward(h, d->pool, &one, d->x, L->in, &zero, d->y, L->out);
+    else s = cudnnPoolingBackward(h, d->pool, &one, d->y, L->out, d->y, dy, d->x, L->in, &zero, d->x, dx);
     return mnistcu__dnn_check(m->ctx, s, "pooling");
 }
 #endif
@@ -3744,7 +3785,7 @@ static mnistcu_result mnistcu__pool_dnn(mnistcu_model *m, mnistcu__layer *L, siz
 static mnistcu_result mnistcu__cuda_pool_forward(mnistcu_model *m, mnistcu__layer *L, size_t B, int is_max)
 {
 #ifdef MNISTCU_CUDNN
-    if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, NULL, NULL, is_max);
+    if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, NULL, NULL);
 #endif
     size_t planes = B * (size_t)L->c;
     mnistcu__k_pool_forward<<<mnistcu__blocks(planes * L->oh * L->ow), MNISTCU__THREADS, 0,
@@ -3759,7 +3800,7 @@ static mnistcu_result mnistcu__cuda_pool_backward(mnistcu_model *m, mnistcu__lay
     size_t planes = B * (size_t)L->c;
     if (!dx) return MNISTCU_OK;
 #ifdef MNISTCU_CUDNN
-    if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, dy, dx, is_max);
+    if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, dy, dx);
 #endif
     mnistcu__k_pool_backward<<<mnistcu__blocks(planes * L->h * L->w), MNISTCU__THREADS, 0,
                                mnistcu__cuda_stream(m->ctx)>>>(dy, is_max ? (const int32_t *)L->aux : NULL,
@@ -4003,17 +4044,16 @@ static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer 
 #ifdef MNISTCU_CUDNN
     /* training mode through cuDNN; its saved mean and inverse deviation are our aux */
     if (mnistcu__use_cudnn(m->ctx) && L->trained && L->d.eps >= CUDNN_BN_MIN_EPSILON) {
-        cudnnTensorDescriptor_t xd = mnistcu__dnn_tensor(B, L->c, L->h, L->w), pd = mnistcu__dnn_tensor(1, L->c, 1, 1);
+        mnistcu__dnn_layer *d;
         const float one = 1.0f, zero = 0.0f;
-        cudnnStatus_t s = xd && pd ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
-        if (s == CUDNN_STATUS_SUCCESS)
-            s = cudnnBatchNormalizationForwardTraining(
-                mnistcu__cu(m->ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, L->in, xd, L->out, pd,
-                m->params + L->wo, m->params + L->bo, (double)L->d.momentum, m->buffers + L->buf,
-                m->buffers + L->buf + C, (double)L->d.eps, L->aux, L->aux + C);
-        if (xd) cudnnDestroyTensorDescriptor(xd);
-        if (pd) cudnnDestroyTensorDescriptor(pd);
-        return mnistcu__dnn_check(m->ctx, s, "batch norm forward");
+        if ((r = mnistcu__dnn_layer_get(m, L, B, &d))) return r;
+        return mnistcu__dnn_check(
+            m->ctx,
+            cudnnBatchNormalizationForwardTraining(mnistcu__cu(m->ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d->x,
+                                                   L->in, d->x, L->out, d->chan, m->params + L->wo, m->params + L->bo,
+                                                   (double)L->d.momentum, m->buffers + L->buf, m->buffers + L->buf + C,
+                                                   (double)L->d.eps, L->aux, L->aux + C),
+            "batch norm forward");
     }
 #endif
     mnistcu__k_bn_forward<<<(unsigned)C, MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
@@ -4027,17 +4067,17 @@ static mnistcu_result mnistcu__bn_cuda_backward(mnistcu_model *m, mnistcu__layer
 {
 #ifdef MNISTCU_CUDNN
     if (mnistcu__use_cudnn(m->ctx) && L->trained && dx && L->d.eps >= CUDNN_BN_MIN_EPSILON) {
-        cudnnTensorDescriptor_t xd = mnistcu__dnn_tensor(B, L->c, L->h, L->w), pd = mnistcu__dnn_tensor(1, L->c, 1, 1);
+        mnistcu__dnn_layer *d;
         const float one = 1.0f, zero = 0.0f;
-        cudnnStatus_t s = xd && pd ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
-        if (s == CUDNN_STATUS_SUCCESS)
-            s = cudnnBatchNormalizationBackward(mnistcu__cu(m->ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one,
-                                                &zero, xd, L->in, xd, dy, xd, dx, pd, m->params + L->wo,
-                                                m->grads + L->wo, m->grads + L->bo, (double)L->d.eps, L->aux,
-                                                L->aux + L->c);
-        if (xd) cudnnDestroyTensorDescriptor(xd);
-        if (pd) cudnnDestroyTensorDescriptor(pd);
-        return mnistcu__dnn_check(m->ctx, s, "batch norm backward");
+        mnistcu_result r = mnistcu__dnn_layer_get(m, L, B, &d);
+        if (r) return r;
+        return mnistcu__dnn_check(
+            m->ctx,
+            cudnnBatchNormalizationBackward(mnistcu__cu(m->ctx)->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
+                                            d->x, L->in, d->x, dy, d->x, dx, d->chan, m->params + L->wo,
+                                            m->grads + L->wo, m->grads + L->bo, (double)L->d.eps, L->aux,
+                                            L->aux + L->c),
+            "batch norm backward");
     }
 #endif
     mnistcu__k_bn_backward<<<(unsigned)L->c, MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
@@ -6329,6 +6369,12 @@ static void mnistcu__cuda_model_free(mnistcu_model *m)
     mnistcu__cuda_free(ctx, m->grads);
     mnistcu__cuda_free(ctx, m->velocity);
     mnistcu__cuda_free(ctx, m->buffers);
+#ifdef MNISTCU_CUDNN
+    {
+        int l;
+        for (l = 0; l < m->num_layers; ++l) mnistcu__dnn_layer_free(ctx, &m->layers[l]);
+    }
+#endif
     mnistcu__cuda_free(ctx, m->ws);
     mnistcu__cuda_free(ctx, m->iws);
     if (cm) {
@@ -6426,14 +6472,18 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         int fuse = bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY);
         if (fuse && (ta || !tb)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused gemm is only NT");
         /* Long sums over few outputs (a convolution's weight gradient sums over
-           batch x positions): split K so that about 264 blocks (two per H100
-           multiprocessor) share the work, each slice at least 128 (or 256) long.
-           (A 128x128 tile with 8x8 outputs per thread was slower than this 64x64
-           one on every convolution shape: bench/cuda_gemm.cu, v6.) */
-        if (K >= 2048) {
-            small = !(M >= 64 && N >= 64);
-            S = small ? (4 * 132 + tiles16 - 1) / tiles16 : (2 * 132 + tiles64 - 1) / tiles64;
-            S = MNISTCU__MIN(S, K / (small ? 128 : 256));
+           batch x positions, 7,744 terms for the Fashion CNN's second one): split
+           K so that about 264 blocks (two per H100 multiprocessor) share the work,
+           each slice at least 128 long. Only for K >= 1024, so that the MLPs'
+           products keep their single launch. (A 128x128 tile with 8x8 outputs per
+           thread was slower than this 64x64 one on every convolution shape:
+           bench/cuda_gemm.cu, v6.) */
+        if (tiles64 < 128 && K >= 1024 && M >= 32 && N >= 32) {
+            small = 0; /* a convolution's weight gradient, a wide dense layer's forward pass */
+            S = MNISTCU__MIN((2 * 132 + tiles64 - 1) / tiles64, K / 128);
+        } else if (K >= 2048) {
+            small = 1; /* few outputs: LeNet's convolutions, a 1-channel input's */
+            S = MNISTCU__MIN((4 * 132 + tiles16 - 1) / tiles16, K / 128);
         }
         if (S > 1) {
             {
