@@ -85,6 +85,19 @@
    LIMITS
      At most MNISTCU_MAX_LAYERS dense layers, widths up to 2^24, at most
      MNISTCU_MAX_CLASSES classes, at most MNISTCU_IDX_MAX_BYTES per file.
+     Decompression is bounded by what the data claims. A gzip'd IDX file is
+     sized by its IDX header, read as soon as its bytes are out: a header whose
+     payload is above MNISTCU_IDX_MAX_BYTES, or larger than the compressed bytes
+     can expand to (deflate's most is 1032 to 1), is refused at once; the output
+     is allocated once, at the exact size, and holds the elements in the end (no
+     second copy); the first byte beyond it is refused (MNISTCU_ERR_IDX_TRAILING,
+     naming the offset). So a 1 MB file claiming 60000 x 28 x 28 images and
+     holding 1 GiB of zeros costs one 47 MB buffer and a few tens of
+     milliseconds. mnistcu_gunzip and mnistcu_inflate, with no size known, start
+     from a guess (the size the gzip trailer states, at most 16 times the
+     input; else 4 times the input) and grow by a quarter (at least 4 KiB) up
+     to max_out: the most held at once, old and new buffer while it grows,
+     stays under 2.25 times the final output plus 4 KiB (or the first guess).
 */
 #ifndef MNISTCU_H
 #define MNISTCU_H
@@ -269,7 +282,9 @@ MNISTCU_DEF void mnistcu_idx_free(mnistcu_ctx *ctx, mnistcu_idx *idx);
 MNISTCU_DEF const char *mnistcu_idx_type_name(mnistcu_idx_type type); /* "ubyte", ..., NULL if unknown */
 
 /* gzip (RFC 1952, several members allowed) and raw deflate (RFC 1951).
-   max_out 0 means MNISTCU_IDX_MAX_BYTES. *out is freed with mnistcu_free. */
+   max_out 0 means MNISTCU_IDX_MAX_BYTES. *out is freed with mnistcu_free. The
+   output grows by a quarter at a time, never past max_out: under 2.25 times
+   the final size (plus 4 KiB) is held at once (see LIMITS). */
 MNISTCU_DEF mnistcu_result mnistcu_gunzip(mnistcu_ctx *ctx, const void *in, size_t in_size, size_t max_out,
                                           void **out, size_t *out_size);
 MNISTCU_DEF mnistcu_result mnistcu_inflate(mnistcu_ctx *ctx, const void *in, size_t in_size, size_t max_out,
@@ -943,6 +958,11 @@ typedef struct mnistcu__inflater {
     size_t out_start;          /* where this stream's output starts: no match reaches before it */
     int have_fixed;            /* fixed_lit and fixed_dist are built */
     mnistcu__huffman lit, dist, fixed_lit, fixed_dist;
+    /* When the output is an IDX file (mnistcu__idx_load on gzip data), its header
+       fixes the output size: out is then reallocated once, to exactly that. */
+    int idx_mode;              /* read the IDX header as soon as it is out */
+    int idx_sized;             /* done: out_cap == max_out == the size the header declares */
+    size_t in_total;           /* all compressed bytes: the most a stream can expand to is 1032 times this */
 } mnistcu__inflater;
 
 /* Input offset of the byte holding the last bit read: where a problem was seen. */
@@ -1038,18 +1058,33 @@ static mnistcu_result mnistcu__inflate_bad_code(mnistcu__inflater *s, int decode
     return mnistcu__inflate_fail(s, MNISTCU_ERR_DEFLATE_SYMBOL, "the input bits match no %s code", code_name);
 }
 
-/* Makes room for `extra` more output bytes: doubles the buffer (never past
-   max_out), copying what is there. */
+static mnistcu_result mnistcu__inflate_idx_size(mnistcu__inflater *s);
+static mnistcu_result mnistcu__inflate_idx_overrun(mnistcu__inflater *s);
+
+/* Makes room for `extra` more output bytes, copying what is there. The buffer
+   grows by a quarter (at least 4 KiB), never past max_out: the old and the new
+   buffer together, the most ever held, stay under 2.25 times the final output
+   plus 4 KiB (it grows only for bytes that are then written, so the old one is
+   smaller than the final output, and the new one at most a quarter larger, or
+   4 KiB, or just what the bytes need). */
 static mnistcu_result mnistcu__inflate_reserve(mnistcu__inflater *s, size_t extra)
 {
-    size_t need, cap;
+    size_t need, cap, grow;
     unsigned char *grown;
+    mnistcu_result r;
     if (s->out_cap - s->out_len >= extra) return MNISTCU_OK;
-    if (extra > s->max_out - s->out_len)
+    if (s->idx_mode && !s->idx_sized) { /* the first time the probe buffer fills: read the IDX header */
+        if ((r = mnistcu__inflate_idx_size(s)) != MNISTCU_OK) return r;
+        if (s->out_cap - s->out_len >= extra) return MNISTCU_OK;
+    }
+    if (extra > s->max_out - s->out_len) {
+        if (s->idx_sized) return mnistcu__inflate_idx_overrun(s);
         return mnistcu__inflate_fail(s, MNISTCU_ERR_GZ_TOO_LARGE, "the output would exceed the limit of %llu bytes",
                                      MNISTCU__ULL(s->max_out));
+    }
     need = s->out_len + extra;
-    cap = s->out_cap > s->max_out / 2 ? s->max_out : s->out_cap * 2;
+    grow = MNISTCU__MAX(s->out_cap / 4, (size_t)4096);
+    cap = grow > s->max_out - s->out_cap ? s->max_out : s->out_cap + grow; /* out_cap <= max_out */
     if (cap < need) cap = need;
     grown = (unsigned char *)mnistcu__alloc(s->ctx, cap);
     if (!grown)
@@ -1222,17 +1257,24 @@ static mnistcu_result mnistcu__inflate_dynamic(mnistcu__inflater *s)
     return mnistcu__inflate_codes(s, &s->lit, &s->dist);
 }
 
-/* Prepares an output buffer; size_hint (0: none) is only a first guess. */
+/* Prepares an output buffer. size_hint (0: none) is only a first guess; without
+   one the buffer starts at 4 times the input. At least 4 KiB, at most max_out;
+   idx_mode starts with a probe just large enough for any IDX header accepted. */
+#define MNISTCU__IDX_PROBE 64
+
 static mnistcu_result mnistcu__inflater_start(mnistcu__inflater *s, mnistcu_ctx *ctx, const char *name,
-                                              size_t max_out, size_t size_hint, size_t in_size)
+                                              size_t max_out, size_t size_hint, size_t in_size, int idx_mode)
 {
     size_t cap = size_hint;
     memset(s, 0, sizeof *s);
     s->ctx = ctx;
     s->name = name;
     s->max_out = max_out ? max_out : MNISTCU_IDX_MAX_BYTES;
+    s->idx_mode = idx_mode;
+    s->in_total = in_size;
     if (cap == 0 && !mnistcu__mul(in_size, 4, &cap)) cap = s->max_out;
     if (cap < 4096) cap = 4096;
+    if (idx_mode) cap = MNISTCU__IDX_PROBE;
     if (cap > s->max_out) cap = s->max_out;
     s->out = (unsigned char *)mnistcu__alloc(ctx, cap);
     if (!s->out)
@@ -1283,7 +1325,7 @@ MNISTCU_DEF mnistcu_result mnistcu_inflate(mnistcu_ctx *ctx, const void *in, siz
     if (!out || !out_size || (!in && in_size))
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "mnistcu_inflate: %s is NULL",
                              !out ? "out" : !out_size ? "out_size" : "in");
-    r = mnistcu__inflater_start(&s, ctx, NULL, max_out, 0, in_size);
+    r = mnistcu__inflater_start(&s, ctx, NULL, max_out, 0, in_size, 0);
     if (r) return r;
     r = mnistcu__inflate_stream(&s, (const unsigned char *)in, in_size, 0, &used);
     if (r) {
@@ -1410,9 +1452,11 @@ static mnistcu_result mnistcu__gunzip_members(mnistcu__inflater *s, const unsign
     return MNISTCU_OK;
 }
 
-/* mnistcu_gunzip with messages that start with `name` (none when NULL). */
+/* mnistcu_gunzip with messages that start with `name` (none when NULL). With
+   idx_mode the data must be an IDX file: its header, read as soon as it is out,
+   sizes the output exactly (see mnistcu__inflate_idx_size). */
 static mnistcu_result mnistcu__gunzip_named(mnistcu_ctx *ctx, const char *name, const void *in, size_t in_size,
-                                            size_t max_out, void **out, size_t *out_size)
+                                            size_t max_out, int idx_mode, void **out, size_t *out_size)
 {
     const unsigned char *p = (const unsigned char *)in;
     mnistcu__inflater s;
@@ -1431,7 +1475,7 @@ static mnistcu_result mnistcu__gunzip_named(mnistcu_ctx *ctx, const char *name, 
         if (!mnistcu__mul(in_size, 16, &bound)) bound = max_out;
         if (hint > bound) hint = bound;
     }
-    r = mnistcu__inflater_start(&s, ctx, name, max_out, hint, in_size);
+    r = mnistcu__inflater_start(&s, ctx, name, max_out, hint, in_size, idx_mode);
     if (r) return r;
     r = mnistcu__gunzip_members(&s, p, in_size);
     if (r) {
@@ -1452,7 +1496,7 @@ MNISTCU_DEF mnistcu_result mnistcu_gunzip(mnistcu_ctx *ctx, const void *in, size
     if (!out || !out_size || (!in && in_size))
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "mnistcu_gunzip: %s is NULL",
                              !out ? "out" : !out_size ? "out_size" : "in");
-    return mnistcu__gunzip_named(ctx, NULL, in, in_size, max_out, out, out_size);
+    return mnistcu__gunzip_named(ctx, NULL, in, in_size, max_out, 0, out, out_size);
 }
 
 /* >>idx ----------------------------------------------------------------------
@@ -1505,21 +1549,29 @@ static void mnistcu__idx_dims_text(const uint32_t *dims, int ndim, char *text, s
     }
 }
 
-/* Parses a whole IDX file held in p[0..size); fills *out only on success. */
-static mnistcu_result mnistcu__idx_parse(mnistcu_ctx *ctx, const char *name, const unsigned char *p, size_t size,
-                                         mnistcu_idx *out)
-{
-    mnistcu_idx idx;
-    char dims_text[8 * 16 + 16];
-    size_t header, count = 1, payload, total, esize, i;
-    int d, ndim, has_zero = 0;
-    unsigned char *dst;
-    const unsigned char *src;
+#define MNISTCU__DIMS_TEXT 160 /* room for "4294967295 x ..." times MNISTCU_IDX_MAX_DIMS */
 
-    memset(&idx, 0, sizeof idx);
-    if (size < 4)
+/* Reads the header at the start of an IDX file, p[0..size), and checks it:
+   magic, element type, dimension count, and the payload size (overflow-checked,
+   at most MNISTCU_IDX_MAX_BYTES). Fills *idx (all but data), *header and *payload
+   (in bytes) and dims_text ("60000 x 28 x 28"). With `partial` (the output of a
+   stream still being decoded) having fewer bytes than the header is not an
+   error yet: *header is then 0. */
+static mnistcu_result mnistcu__idx_header(mnistcu_ctx *ctx, const char *name, const unsigned char *p, size_t size,
+                                          int partial, mnistcu_idx *idx, size_t *header, size_t *payload,
+                                          char *dims_text, size_t dims_text_size)
+{
+    size_t count = 1, esize, hsize;
+    int d, ndim, has_zero = 0;
+    memset(idx, 0, sizeof *idx);
+    *header = 0;
+    *payload = 0;
+    dims_text[0] = '\0';
+    if (size < 4) {
+        if (partial) return MNISTCU_OK;
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRUNCATED, "%s: IDX: file has %llu bytes, the header needs at least 4",
                              name, MNISTCU__ULL(size));
+    }
     if (p[0] != 0 || p[1] != 0)
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_MAGIC,
                              "%s: IDX: bytes 0-1 are %02x %02x, not 00 00 (not an IDX file)", name, p[0], p[1]);
@@ -1532,54 +1584,51 @@ static mnistcu_result mnistcu__idx_parse(mnistcu_ctx *ctx, const char *name, con
     if (ndim == 0 || ndim > MNISTCU_IDX_MAX_DIMS)
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_NDIM, "%s: IDX: %d dimensions; 1 to %d are accepted", name, ndim,
                              MNISTCU_IDX_MAX_DIMS);
-    header = 4 + 4 * (size_t)ndim;
-    if (size < header)
+    hsize = 4 + 4 * (size_t)ndim;
+    if (size < hsize) {
+        if (partial) return MNISTCU_OK;
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRUNCATED,
                              "%s: IDX: file has %llu bytes, the header of %d dimensions needs %llu", name,
-                             MNISTCU__ULL(size), ndim, MNISTCU__ULL(header));
-    idx.type = (mnistcu_idx_type)p[2]; /* a known code, checked above */
-    idx.ndim = ndim;
-    idx.elem_size = esize;
-    for (d = 0; d < ndim; ++d) {
-        idx.dims[d] = mnistcu__be32(p + 4 + 4 * d);
-        if (idx.dims[d] == 0) has_zero = 1;
+                             MNISTCU__ULL(size), ndim, MNISTCU__ULL(hsize));
     }
-    mnistcu__idx_dims_text(idx.dims, ndim, dims_text, sizeof dims_text);
+    idx->type = (mnistcu_idx_type)p[2]; /* a known code, checked above */
+    idx->ndim = ndim;
+    idx->elem_size = esize;
+    for (d = 0; d < ndim; ++d) {
+        idx->dims[d] = mnistcu__be32(p + 4 + 4 * d);
+        if (idx->dims[d] == 0) has_zero = 1;
+    }
+    mnistcu__idx_dims_text(idx->dims, ndim, dims_text, dims_text_size);
     /* With a zero dimension the product is 0, however large the others. */
     for (d = 0; d < ndim && !has_zero; ++d)
-        if (!mnistcu__mul(count, idx.dims[d], &count))
+        if (!mnistcu__mul(count, idx->dims[d], &count))
             return mnistcu__fail(ctx, MNISTCU_ERR_IDX_OVERFLOW, "%s: IDX: the element count %s overflows size_t",
                                  name, dims_text);
     if (has_zero) count = 0;
-    if (!mnistcu__mul(count, esize, &payload))
+    if (!mnistcu__mul(count, esize, payload))
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_OVERFLOW,
                              "%s: IDX: the payload size (%s elements of %llu bytes) overflows size_t", name, dims_text,
                              MNISTCU__ULL(esize));
-    if (payload > MNISTCU_IDX_MAX_BYTES)
+    if (*payload > MNISTCU_IDX_MAX_BYTES)
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TOO_LARGE,
                              "%s: IDX: payload of %llu bytes (%s elements of %llu bytes) is above "
-                             "MNISTCU_IDX_MAX_BYTES (%llu)", name, MNISTCU__ULL(payload), dims_text,
+                             "MNISTCU_IDX_MAX_BYTES (%llu)", name, MNISTCU__ULL(*payload), dims_text,
                              MNISTCU__ULL(esize), MNISTCU__ULL(MNISTCU_IDX_MAX_BYTES));
-    total = header + payload; /* cannot overflow: payload is at most MNISTCU_IDX_MAX_BYTES */
-    if (size < total)
-        return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRUNCATED,
-                             "%s: IDX: file has %llu bytes, header and payload need %llu (dims %s)", name,
-                             MNISTCU__ULL(size), MNISTCU__ULL(total), dims_text);
-    if (size > total)
-        return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRAILING,
-                             "%s: IDX: file has %llu bytes, header and payload need only %llu (dims %s)", name,
-                             MNISTCU__ULL(size), MNISTCU__ULL(total), dims_text);
+    idx->count = count;
+    *header = hsize;
+    return MNISTCU_OK;
+}
 
-    dst = (unsigned char *)mnistcu__alloc(ctx, payload); /* 1 byte when the tensor is empty */
-    if (!dst)
-        return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%s: IDX: out of memory for %llu bytes of data", name,
-                             MNISTCU__ULL(payload));
-    /* Big-endian to host order, by assembling each value from its bytes and
-       storing it with memcpy: no alignment or aliasing assumptions. */
-    src = p + header;
+/* count big-endian elements of esize bytes at src to host order at dst, by
+   assembling each value from its bytes and storing it with memcpy: no alignment
+   or aliasing assumptions. dst == src is fine: each element is read whole
+   before it is written. */
+static void mnistcu__idx_to_host(unsigned char *dst, const unsigned char *src, size_t count, size_t esize)
+{
+    size_t i;
     switch (esize) {
     case 1:
-        if (payload) memcpy(dst, src, payload);
+        if (count && dst != src) memcpy(dst, src, count);
         break;
     case 2:
         for (i = 0; i < count; ++i, src += 2) {
@@ -1600,13 +1649,106 @@ static mnistcu_result mnistcu__idx_parse(mnistcu_ctx *ctx, const char *name, con
         }
         break;
     }
-    idx.count = count;
+}
+
+/* Parses a whole IDX file held in p[0..size); fills *out only on success. With
+   `own` (p itself, allocated through the context) the elements are moved to the
+   front and converted in place, and *out takes the buffer; else they are copied
+   into a new one. */
+static mnistcu_result mnistcu__idx_parse(mnistcu_ctx *ctx, const char *name, const unsigned char *p, size_t size,
+                                         unsigned char *own, mnistcu_idx *out)
+{
+    mnistcu_idx idx;
+    char dims_text[MNISTCU__DIMS_TEXT];
+    size_t header, payload, total;
+    unsigned char *dst;
+    mnistcu_result r = mnistcu__idx_header(ctx, name, p, size, 0, &idx, &header, &payload, dims_text, sizeof dims_text);
+    if (r) return r;
+    total = header + payload; /* cannot overflow: payload is at most MNISTCU_IDX_MAX_BYTES */
+    if (size < total)
+        return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRUNCATED,
+                             "%s: IDX: file has %llu bytes, header and payload need %llu (dims %s)", name,
+                             MNISTCU__ULL(size), MNISTCU__ULL(total), dims_text);
+    if (size > total)
+        return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRAILING,
+                             "%s: IDX: file has %llu bytes, header and payload need only %llu (dims %s)", name,
+                             MNISTCU__ULL(size), MNISTCU__ULL(total), dims_text);
+    if (own) {
+        dst = own;
+        if (payload) memmove(dst, dst + header, payload);
+        mnistcu__idx_to_host(dst, dst, idx.count, idx.elem_size);
+    } else {
+        dst = (unsigned char *)mnistcu__alloc(ctx, payload); /* 1 byte when the tensor is empty */
+        if (!dst)
+            return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%s: IDX: out of memory for %llu bytes of data", name,
+                                 MNISTCU__ULL(payload));
+        mnistcu__idx_to_host(dst, p + header, idx.count, idx.elem_size);
+    }
     idx.data = dst;
     *out = idx;
     return MNISTCU_OK;
 }
 
-/* Loads from memory; `name` (never NULL here) starts every message. */
+/* Deflate expands at most 1032 times: a 258-byte match (length code 285, no
+   extra bits) costs at least 2 bits, a 1-bit length code and a 1-bit distance
+   code, and every other symbol yields fewer bytes per bit. */
+#define MNISTCU__DEFLATE_MAX_RATIO 1032
+
+/* The stream produced more than the IDX header declares (total bytes). */
+static mnistcu_result mnistcu__inflate_idx_overrun(mnistcu__inflater *s)
+{
+    return mnistcu__fail(s->ctx, MNISTCU_ERR_IDX_TRAILING,
+                         "%s: IDX: the gzip data decompresses to more than the %llu bytes its header declares: refused "
+                         "at decompressed byte %llu (compressed byte %llu)", s->name ? s->name : "<gzip data>",
+                         MNISTCU__ULL(s->max_out), MNISTCU__ULL(s->max_out), MNISTCU__ULL(mnistcu__inflate_where(s)));
+}
+
+/* IDX mode, when the probe buffer is full: reads the header from the output so
+   far and replaces the buffer by one of exactly the size it declares, which
+   becomes max_out too, so the first byte beyond it is refused. Refuses at once
+   a header that is invalid, declares a payload above MNISTCU_IDX_MAX_BYTES, or
+   more bytes than the compressed input can expand to. Before the header is
+   complete (a long first match) it does nothing: the buffer grows as usual. */
+static mnistcu_result mnistcu__inflate_idx_size(mnistcu__inflater *s)
+{
+    const char *name = s->name ? s->name : "<gzip data>";
+    mnistcu_idx idx;
+    char dims_text[MNISTCU__DIMS_TEXT];
+    size_t header, payload, total, most;
+    unsigned char *exact;
+    mnistcu_result r = mnistcu__idx_header(s->ctx, name, s->out, s->out_len, 1, &idx, &header, &payload, dims_text,
+                                           sizeof dims_text);
+    if (r || header == 0) return r;
+    total = header + payload; /* cannot overflow: payload is at most MNISTCU_IDX_MAX_BYTES */
+    if (total > s->max_out)
+        return mnistcu__fail(s->ctx, MNISTCU_ERR_IDX_TOO_LARGE,
+                             "%s: IDX: header and payload (%llu bytes, dims %s) exceed the limit of %llu bytes", name,
+                             MNISTCU__ULL(total), dims_text, MNISTCU__ULL(s->max_out));
+    if (!mnistcu__mul(s->in_total, MNISTCU__DEFLATE_MAX_RATIO, &most)) most = (size_t)-1;
+    if (total > most)
+        return mnistcu__fail(s->ctx, MNISTCU_ERR_IDX_TRUNCATED,
+                             "%s: IDX: the header declares %llu bytes (dims %s), more than %llu bytes of gzip data "
+                             "can hold (at most %llu)", name, MNISTCU__ULL(total), dims_text,
+                             MNISTCU__ULL(s->in_total), MNISTCU__ULL(most));
+    if (s->out_len > total) {
+        s->max_out = total;
+        return mnistcu__inflate_idx_overrun(s);
+    }
+    exact = (unsigned char *)mnistcu__alloc(s->ctx, total);
+    if (!exact)
+        return mnistcu__fail(s->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%s: IDX: out of memory for %llu bytes (dims %s)", name,
+                             MNISTCU__ULL(total), dims_text);
+    memcpy(exact, s->out, s->out_len);
+    mnistcu__free(s->ctx, s->out);
+    s->out = exact;
+    s->out_cap = s->max_out = total;
+    s->idx_sized = 1;
+    return MNISTCU_OK;
+}
+
+/* Loads from memory; `name` (never NULL here) starts every message. gzip data
+   is decoded in IDX mode, into one buffer of the exact size that then holds
+   the elements: no second copy. */
 static mnistcu_result mnistcu__idx_load(mnistcu_ctx *ctx, const unsigned char *p, size_t size, const char *name,
                                         mnistcu_idx *out)
 {
@@ -1614,13 +1756,13 @@ static mnistcu_result mnistcu__idx_load(mnistcu_ctx *ctx, const unsigned char *p
     size_t raw_size = 0;
     mnistcu_result r;
     if (size >= 2 && p[0] == 0x1F && p[1] == 0x8B) { /* gzip: decompress first */
-        r = mnistcu__gunzip_named(ctx, name, p, size, MNISTCU_IDX_MAX_BYTES, &raw, &raw_size);
+        r = mnistcu__gunzip_named(ctx, name, p, size, MNISTCU_IDX_MAX_BYTES, 1, &raw, &raw_size);
         if (r) return r;
-        r = mnistcu__idx_parse(ctx, name, (const unsigned char *)raw, raw_size, out);
-        mnistcu__free(ctx, raw);
+        r = mnistcu__idx_parse(ctx, name, (const unsigned char *)raw, raw_size, (unsigned char *)raw, out);
+        if (r) mnistcu__free(ctx, raw);
         return r;
     }
-    return mnistcu__idx_parse(ctx, name, p, size, out);
+    return mnistcu__idx_parse(ctx, name, p, size, NULL, out);
 }
 
 MNISTCU_DEF mnistcu_result mnistcu_idx_load_memory(mnistcu_ctx *ctx, const void *bytes, size_t size,
