@@ -73,6 +73,16 @@
      value). Messages also go to the context's logger (stderr by default; pass a
      logger or MNISTCU_LOG_SILENT to change that). A failing call leaves your data
      untouched and the context usable. The library never calls exit or abort.
+     Training that diverges fails loudly: at every progress report and epoch end
+     mnistcu_train checks that the loss and every weight are finite, and if not
+     returns MNISTCU_ERR_DIVERGED with a message naming the epoch and step and
+     suggesting a lower learning rate. The model then holds the weights (and
+     momentum) of the last check that passed, the weights it started with if
+     none did; the result's diverged_epoch and diverged_step say where. On the
+     GPU the check costs no extra synchronisation (a flag computed on the device
+     is read with the statistics). mnistcu_train_desc.no_divergence_check turns
+     it off for those who want NaN to propagate; with it on, a model whose
+     weights are already not finite is refused (MNISTCU_ERR_INVALID_ARGUMENT).
 
    CPU vs CUDA
      The CPU backend is plain C99, float32, with cache-blocked matrix products
@@ -171,7 +181,8 @@ extern "C" {
     X(ERR_DEFLATE_NO_END_OF_BLOCK, "deflate: no end-of-block code") \
     X(ERR_DEFLATE_SYMBOL,          "deflate: invalid symbol") \
     X(ERR_DEFLATE_DISTANCE,        "deflate: distance too far back") \
-    X(ERR_DEFLATE_TRUNCATED,       "deflate: input ends inside the stream")
+    X(ERR_DEFLATE_TRUNCATED,       "deflate: input ends inside the stream") \
+    X(ERR_DIVERGED,                "training diverged: the loss or a weight is not finite")
 
 typedef enum mnistcu_result {
 #define MNISTCU__RESULT_ENUM(name, text) MNISTCU_##name,
@@ -447,6 +458,8 @@ typedef struct mnistcu_train_desc {
     size_t progress_every;               /* 0: report at epoch ends only; else every N steps too */
     mnistcu_progress_fn progress;        /* NULL: none */
     void *progress_user;
+    int no_divergence_check;             /* 0: stop with MNISTCU_ERR_DIVERGED when the loss or a weight is
+                                            not finite (checked at each report); 1: let NaN and inf propagate */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -457,6 +470,8 @@ typedef struct mnistcu_train_result {
     int has_validation;
     double val_loss, val_accuracy; /* at the end of the last completed epoch (not a stopped one) */
     double seconds;              /* training wall time, evaluation excluded */
+    int diverged_epoch;          /* MNISTCU_ERR_DIVERGED: the epoch and the step in it (1-based) where the */
+    size_t diverged_step;        /* loss or a weight was first seen not finite; 0 otherwise */
 } mnistcu_train_result;
 
 typedef struct mnistcu_metrics {
@@ -466,6 +481,9 @@ typedef struct mnistcu_metrics {
 } mnistcu_metrics;
 
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out);
+/* MNISTCU_ERR_DIVERGED when the loss or a weight stops being finite (see ERRORS):
+   the model keeps the last weights checked finite, and *result describes the
+   training up to there, diverged_epoch and diverged_step included. */
 MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
                                          mnistcu_train_result *result);
 /* confusion: NULL or classes*classes counts, row = true label, column = prediction. */
@@ -3152,6 +3170,7 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
                                            float scale, float shift);
 static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
 static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
+static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
 #endif
 
 typedef struct mnistcu__stats {
@@ -3236,6 +3255,228 @@ static mnistcu_result mnistcu__read_stats(mnistcu_model *m, const mnistcu__stats
     return MNISTCU_OK;
 }
 
+/* ---- divergence -------------------------------------------------------------
+   Where training reads its statistics anyway (every progress report, every
+   epoch end) it checks that the loss of the steps since the last check is
+   finite, and so is every parameter (a non-finite gradient or momentum reaches
+   the parameters in the same step). A check that passes copies the parameters
+   and the momentum aside, on the model's device; one that fails copies them
+   back and stops training with MNISTCU_ERR_DIVERGED, so the model keeps the
+   last weights known to be finite. On the GPU a kernel checks the parameters
+   into a flag in device memory, queued just before the statistics are read:
+   the flag arrives with them, and no step waits for the host. */
+typedef struct mnistcu__finite_guard {
+    int on;            /* 0: mnistcu_train_desc.no_divergence_check */
+    float lr;          /* the learning rate, for the message */
+    float *params;     /* [num_params] the last parameters checked finite */
+    float *velocity;   /* [num_params] their momentum; allocated once the model has a momentum buffer */
+    int has_velocity;  /* velocity holds the momentum taken with params */
+    int epoch;         /* where params were taken: the epoch (0: before training) */
+    size_t step;       /* and the steps done in it */
+    int *dev_flags;    /* CUDA: [MNISTCU__FINITE_BLOCKS] per-block flags, then the flag of all */
+    int *host_flag;    /* CUDA: pinned host copy of that flag */
+} mnistcu__finite_guard;
+
+#ifdef __CUDACC__
+static mnistcu_result mnistcu__cuda_malloc(mnistcu_ctx *ctx, void **p, size_t bytes, const char *what);
+static void mnistcu__cuda_free(mnistcu_ctx *ctx, void *p);
+static mnistcu_result mnistcu__cuda_device_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync);
+static mnistcu_result mnistcu__cuda_finite_begin(mnistcu_model *m, mnistcu__finite_guard *g);
+static void mnistcu__cuda_finite_end(mnistcu_model *m, mnistcu__finite_guard *g);
+static mnistcu_result mnistcu__cuda_finite_queue(mnistcu_model *m, mnistcu__finite_guard *g);
+static mnistcu_result mnistcu__cuda_finite_flag(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite);
+#endif
+
+/* Not NaN and not +-inf: the exponent bits are not all ones. A bit test, so
+   that -ffast-math (which may assume that no NaN exists) cannot remove it. */
+static MNISTCU__HD int mnistcu__finite_f(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x7F800000u) != 0x7F800000u;
+}
+
+static int mnistcu__finite_d(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
+}
+
+/* n floats on the model's device: dst = src, or dst = 0 when src is NULL. */
+static mnistcu_result mnistcu__finite_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_device_copy(m, dst, src, n, sync);
+#endif
+    (void)m; (void)sync;
+    if (src) memcpy(dst, src, n * sizeof(float));
+    else memset(dst, 0, n * sizeof(float));
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__finite_alloc(mnistcu_model *m, float **p)
+{
+    *p = NULL;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA)
+        return mnistcu__cuda_malloc(m->ctx, (void **)p, m->num_params * sizeof(float),
+                                    "divergence check: a copy of the weights");
+#endif
+    *p = (float *)mnistcu__alloc(m->ctx, m->num_params * sizeof(float));
+    if (!*p)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY,
+                             "divergence check: out of memory for a copy of %llu weights", MNISTCU__ULL(m->num_params));
+    return MNISTCU_OK;
+}
+
+static void mnistcu__finite_free(mnistcu_model *m, float *p)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) {
+        mnistcu__cuda_free(m->ctx, p);
+        return;
+    }
+#endif
+    mnistcu__free(m->ctx, p);
+}
+
+/* Copies the parameters and momentum aside: the last ones checked finite. */
+static mnistcu_result mnistcu__finite_snapshot(mnistcu_model *m, mnistcu__finite_guard *g, int epoch, size_t step)
+{
+    mnistcu_result r;
+    if ((r = mnistcu__finite_copy(m, g->params, m->params, m->num_params, 0))) return r;
+    g->has_velocity = m->velocity != NULL;
+    if (m->velocity) {
+        if (!g->velocity && (r = mnistcu__finite_alloc(m, &g->velocity))) return r;
+        if ((r = mnistcu__finite_copy(m, g->velocity, m->velocity, m->num_params, 0))) return r;
+    }
+    g->epoch = epoch;
+    g->step = step;
+    return MNISTCU_OK;
+}
+
+/* Just before the statistics of a report are read: on the GPU, queue the check
+   of the parameters, whose flag then comes back with the statistics. */
+static mnistcu_result mnistcu__finite_queue(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+#ifdef __CUDACC__
+    if (g->on && m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_finite_queue(m, g);
+#endif
+    (void)m; (void)g;
+    return MNISTCU_OK;
+}
+
+/* *all_finite: 1 when no parameter is NaN or infinite. On the GPU this reads
+   the flag that mnistcu__finite_queue asked for. */
+static mnistcu_result mnistcu__finite_params(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite)
+{
+    size_t i;
+    int ok = 1;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_finite_flag(m, g, all_finite);
+#endif
+    (void)g;
+    for (i = 0; i < m->num_params; ++i) ok &= mnistcu__finite_f(m->params[i]);
+    *all_finite = ok;
+    return MNISTCU_OK;
+}
+
+/* Before training: the weights must be finite (there would be nothing good to
+   keep otherwise), and they are the first copy. */
+static mnistcu_result mnistcu__finite_begin(mnistcu_model *m, mnistcu__finite_guard *g, int on, float lr)
+{
+    mnistcu_result r;
+    int ok = 1;
+    memset(g, 0, sizeof *g);
+    g->on = on;
+    g->lr = lr;
+    if (!on) return MNISTCU_OK;
+    if ((r = mnistcu__finite_alloc(m, &g->params))) return r;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_finite_begin(m, g))) return r;
+#endif
+    if ((r = mnistcu__finite_queue(m, g)) || (r = mnistcu__finite_params(m, g, &ok))) return r;
+    if (!ok)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "train: a weight of the model is not finite before training (NaN or infinite); give it "
+                             "finite weights (mnistcu_model_set_params), or set no_divergence_check to train anyway");
+    return mnistcu__finite_snapshot(m, g, 0, 0);
+}
+
+static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_finite_end(m, g);
+#endif
+    mnistcu__finite_free(m, g->params);
+    mnistcu__finite_free(m, g->velocity);
+    memset(g, 0, sizeof *g);
+}
+
+/* Loss of step i of the epoch (summed over its samples), read at this report. */
+static double mnistcu__step_loss(const mnistcu_model *m, const mnistcu__stats *st, size_t i)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_step_loss(m, i);
+#endif
+    (void)m;
+    return st->loss[i];
+}
+
+/* At a report p, its statistics read: the check. On success the parameters
+   are copied aside; on failure the last copy is put back, res describes the
+   training so far, and the result is MNISTCU_ERR_DIVERGED. */
+static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_guard *g, const mnistcu__stats *st,
+                                            const mnistcu_progress *p, mnistcu_train_result *res)
+{
+    size_t from = g->epoch == p->epoch ? g->step : 0, bad_step = p->step, i;
+    int loss_ok = 1, params_ok = 1;
+    double bad_loss = 0.0;
+    char kept[96];
+    mnistcu_result r;
+    if (!g->on) return MNISTCU_OK;
+    /* Per-sample losses are >= 0, so the running mean is finite exactly when
+       every step's loss is; only then do the parameters need looking at. */
+    if (!mnistcu__finite_d(p->train_loss)) {
+        loss_ok = 0;
+        for (i = from; i < p->step; ++i) {
+            bad_loss = mnistcu__step_loss(m, st, i);
+            if (!mnistcu__finite_d(bad_loss)) {
+                bad_step = i + 1;
+                break;
+            }
+        }
+    } else if ((r = mnistcu__finite_params(m, g, &params_ok))) {
+        return r;
+    }
+    if (loss_ok && params_ok) return mnistcu__finite_snapshot(m, g, p->epoch, p->step);
+
+    /* Put back the last parameters and momentum checked finite. */
+    if ((r = mnistcu__finite_copy(m, m->params, g->params, m->num_params, !m->velocity))) return r;
+    if (m->velocity &&
+        (r = mnistcu__finite_copy(m, m->velocity, g->has_velocity ? g->velocity : NULL, m->num_params, 1)))
+        return r;
+    res->epochs = p->epoch;
+    res->train_loss = p->train_loss;
+    res->train_accuracy = p->train_accuracy;
+    res->seconds = p->seconds;
+    res->diverged_epoch = p->epoch;
+    res->diverged_step = bad_step;
+    if (g->epoch == 0) snprintf(kept, sizeof kept, "the weights it had before training");
+    else snprintf(kept, sizeof kept, "the last weights checked finite, from epoch %d, step %llu", g->epoch,
+                  MNISTCU__ULL(g->step));
+    if (!loss_ok)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_DIVERGED,
+                             "training diverged in epoch %d at step %llu of %llu: the loss is %s. The model keeps %s. "
+                             "Try a lower learning rate (this run: %g).", p->epoch, MNISTCU__ULL(bad_step),
+                             MNISTCU__ULL(p->steps), bad_loss != bad_loss ? "NaN" : "infinite", kept, (double)g->lr);
+    return mnistcu__fail(m->ctx, MNISTCU_ERR_DIVERGED,
+                         "training diverged in epoch %d by step %llu of %llu: a weight is not finite (the loss still "
+                         "was). The model keeps %s. Try a lower learning rate (this run: %g).", p->epoch,
+                         MNISTCU__ULL(bad_step), MNISTCU__ULL(p->steps), kept, (double)g->lr);
+}
+
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out)
 {
     mnistcu_train_desc d;
@@ -3272,6 +3513,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     mnistcu_ctx *ctx;
     mnistcu_result r;
     mnistcu__stats st;
+    mnistcu__finite_guard guard;
     mnistcu_train_result res;
     uint32_t *idx = NULL;
     size_t n, B, steps, i;
@@ -3282,6 +3524,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     ctx = m->ctx;
     memset(&res, 0, sizeof res);
     memset(&st, 0, sizeof st);
+    memset(&guard, 0, sizeof guard);
     if (result) *result = res;
     if ((r = mnistcu__check_dataset(m, train, "train"))) return r;
     if (desc && desc->validation && (r = mnistcu__check_dataset(m, desc->validation, "train (validation set)")))
@@ -3310,6 +3553,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     m->norm_u8 = train->u8 != NULL;
     m->norm_scale = train->scale;
     m->norm_shift = train->shift;
+    if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;
 
     for (epoch = 1; epoch <= d.epochs && !stop; ++epoch) {
         double t_epoch = mnistcu__now(), loss_sum = 0.0;
@@ -3328,7 +3572,9 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
             res.steps++;
             if (step + 1 == steps || (d.progress && d.progress_every && (step + 1) % d.progress_every == 0)) {
                 mnistcu_progress p;
-                if ((r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct))) goto done;
+                if ((r = mnistcu__finite_queue(m, &guard)) ||
+                    (r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct)))
+                    goto done;
                 reported = step + 1;
                 memset(&p, 0, sizeof p);
                 p.epoch = epoch;
@@ -3341,6 +3587,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                 p.epoch_end = step + 1 == steps;
                 p.seconds = t_train + (mnistcu__now() - t_epoch);
                 p.images_per_second = (double)seen / MNISTCU__MAX(mnistcu__now() - t_epoch, 1e-9);
+                if ((r = mnistcu__finite_check(m, &guard, &st, &p, &res))) goto done;
                 if (p.epoch_end) {
                     t_train += mnistcu__now() - t_epoch;
                     p.seconds = t_train;
@@ -3379,6 +3626,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     if (result) *result = res;
     r = MNISTCU_OK;
 done:
+    if (result && r == MNISTCU_ERR_DIVERGED) *result = res;
+    mnistcu__finite_end(m, &guard);
     mnistcu__free(ctx, idx);
     mnistcu__free(ctx, st.loss);
     mnistcu__free(ctx, st.correct);
@@ -3858,6 +4107,41 @@ __global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int
         x[e] = raw * scale + shift;
         if (j == 0) labels[i] = src_labels[s];
     }
+}
+
+/* Divergence check (see >>train): partial[b] = 1 when block b's share of p[n]
+   holds a value that is not finite, else 0; then one block ORs the partial
+   flags into *flag. A fixed grid and fixed-order trees: no atomics. */
+#define MNISTCU__FINITE_BLOCKS 64
+
+__global__ void mnistcu__k_finite_partial(const float *p, size_t n, int *partial)
+{
+    __shared__ int bad[MNISTCU__THREADS];
+    int t = (int)threadIdx.x, b = 0, stride;
+    size_t i;
+    for (i = (size_t)blockIdx.x * blockDim.x + t; i < n; i += (size_t)gridDim.x * blockDim.x)
+        b |= !mnistcu__finite_f(p[i]);
+    bad[t] = b;
+    __syncthreads();
+    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) bad[t] |= bad[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) partial[blockIdx.x] = bad[0];
+}
+
+__global__ void mnistcu__k_finite_flag(const int *partial, int nb, int *flag)
+{
+    __shared__ int bad[MNISTCU__THREADS];
+    int t = (int)threadIdx.x, b = 0, i, stride;
+    for (i = t; i < nb; i += MNISTCU__THREADS) b |= partial[i];
+    bad[t] = b;
+    __syncthreads();
+    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) bad[t] |= bad[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) *flag = bad[0];
 }
 
 /* ---- context ----------------------------------------------------------------- */
@@ -4375,6 +4659,82 @@ static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, si
         *correct += (int64_t)cm->host_stats[cm->stats_cap + i];
     }
     return MNISTCU_OK;
+}
+
+/* Loss of one step as read by the last mnistcu__cuda_read_stats. */
+static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step)
+{
+    const mnistcu__cuda_model *cm = (const mnistcu__cuda_model *)m->cuda;
+    return cm->host_stats[step];
+}
+
+/* ---- divergence check (see >>train) ---------------------------------------------- */
+
+/* n floats on the device, in stream order: dst = src, or 0 when src is NULL. */
+static mnistcu_result mnistcu__cuda_device_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync)
+{
+    cudaStream_t st = mnistcu__cu(m->ctx)->stream;
+    cudaError_t e;
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
+    e = src ? cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, st)
+            : cudaMemsetAsync(dst, 0, n * sizeof(float), st);
+    if (e == cudaSuccess && sync) e = cudaStreamSynchronize(st);
+    return mnistcu__cuda_check(m->ctx, e, "divergence check: copying the weights");
+}
+
+static mnistcu_result mnistcu__cuda_finite_begin(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+    cudaError_t e;
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_malloc(m->ctx, (void **)&g->dev_flags, (MNISTCU__FINITE_BLOCKS + 1) * sizeof(int),
+                                  "divergence check flags")))
+        return r;
+    e = cudaMallocHost((void **)&g->host_flag, sizeof(int));
+    if (e != cudaSuccess) {
+        g->host_flag = NULL;
+        return mnistcu__cuda_check(m->ctx, e, "divergence check: pinned flag");
+    }
+    *g->host_flag = 0;
+    return MNISTCU_OK;
+}
+
+static void mnistcu__cuda_finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    /* the flag's copy may still be queued */
+    if (g->host_flag && mnistcu__cu(ctx)->sticky == cudaSuccess) cudaStreamSynchronize(mnistcu__cu(ctx)->stream);
+    mnistcu__cuda_free(ctx, g->dev_flags);
+    if (g->host_flag) cudaFreeHost(g->host_flag);
+    g->dev_flags = NULL;
+    g->host_flag = NULL;
+}
+
+/* Queues the check of every parameter and the copy of its flag to the host;
+   the synchronisation that reads the statistics next brings it back. */
+static mnistcu_result mnistcu__cuda_finite_queue(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+    cudaStream_t st = mnistcu__cu(m->ctx)->stream;
+    int *flag = g->dev_flags + MNISTCU__FINITE_BLOCKS;
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
+    mnistcu__k_finite_partial<<<MNISTCU__FINITE_BLOCKS, MNISTCU__THREADS, 0, st>>>(m->params, m->num_params,
+                                                                                   g->dev_flags);
+    MNISTCU__LAUNCHED(m->ctx, "finite_partial");
+    mnistcu__k_finite_flag<<<1, MNISTCU__THREADS, 0, st>>>(g->dev_flags, MNISTCU__FINITE_BLOCKS, flag);
+    MNISTCU__LAUNCHED(m->ctx, "finite_flag");
+    return mnistcu__cuda_check(m->ctx, cudaMemcpyAsync(g->host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost, st),
+                               "divergence check: reading the flag");
+}
+
+/* The flag queued last. The stream is already idle here (the statistics were
+   just read), so the synchronisation only makes that certain. */
+static mnistcu_result mnistcu__cuda_finite_flag(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite)
+{
+    mnistcu_result r = mnistcu__cuda_check(m->ctx, cudaStreamSynchronize(mnistcu__cu(m->ctx)->stream),
+                                           "divergence check: reading the flag");
+    *all_finite = r == MNISTCU_OK && *g->host_flag == 0;
+    return r;
 }
 #endif /* __CUDACC__ */
 #endif /* MNISTCU__IMPLEMENTED */
