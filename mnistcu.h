@@ -76,13 +76,16 @@
      Training that diverges fails loudly: at every progress report and epoch end
      mnistcu_train checks that the loss and every weight are finite, and if not
      returns MNISTCU_ERR_DIVERGED with a message naming the epoch and step and
-     suggesting a lower learning rate. The model then holds the weights (and
-     momentum) of the last check that passed, the weights it started with if
-     none did; the result's diverged_epoch and diverged_step say where. On the
-     GPU the check costs no extra synchronisation (a flag computed on the device
-     is read with the statistics). mnistcu_train_desc.no_divergence_check turns
-     it off for those who want NaN to propagate; with it on, a model whose
-     weights are already not finite is refused (MNISTCU_ERR_INVALID_ARGUMENT).
+     suggesting a lower learning rate. The model then holds the last weights
+     (and momentum) seen finite at a check whose loss, on the batch after
+     them, was finite too: those of the last check that passed, or of the one
+     before when the very next step failed; the weights it started with if
+     nothing better exists. The result's diverged_epoch and diverged_step say
+     where. On the GPU the check costs no extra synchronisation (a flag
+     computed on the device is read with the statistics).
+     mnistcu_train_desc.no_divergence_check turns it off for those who want NaN
+     to propagate; with it on, a model whose weights are already not finite is
+     refused (MNISTCU_ERR_INVALID_ARGUMENT).
 
    CPU vs CUDA
      The CPU backend is plain C99, float32, with cache-blocked matrix products
@@ -482,8 +485,9 @@ typedef struct mnistcu_metrics {
 
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out);
 /* MNISTCU_ERR_DIVERGED when the loss or a weight stops being finite (see ERRORS):
-   the model keeps the last weights checked finite, and *result describes the
-   training up to there, diverged_epoch and diverged_step included. */
+   the model keeps the last weights known to be finite with a finite loss, and
+   *result describes the training up to there, diverged_epoch and diverged_step
+   included. */
 MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
                                          mnistcu_train_result *result);
 /* confusion: NULL or classes*classes counts, row = true label, column = prediction. */
@@ -3260,19 +3264,30 @@ static mnistcu_result mnistcu__read_stats(mnistcu_model *m, const mnistcu__stats
    epoch end) it checks that the loss of the steps since the last check is
    finite, and so is every parameter (a non-finite gradient or momentum reaches
    the parameters in the same step). A check that passes copies the parameters
-   and the momentum aside, on the model's device; one that fails copies them
-   back and stops training with MNISTCU_ERR_DIVERGED, so the model keeps the
-   last weights known to be finite. On the GPU a kernel checks the parameters
-   into a flag in device memory, queued just before the statistics are read:
-   the flag arrives with them, and no step waits for the host. */
+   and the momentum aside, on the model's device; one that fails puts a copy
+   back and stops training with MNISTCU_ERR_DIVERGED.
+   Which copy: the weights of a check are only known to give a finite loss once
+   the next step has computed it. So two copies are kept, the newest and the one
+   before; if the first step after the newest is the one whose loss is not
+   finite, the one before is put back. Either way the model keeps finite
+   weights whose loss was finite (or, if the very first step failed, those it
+   started with). On the GPU a kernel checks the parameters into a flag in
+   device memory, queued just before the statistics are read: the flag arrives
+   with them, and no step waits for the host. */
+typedef struct mnistcu__finite_copy_slot {
+    float *params;     /* [num_params] parameters checked finite */
+    float *velocity;   /* [num_params] their momentum; allocated once the model has a momentum buffer */
+    int has_velocity;  /* velocity holds the momentum taken with params */
+    int epoch;         /* where they were taken: the epoch (0: before training) */
+    size_t step;       /* and the steps done in it */
+} mnistcu__finite_copy_slot;
+
 typedef struct mnistcu__finite_guard {
     int on;            /* 0: mnistcu_train_desc.no_divergence_check */
     float lr;          /* the learning rate, for the message */
-    float *params;     /* [num_params] the last parameters checked finite */
-    float *velocity;   /* [num_params] their momentum; allocated once the model has a momentum buffer */
-    int has_velocity;  /* velocity holds the momentum taken with params */
-    int epoch;         /* where params were taken: the epoch (0: before training) */
-    size_t step;       /* and the steps done in it */
+    mnistcu__finite_copy_slot slot[2];
+    int newest;        /* slot[newest] is the last copy, slot[!newest] the one before */
+    int copies;        /* copies taken: 1 means slot[!newest] holds none yet */
     int *dev_flags;    /* CUDA: [MNISTCU__FINITE_BLOCKS] per-block flags, then the flag of all */
     int *host_flag;    /* CUDA: pinned host copy of that flag */
 } mnistcu__finite_guard;
@@ -3341,18 +3356,23 @@ static void mnistcu__finite_free(mnistcu_model *m, float *p)
     mnistcu__free(m->ctx, p);
 }
 
-/* Copies the parameters and momentum aside: the last ones checked finite. */
+/* Copies the parameters and momentum aside, over the older of the two copies,
+   which becomes the newest. */
 static mnistcu_result mnistcu__finite_snapshot(mnistcu_model *m, mnistcu__finite_guard *g, int epoch, size_t step)
 {
+    mnistcu__finite_copy_slot *c = &g->slot[g->copies ? !g->newest : g->newest];
     mnistcu_result r;
-    if ((r = mnistcu__finite_copy(m, g->params, m->params, m->num_params, 0))) return r;
-    g->has_velocity = m->velocity != NULL;
+    if (!c->params && (r = mnistcu__finite_alloc(m, &c->params))) return r;
+    if ((r = mnistcu__finite_copy(m, c->params, m->params, m->num_params, 0))) return r;
+    c->has_velocity = m->velocity != NULL;
     if (m->velocity) {
-        if (!g->velocity && (r = mnistcu__finite_alloc(m, &g->velocity))) return r;
-        if ((r = mnistcu__finite_copy(m, g->velocity, m->velocity, m->num_params, 0))) return r;
+        if (!c->velocity && (r = mnistcu__finite_alloc(m, &c->velocity))) return r;
+        if ((r = mnistcu__finite_copy(m, c->velocity, m->velocity, m->num_params, 0))) return r;
     }
-    g->epoch = epoch;
-    g->step = step;
+    c->epoch = epoch;
+    c->step = step;
+    g->newest = (int)(c - g->slot);
+    g->copies++;
     return MNISTCU_OK;
 }
 
@@ -3392,7 +3412,6 @@ static mnistcu_result mnistcu__finite_begin(mnistcu_model *m, mnistcu__finite_gu
     g->on = on;
     g->lr = lr;
     if (!on) return MNISTCU_OK;
-    if ((r = mnistcu__finite_alloc(m, &g->params))) return r;
 #ifdef __CUDACC__
     if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_finite_begin(m, g))) return r;
 #endif
@@ -3406,11 +3425,14 @@ static mnistcu_result mnistcu__finite_begin(mnistcu_model *m, mnistcu__finite_gu
 
 static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
 {
+    int k;
 #ifdef __CUDACC__
     if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_finite_end(m, g);
 #endif
-    mnistcu__finite_free(m, g->params);
-    mnistcu__finite_free(m, g->velocity);
+    for (k = 0; k < 2; ++k) {
+        mnistcu__finite_free(m, g->slot[k].params);
+        mnistcu__finite_free(m, g->slot[k].velocity);
+    }
     memset(g, 0, sizeof *g);
 }
 
@@ -3425,15 +3447,16 @@ static double mnistcu__step_loss(const mnistcu_model *m, const mnistcu__stats *s
 }
 
 /* At a report p, its statistics read: the check. On success the parameters
-   are copied aside; on failure the last copy is put back, res describes the
-   training so far, and the result is MNISTCU_ERR_DIVERGED. */
+   are copied aside; on failure a copy is put back (see above), res describes
+   the training so far, and the result is MNISTCU_ERR_DIVERGED. */
 static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_guard *g, const mnistcu__stats *st,
                                             const mnistcu_progress *p, mnistcu_train_result *res)
 {
-    size_t from = g->epoch == p->epoch ? g->step : 0, bad_step = p->step, i;
-    int loss_ok = 1, params_ok = 1;
+    const mnistcu__finite_copy_slot *c = &g->slot[g->newest];
+    size_t from = c->epoch == p->epoch ? c->step : 0, bad_step = p->step, i;
+    int loss_ok = 1, params_ok = 1, first_after;
     double bad_loss = 0.0;
-    char kept[96];
+    char kept[128];
     mnistcu_result r;
     if (!g->on) return MNISTCU_OK;
     /* Per-sample losses are >= 0, so the running mean is finite exactly when
@@ -3452,10 +3475,14 @@ static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_gu
     }
     if (loss_ok && params_ok) return mnistcu__finite_snapshot(m, g, p->epoch, p->step);
 
-    /* Put back the last parameters and momentum checked finite. */
-    if ((r = mnistcu__finite_copy(m, m->params, g->params, m->num_params, !m->velocity))) return r;
+    /* The newest copy's own loss is that of the step after it: when that is
+       the step that failed, the copy before is the last good one. */
+    first_after = c->epoch == 0 || c->step == p->steps ? p->epoch == c->epoch + 1 && bad_step == 1
+                                                       : p->epoch == c->epoch && bad_step == c->step + 1;
+    if (!loss_ok && first_after && g->copies > 1) c = &g->slot[!g->newest];
+    if ((r = mnistcu__finite_copy(m, m->params, c->params, m->num_params, !m->velocity))) return r;
     if (m->velocity &&
-        (r = mnistcu__finite_copy(m, m->velocity, g->has_velocity ? g->velocity : NULL, m->num_params, 1)))
+        (r = mnistcu__finite_copy(m, m->velocity, c->has_velocity ? c->velocity : NULL, m->num_params, 1)))
         return r;
     res->epochs = p->epoch;
     res->train_loss = p->train_loss;
@@ -3463,9 +3490,9 @@ static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_gu
     res->seconds = p->seconds;
     res->diverged_epoch = p->epoch;
     res->diverged_step = bad_step;
-    if (g->epoch == 0) snprintf(kept, sizeof kept, "the weights it had before training");
-    else snprintf(kept, sizeof kept, "the last weights checked finite, from epoch %d, step %llu", g->epoch,
-                  MNISTCU__ULL(g->step));
+    if (c->epoch == 0) snprintf(kept, sizeof kept, "the weights it had before training");
+    else snprintf(kept, sizeof kept, "the weights of epoch %d, step %llu, the last ones finite with a finite loss",
+                  c->epoch, MNISTCU__ULL(c->step));
     if (!loss_ok)
         return mnistcu__fail(m->ctx, MNISTCU_ERR_DIVERGED,
                              "training diverged in epoch %d at step %llu of %llu: the loss is %s. The model keeps %s. "

@@ -621,15 +621,20 @@ TEST evaluate_uses_the_training_normalisation(void)
    NaN within ten or so steps, on the CPU and on the GPU alike. */
 
 /* 640 samples of 20 features uniform in [-3, 3], labels i % 4: nothing to learn,
-   so a large step only grows the weights. */
-static mnistcu_dataset *noise_dataset(mnistcu_ctx *ctx)
+   so a large step only grows the weights. x is malloc'ed. */
+static float *noise_data(int32_t lab[640])
 {
     tu_rng rng = tu_rng_make(17);
-    float *x = tu_random_floats(&rng, 640 * 20, -3.0f, 3.0f);
-    int32_t lab[640];
-    mnistcu_dataset *ds = NULL;
     size_t i;
     for (i = 0; i < 640; ++i) lab[i] = (int32_t)(i % 4);
+    return tu_random_floats(&rng, 640 * 20, -3.0f, 3.0f);
+}
+
+static mnistcu_dataset *noise_dataset(mnistcu_ctx *ctx)
+{
+    int32_t lab[640];
+    float *x = noise_data(lab);
+    mnistcu_dataset *ds = NULL;
     if (mnistcu_dataset_create(ctx, x, lab, 640, 20, 4, &ds) != MNISTCU_OK) ds = NULL;
     free(x);
     return ds;
@@ -670,88 +675,108 @@ static int all_finite(const float *p, size_t n)
     return 1;
 }
 
-/* Checked every third step: training stops with MNISTCU_ERR_DIVERGED, a message
-   naming epoch and step, and the weights of the last check that passed, which
-   a run stopped by its callback at that check also has, momentum included. */
+/* Checked every step and every third step: training stops with
+   MNISTCU_ERR_DIVERGED and a message naming epoch and step. The model keeps
+   the copy of the last check that passed, or of the one before when the step
+   right after that check is the one that failed (its loss came from those
+   weights): either way finite weights whose loss, on the batch that followed
+   them, was finite. A run stopped by its callback at that check ends with the
+   same bits, and so does a tame epoch from both (the momentum is restored). */
 TEST divergence_stops_with_the_last_finite_weights(void)
 {
+    static const size_t every[2] = {1, 3};
     mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
     mnistcu_dataset *ds;
-    mnistcu_model *a = NULL, *b = NULL;
-    mnistcu_train_desc td;
-    mnistcu_train_result res, res_b;
-    watch wa, wb;
-    char where[64];
-    float *p0, *pa, *pb;
+    float *x, *p0, *pa, *pb;
+    int32_t lab[640];
     size_t np;
-    mnistcu_result r;
+    int e;
     ASSERT(ctx != NULL);
-    ds = noise_dataset(ctx);
-    ASSERT(ds != NULL);
-    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &a));
-    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &b));
-    np = mnistcu_model_num_params(a);
-    p0 = params_of(a);
-    ASSERT_EQ(MNISTCU_OK, mnistcu_model_set_params(b, p0, np));
-
-    memset(&td, 0, sizeof td);
-    memset(&wa, 0, sizeof wa);
-    td.epochs = 3;
-    td.batch_size = 32;
-    td.no_shuffle = 1;
-    td.optim.learning_rate = 1000.0f;
-    td.optim.momentum = 0.9f;
-    td.progress = watch_progress;
-    td.progress_user = &wa;
-    td.progress_every = 3;
-    memset(&res, 0xAB, sizeof res);
-    r = mnistcu_train(a, ds, &td, &res);
-    ASSERT_ENUM_EQ(MNISTCU_ERR_DIVERGED, r, mnistcu_result_name);
-    ASSERT_ENUM_EQ(MNISTCU_ERR_DIVERGED, mnistcu_ctx_last_result(ctx), mnistcu_result_name);
-    /* where: the first step whose loss was not finite, after the last check that passed */
-    ASSERT(res.diverged_epoch >= 1 && res.diverged_epoch <= 3);
-    ASSERT(res.diverged_step >= 1 && res.diverged_step <= 20);
-    ASSERT_EQ(res.diverged_epoch, res.epochs);
-    if (wa.calls > 0 && wa.last.epoch == res.diverged_epoch) ASSERT_GT(res.diverged_step, wa.last.step);
-    ASSERT_FALSE(res.train_loss == res.train_loss && fabs(res.train_loss) <= DBL_MAX); /* not finite */
-    snprintf(where, sizeof where, "epoch %d at step %lu of 20", res.diverged_epoch, (unsigned long)res.diverged_step);
-    ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), where) != NULL);
-    ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "lower learning rate") != NULL);
-    pa = params_of(a);
-    ASSERTm("the weights kept must be finite", all_finite(pa, np));
-
-    /* b: the same run, stopped by its callback at the last check a passed */
-    memset(&wb, 0, sizeof wb);
-    wb.stop_at = wa.calls;
-    td.progress_user = &wb;
-    if (wa.calls == 0) {
-        ASSERT_ARRAY_EQ_BITS_F(pa, p0, np); /* diverged before the first check: the weights it started with */
-    } else {
-        ASSERT_EQ(MNISTCU_OK, mnistcu_train(b, ds, &td, &res_b));
-        ASSERT_EQ(wa.calls, wb.calls);
-        ASSERT_EQ(wa.last.step, wb.last.step);
-        pb = params_of(b);
-        ASSERT_ARRAY_EQ_BITS_F(pa, pb, np);
-        free(pb);
-    }
-
-    /* and the momentum: a tame epoch from there ends in the same bits on both */
-    if (wa.calls > 0) {
+    x = noise_data(lab);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_dataset_create(ctx, x, lab, 640, 20, 4, &ds));
+    for (e = 0; e < 2; ++e) {
+        mnistcu_model *a = NULL, *b = NULL;
+        mnistcu_train_desc td;
+        mnistcu_train_result res, res_b;
+        mnistcu_result r;
+        watch wa, wb;
+        char where[64];
+        double loss = 0.0;
+        int kept, first_after;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &a));
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &b));
+        np = mnistcu_model_num_params(a);
+        p0 = params_of(a);
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_set_params(b, p0, np));
         memset(&td, 0, sizeof td);
-        td.epochs = 1;
+        memset(&wa, 0, sizeof wa);
+        td.epochs = 3;
         td.batch_size = 32;
         td.no_shuffle = 1;
-        td.optim.learning_rate = 0.001f;
+        td.optim.learning_rate = 1000.0f;
         td.optim.momentum = 0.9f;
-        ASSERT_EQ(MNISTCU_OK, mnistcu_train(a, ds, &td, NULL));
-        ASSERT_EQ(MNISTCU_OK, mnistcu_train(b, ds, &td, NULL));
-        free(pa);
+        td.progress = watch_progress;
+        td.progress_user = &wa;
+        td.progress_every = every[e];
+        memset(&res, 0xAB, sizeof res);
+        r = mnistcu_train(a, ds, &td, &res);
+        ASSERT_ENUM_EQ(MNISTCU_ERR_DIVERGED, r, mnistcu_result_name);
+        ASSERT_ENUM_EQ(MNISTCU_ERR_DIVERGED, mnistcu_ctx_last_result(ctx), mnistcu_result_name);
+        /* where: the first step whose loss was not finite, after the last check that passed */
+        ASSERT(res.diverged_epoch >= 1 && res.diverged_epoch <= 3);
+        ASSERT(res.diverged_step >= 1 && res.diverged_step <= 20);
+        ASSERT_EQ(res.diverged_epoch, res.epochs);
+        if (wa.calls > 0 && wa.last.epoch == res.diverged_epoch) ASSERT_GT(res.diverged_step, wa.last.step);
+        ASSERT_FALSE(fabs(res.train_loss) <= DBL_MAX); /* not finite */
+        snprintf(where, sizeof where, "epoch %d at step %lu of 20", res.diverged_epoch, (unsigned long)res.diverged_step);
+        ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), where) != NULL);
+        ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "lower learning rate") != NULL);
         pa = params_of(a);
-        pb = params_of(b);
-        ASSERT_ARRAY_EQ_BITS_F(pa, pb, np);
-        free(pb);
+        ASSERTm("the weights kept must be finite", all_finite(pa, np));
+
+        /* which check's weights: the last, or the one before when the next step failed */
+        first_after = wa.calls > 0 && (wa.last.epoch_end ? res.diverged_epoch == wa.last.epoch + 1 && res.diverged_step == 1
+                                                         : res.diverged_epoch == wa.last.epoch &&
+                                                               res.diverged_step == wa.last.step + 1);
+        kept = first_after ? wa.calls - 1 : wa.calls;
+        if (every[e] == 1) ASSERTm("checked every step, the step after the last check fails", first_after);
+        if (kept == 0) {
+            ASSERT_ARRAY_EQ_BITS_F(pa, p0, np); /* nothing better: the weights it started with */
+        } else {
+            memset(&wb, 0, sizeof wb);
+            wb.stop_at = kept;
+            td.progress_user = &wb;
+            ASSERT_EQ(MNISTCU_OK, mnistcu_train(b, ds, &td, &res_b));
+            ASSERT_EQ(kept, wb.calls);
+            pb = params_of(b);
+            ASSERT_ARRAY_EQ_BITS_F(pa, pb, np);
+            free(pb);
+            /* their loss on the batch that followed them was finite */
+            {
+                size_t off = wb.last.epoch_end ? 0 : wb.last.step * 32;
+                ASSERT_EQ(MNISTCU_OK, mnistcu_model_compute_grads(a, x + off * 20, lab + off, 32, &loss));
+                ASSERTm("the kept weights' loss must be finite", fabs(loss) <= DBL_MAX);
+            }
+            /* and the momentum: a tame epoch from there ends in the same bits on both */
+            memset(&td, 0, sizeof td);
+            td.epochs = 1;
+            td.batch_size = 32;
+            td.no_shuffle = 1;
+            td.optim.learning_rate = 0.001f;
+            td.optim.momentum = 0.9f;
+            ASSERT_EQ(MNISTCU_OK, mnistcu_train(a, ds, &td, NULL));
+            ASSERT_EQ(MNISTCU_OK, mnistcu_train(b, ds, &td, NULL));
+            free(pa);
+            pa = params_of(a);
+            pb = params_of(b);
+            ASSERT_ARRAY_EQ_BITS_F(pa, pb, np);
+            free(pb);
+        }
+        free(p0); free(pa);
+        mnistcu_model_destroy(a);
+        mnistcu_model_destroy(b);
     }
-    free(p0); free(pa);
+    free(x);
     mnistcu_ctx_destroy(ctx);
     PASS();
 }
@@ -827,7 +852,7 @@ TEST divergence_of_a_weight_with_a_finite_loss(void)
     ASSERT_EQ((size_t)4, res.diverged_step);
     ASSERTm("the loss stayed finite", fabs(res.train_loss) <= DBL_MAX);
     ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "a weight is not finite") != NULL);
-    ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "from epoch 1, step 3") != NULL);
+    ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "of epoch 1, step 3") != NULL);
     p = params_of(m);
     ASSERT_ARRAY_EQ_BITS_F(p, w.saved, np);
     free(p); free(w.saved);
