@@ -3576,11 +3576,11 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu indices", (unsigned long)n);
         goto done;
     }
+    if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;
     m->has_norm = 1; /* evaluation and predict_u8 normalise as this training set does */
     m->norm_u8 = train->u8 != NULL;
     m->norm_scale = train->scale;
     m->norm_shift = train->shift;
-    if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;
 
     for (epoch = 1; epoch <= d.epochs && !stop; ++epoch) {
         double t_epoch = mnistcu__now(), loss_sum = 0.0;
