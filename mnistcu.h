@@ -101,6 +101,19 @@
      value). Messages also go to the context's logger (stderr by default; pass a
      logger or MNISTCU_LOG_SILENT to change that). A failing call leaves your data
      untouched and the context usable. The library never calls exit or abort.
+     Training that diverges fails loudly: at every progress report and epoch end
+     mnistcu_train checks that the loss and every weight are finite, and if not
+     returns MNISTCU_ERR_DIVERGED with a message naming the epoch and step and
+     suggesting a lower learning rate. The model then holds the last weights
+     (and momentum) seen finite at a check whose loss, on the batch after
+     them, was finite too: those of the last check that passed, or of the one
+     before when the very next step failed; the weights it started with if
+     nothing better exists. The result's diverged_epoch and diverged_step say
+     where. On the GPU the check costs no extra synchronisation (a flag
+     computed on the device is read with the statistics).
+     mnistcu_train_desc.no_divergence_check turns it off for those who want NaN
+     to propagate; with it on, a model whose weights are already not finite is
+     refused (MNISTCU_ERR_INVALID_ARGUMENT).
 
    CPU vs CUDA
      The CPU backend is plain C99, float32, with cache-blocked matrix products
@@ -114,6 +127,19 @@
      At most MNISTCU_MAX_MODEL_LAYERS layers of every kind (MNISTCU_MAX_LAYERS
      dense layers through the MLP desc), widths up to 2^24, at most
      MNISTCU_MAX_CLASSES classes, at most MNISTCU_IDX_MAX_BYTES per file.
+     Decompression is bounded by what the data claims. A gzip'd IDX file is
+     sized by its IDX header, read as soon as its bytes are out: a header whose
+     payload is above MNISTCU_IDX_MAX_BYTES, or larger than the compressed bytes
+     can expand to (deflate's most is 1032 to 1), is refused at once; the output
+     is allocated once, at the exact size, and holds the elements in the end (no
+     second copy); the first byte beyond it is refused (MNISTCU_ERR_IDX_TRAILING,
+     naming the offset). So a 1 MB file claiming 60000 x 28 x 28 images and
+     holding 1 GiB of zeros costs one 47 MB buffer and a few tens of
+     milliseconds. mnistcu_gunzip and mnistcu_inflate, with no size known, start
+     from a guess (the size the gzip trailer states, at most 16 times the
+     input; else 4 times the input) and grow by a quarter (at least 4 KiB) up
+     to max_out: the most held at once, old and new buffer while it grows,
+     stays under 2.25 times the final output plus 4 KiB (or the first guess).
 */
 #ifndef MNISTCU_H
 #define MNISTCU_H
@@ -188,7 +214,8 @@ extern "C" {
     X(ERR_DEFLATE_NO_END_OF_BLOCK, "deflate: no end-of-block code") \
     X(ERR_DEFLATE_SYMBOL,          "deflate: invalid symbol") \
     X(ERR_DEFLATE_DISTANCE,        "deflate: distance too far back") \
-    X(ERR_DEFLATE_TRUNCATED,       "deflate: input ends inside the stream")
+    X(ERR_DEFLATE_TRUNCATED,       "deflate: input ends inside the stream") \
+    X(ERR_DIVERGED,                "training diverged: the loss or a weight is not finite")
 
 typedef enum mnistcu_result {
 #define MNISTCU__RESULT_ENUM(name, text) MNISTCU_##name,
@@ -306,7 +333,9 @@ MNISTCU_DEF void mnistcu_idx_free(mnistcu_ctx *ctx, mnistcu_idx *idx);
 MNISTCU_DEF const char *mnistcu_idx_type_name(mnistcu_idx_type type); /* "ubyte", ..., NULL if unknown */
 
 /* gzip (RFC 1952, several members allowed) and raw deflate (RFC 1951).
-   max_out 0 means MNISTCU_IDX_MAX_BYTES. *out is freed with mnistcu_free. */
+   max_out 0 means MNISTCU_IDX_MAX_BYTES. *out is freed with mnistcu_free. The
+   output grows by a quarter at a time, never past max_out: under 2.25 times
+   the final size (plus 4 KiB) is held at once (see LIMITS). */
 MNISTCU_DEF mnistcu_result mnistcu_gunzip(mnistcu_ctx *ctx, const void *in, size_t in_size, size_t max_out,
                                           void **out, size_t *out_size);
 MNISTCU_DEF mnistcu_result mnistcu_inflate(mnistcu_ctx *ctx, const void *in, size_t in_size, size_t max_out,
@@ -577,6 +606,8 @@ typedef struct mnistcu_train_desc {
     size_t progress_every;               /* 0: report at epoch ends only; else every N steps too */
     mnistcu_progress_fn progress;        /* NULL: none */
     void *progress_user;
+    int no_divergence_check;             /* 0: stop with MNISTCU_ERR_DIVERGED when the loss or a weight is
+                                            not finite (checked at each report); 1: let NaN and inf propagate */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -587,6 +618,8 @@ typedef struct mnistcu_train_result {
     int has_validation;
     double val_loss, val_accuracy; /* at the end of the last completed epoch (not a stopped one) */
     double seconds;              /* training wall time, evaluation excluded */
+    int diverged_epoch;          /* MNISTCU_ERR_DIVERGED: the epoch and the step in it (1-based) where the */
+    size_t diverged_step;        /* loss or a weight was first seen not finite; 0 otherwise */
 } mnistcu_train_result;
 
 typedef struct mnistcu_metrics {
@@ -596,6 +629,10 @@ typedef struct mnistcu_metrics {
 } mnistcu_metrics;
 
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out);
+/* MNISTCU_ERR_DIVERGED when the loss or a weight stops being finite (see ERRORS):
+   the model keeps the last weights known to be finite with a finite loss, and
+   *result describes the training up to there, diverged_epoch and diverged_step
+   included. */
 MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
                                          mnistcu_train_result *result);
 /* confusion: NULL or classes*classes counts, row = true label, column = prediction. */
@@ -1088,6 +1125,11 @@ typedef struct mnistcu__inflater {
     size_t out_start;          /* where this stream's output starts: no match reaches before it */
     int have_fixed;            /* fixed_lit and fixed_dist are built */
     mnistcu__huffman lit, dist, fixed_lit, fixed_dist;
+    /* When the output is an IDX file (mnistcu__idx_load on gzip data), its header
+       fixes the output size: out is then reallocated once, to exactly that. */
+    int idx_mode;              /* read the IDX header as soon as it is out */
+    int idx_sized;             /* done: out_cap == max_out == the size the header declares */
+    size_t in_total;           /* all compressed bytes: the most a stream can expand to is 1032 times this */
 } mnistcu__inflater;
 
 /* Input offset of the byte holding the last bit read: where a problem was seen. */
@@ -1183,18 +1225,33 @@ static mnistcu_result mnistcu__inflate_bad_code(mnistcu__inflater *s, int decode
     return mnistcu__inflate_fail(s, MNISTCU_ERR_DEFLATE_SYMBOL, "the input bits match no %s code", code_name);
 }
 
-/* Makes room for `extra` more output bytes: doubles the buffer (never past
-   max_out), copying what is there. */
+static mnistcu_result mnistcu__inflate_idx_size(mnistcu__inflater *s);
+static mnistcu_result mnistcu__inflate_idx_overrun(mnistcu__inflater *s);
+
+/* Makes room for `extra` more output bytes, copying what is there. The buffer
+   grows by a quarter (at least 4 KiB), never past max_out: the old and the new
+   buffer together, the most ever held, stay under 2.25 times the final output
+   plus 4 KiB (it grows only for bytes that are then written, so the old one is
+   smaller than the final output, and the new one at most a quarter larger, or
+   4 KiB, or just what the bytes need). */
 static mnistcu_result mnistcu__inflate_reserve(mnistcu__inflater *s, size_t extra)
 {
-    size_t need, cap;
+    size_t need, cap, grow;
     unsigned char *grown;
+    mnistcu_result r;
     if (s->out_cap - s->out_len >= extra) return MNISTCU_OK;
-    if (extra > s->max_out - s->out_len)
+    if (s->idx_mode && !s->idx_sized) { /* the first time the probe buffer fills: read the IDX header */
+        if ((r = mnistcu__inflate_idx_size(s)) != MNISTCU_OK) return r;
+        if (s->out_cap - s->out_len >= extra) return MNISTCU_OK;
+    }
+    if (extra > s->max_out - s->out_len) {
+        if (s->idx_sized) return mnistcu__inflate_idx_overrun(s);
         return mnistcu__inflate_fail(s, MNISTCU_ERR_GZ_TOO_LARGE, "the output would exceed the limit of %llu bytes",
                                      MNISTCU__ULL(s->max_out));
+    }
     need = s->out_len + extra;
-    cap = s->out_cap > s->max_out / 2 ? s->max_out : s->out_cap * 2;
+    grow = MNISTCU__MAX(s->out_cap / 4, (size_t)4096);
+    cap = grow > s->max_out - s->out_cap ? s->max_out : s->out_cap + grow; /* out_cap <= max_out */
     if (cap < need) cap = need;
     grown = (unsigned char *)mnistcu__alloc(s->ctx, cap);
     if (!grown)
@@ -1367,17 +1424,24 @@ static mnistcu_result mnistcu__inflate_dynamic(mnistcu__inflater *s)
     return mnistcu__inflate_codes(s, &s->lit, &s->dist);
 }
 
-/* Prepares an output buffer; size_hint (0: none) is only a first guess. */
+/* Prepares an output buffer. size_hint (0: none) is only a first guess; without
+   one the buffer starts at 4 times the input. At least 4 KiB, at most max_out;
+   idx_mode starts with a probe just large enough for any IDX header accepted. */
+#define MNISTCU__IDX_PROBE 64
+
 static mnistcu_result mnistcu__inflater_start(mnistcu__inflater *s, mnistcu_ctx *ctx, const char *name,
-                                              size_t max_out, size_t size_hint, size_t in_size)
+                                              size_t max_out, size_t size_hint, size_t in_size, int idx_mode)
 {
     size_t cap = size_hint;
     memset(s, 0, sizeof *s);
     s->ctx = ctx;
     s->name = name;
     s->max_out = max_out ? max_out : MNISTCU_IDX_MAX_BYTES;
+    s->idx_mode = idx_mode;
+    s->in_total = in_size;
     if (cap == 0 && !mnistcu__mul(in_size, 4, &cap)) cap = s->max_out;
     if (cap < 4096) cap = 4096;
+    if (idx_mode) cap = MNISTCU__IDX_PROBE;
     if (cap > s->max_out) cap = s->max_out;
     s->out = (unsigned char *)mnistcu__alloc(ctx, cap);
     if (!s->out)
@@ -1428,7 +1492,7 @@ MNISTCU_DEF mnistcu_result mnistcu_inflate(mnistcu_ctx *ctx, const void *in, siz
     if (!out || !out_size || (!in && in_size))
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "mnistcu_inflate: %s is NULL",
                              !out ? "out" : !out_size ? "out_size" : "in");
-    r = mnistcu__inflater_start(&s, ctx, NULL, max_out, 0, in_size);
+    r = mnistcu__inflater_start(&s, ctx, NULL, max_out, 0, in_size, 0);
     if (r) return r;
     r = mnistcu__inflate_stream(&s, (const unsigned char *)in, in_size, 0, &used);
     if (r) {
@@ -1555,9 +1619,11 @@ static mnistcu_result mnistcu__gunzip_members(mnistcu__inflater *s, const unsign
     return MNISTCU_OK;
 }
 
-/* mnistcu_gunzip with messages that start with `name` (none when NULL). */
+/* mnistcu_gunzip with messages that start with `name` (none when NULL). With
+   idx_mode the data must be an IDX file: its header, read as soon as it is out,
+   sizes the output exactly (see mnistcu__inflate_idx_size). */
 static mnistcu_result mnistcu__gunzip_named(mnistcu_ctx *ctx, const char *name, const void *in, size_t in_size,
-                                            size_t max_out, void **out, size_t *out_size)
+                                            size_t max_out, int idx_mode, void **out, size_t *out_size)
 {
     const unsigned char *p = (const unsigned char *)in;
     mnistcu__inflater s;
@@ -1576,7 +1642,7 @@ static mnistcu_result mnistcu__gunzip_named(mnistcu_ctx *ctx, const char *name, 
         if (!mnistcu__mul(in_size, 16, &bound)) bound = max_out;
         if (hint > bound) hint = bound;
     }
-    r = mnistcu__inflater_start(&s, ctx, name, max_out, hint, in_size);
+    r = mnistcu__inflater_start(&s, ctx, name, max_out, hint, in_size, idx_mode);
     if (r) return r;
     r = mnistcu__gunzip_members(&s, p, in_size);
     if (r) {
@@ -1597,7 +1663,7 @@ MNISTCU_DEF mnistcu_result mnistcu_gunzip(mnistcu_ctx *ctx, const void *in, size
     if (!out || !out_size || (!in && in_size))
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "mnistcu_gunzip: %s is NULL",
                              !out ? "out" : !out_size ? "out_size" : "in");
-    return mnistcu__gunzip_named(ctx, NULL, in, in_size, max_out, out, out_size);
+    return mnistcu__gunzip_named(ctx, NULL, in, in_size, max_out, 0, out, out_size);
 }
 
 /* >>idx ----------------------------------------------------------------------
@@ -1650,21 +1716,29 @@ static void mnistcu__idx_dims_text(const uint32_t *dims, int ndim, char *text, s
     }
 }
 
-/* Parses a whole IDX file held in p[0..size); fills *out only on success. */
-static mnistcu_result mnistcu__idx_parse(mnistcu_ctx *ctx, const char *name, const unsigned char *p, size_t size,
-                                         mnistcu_idx *out)
-{
-    mnistcu_idx idx;
-    char dims_text[8 * 16 + 16];
-    size_t header, count = 1, payload, total, esize, i;
-    int d, ndim, has_zero = 0;
-    unsigned char *dst;
-    const unsigned char *src;
+#define MNISTCU__DIMS_TEXT 160 /* room for "4294967295 x ..." times MNISTCU_IDX_MAX_DIMS */
 
-    memset(&idx, 0, sizeof idx);
-    if (size < 4)
+/* Reads the header at the start of an IDX file, p[0..size), and checks it:
+   magic, element type, dimension count, and the payload size (overflow-checked,
+   at most MNISTCU_IDX_MAX_BYTES). Fills *idx (all but data), *header and *payload
+   (in bytes) and dims_text ("60000 x 28 x 28"). With `partial` (the output of a
+   stream still being decoded) having fewer bytes than the header is not an
+   error yet: *header is then 0. */
+static mnistcu_result mnistcu__idx_header(mnistcu_ctx *ctx, const char *name, const unsigned char *p, size_t size,
+                                          int partial, mnistcu_idx *idx, size_t *header, size_t *payload,
+                                          char *dims_text, size_t dims_text_size)
+{
+    size_t count = 1, esize, hsize;
+    int d, ndim, has_zero = 0;
+    memset(idx, 0, sizeof *idx);
+    *header = 0;
+    *payload = 0;
+    dims_text[0] = '\0';
+    if (size < 4) {
+        if (partial) return MNISTCU_OK;
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRUNCATED, "%s: IDX: file has %llu bytes, the header needs at least 4",
                              name, MNISTCU__ULL(size));
+    }
     if (p[0] != 0 || p[1] != 0)
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_MAGIC,
                              "%s: IDX: bytes 0-1 are %02x %02x, not 00 00 (not an IDX file)", name, p[0], p[1]);
@@ -1677,54 +1751,51 @@ static mnistcu_result mnistcu__idx_parse(mnistcu_ctx *ctx, const char *name, con
     if (ndim == 0 || ndim > MNISTCU_IDX_MAX_DIMS)
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_NDIM, "%s: IDX: %d dimensions; 1 to %d are accepted", name, ndim,
                              MNISTCU_IDX_MAX_DIMS);
-    header = 4 + 4 * (size_t)ndim;
-    if (size < header)
+    hsize = 4 + 4 * (size_t)ndim;
+    if (size < hsize) {
+        if (partial) return MNISTCU_OK;
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRUNCATED,
                              "%s: IDX: file has %llu bytes, the header of %d dimensions needs %llu", name,
-                             MNISTCU__ULL(size), ndim, MNISTCU__ULL(header));
-    idx.type = (mnistcu_idx_type)p[2]; /* a known code, checked above */
-    idx.ndim = ndim;
-    idx.elem_size = esize;
-    for (d = 0; d < ndim; ++d) {
-        idx.dims[d] = mnistcu__be32(p + 4 + 4 * d);
-        if (idx.dims[d] == 0) has_zero = 1;
+                             MNISTCU__ULL(size), ndim, MNISTCU__ULL(hsize));
     }
-    mnistcu__idx_dims_text(idx.dims, ndim, dims_text, sizeof dims_text);
+    idx->type = (mnistcu_idx_type)p[2]; /* a known code, checked above */
+    idx->ndim = ndim;
+    idx->elem_size = esize;
+    for (d = 0; d < ndim; ++d) {
+        idx->dims[d] = mnistcu__be32(p + 4 + 4 * d);
+        if (idx->dims[d] == 0) has_zero = 1;
+    }
+    mnistcu__idx_dims_text(idx->dims, ndim, dims_text, dims_text_size);
     /* With a zero dimension the product is 0, however large the others. */
     for (d = 0; d < ndim && !has_zero; ++d)
-        if (!mnistcu__mul(count, idx.dims[d], &count))
+        if (!mnistcu__mul(count, idx->dims[d], &count))
             return mnistcu__fail(ctx, MNISTCU_ERR_IDX_OVERFLOW, "%s: IDX: the element count %s overflows size_t",
                                  name, dims_text);
     if (has_zero) count = 0;
-    if (!mnistcu__mul(count, esize, &payload))
+    if (!mnistcu__mul(count, esize, payload))
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_OVERFLOW,
                              "%s: IDX: the payload size (%s elements of %llu bytes) overflows size_t", name, dims_text,
                              MNISTCU__ULL(esize));
-    if (payload > MNISTCU_IDX_MAX_BYTES)
+    if (*payload > MNISTCU_IDX_MAX_BYTES)
         return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TOO_LARGE,
                              "%s: IDX: payload of %llu bytes (%s elements of %llu bytes) is above "
-                             "MNISTCU_IDX_MAX_BYTES (%llu)", name, MNISTCU__ULL(payload), dims_text,
+                             "MNISTCU_IDX_MAX_BYTES (%llu)", name, MNISTCU__ULL(*payload), dims_text,
                              MNISTCU__ULL(esize), MNISTCU__ULL(MNISTCU_IDX_MAX_BYTES));
-    total = header + payload; /* cannot overflow: payload is at most MNISTCU_IDX_MAX_BYTES */
-    if (size < total)
-        return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRUNCATED,
-                             "%s: IDX: file has %llu bytes, header and payload need %llu (dims %s)", name,
-                             MNISTCU__ULL(size), MNISTCU__ULL(total), dims_text);
-    if (size > total)
-        return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRAILING,
-                             "%s: IDX: file has %llu bytes, header and payload need only %llu (dims %s)", name,
-                             MNISTCU__ULL(size), MNISTCU__ULL(total), dims_text);
+    idx->count = count;
+    *header = hsize;
+    return MNISTCU_OK;
+}
 
-    dst = (unsigned char *)mnistcu__alloc(ctx, payload); /* 1 byte when the tensor is empty */
-    if (!dst)
-        return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%s: IDX: out of memory for %llu bytes of data", name,
-                             MNISTCU__ULL(payload));
-    /* Big-endian to host order, by assembling each value from its bytes and
-       storing it with memcpy: no alignment or aliasing assumptions. */
-    src = p + header;
+/* count big-endian elements of esize bytes at src to host order at dst, by
+   assembling each value from its bytes and storing it with memcpy: no alignment
+   or aliasing assumptions. dst == src is fine: each element is read whole
+   before it is written. */
+static void mnistcu__idx_to_host(unsigned char *dst, const unsigned char *src, size_t count, size_t esize)
+{
+    size_t i;
     switch (esize) {
     case 1:
-        if (payload) memcpy(dst, src, payload);
+        if (count && dst != src) memcpy(dst, src, count);
         break;
     case 2:
         for (i = 0; i < count; ++i, src += 2) {
@@ -1745,13 +1816,106 @@ static mnistcu_result mnistcu__idx_parse(mnistcu_ctx *ctx, const char *name, con
         }
         break;
     }
-    idx.count = count;
+}
+
+/* Parses a whole IDX file held in p[0..size); fills *out only on success. With
+   `own` (p itself, allocated through the context) the elements are moved to the
+   front and converted in place, and *out takes the buffer; else they are copied
+   into a new one. */
+static mnistcu_result mnistcu__idx_parse(mnistcu_ctx *ctx, const char *name, const unsigned char *p, size_t size,
+                                         unsigned char *own, mnistcu_idx *out)
+{
+    mnistcu_idx idx;
+    char dims_text[MNISTCU__DIMS_TEXT];
+    size_t header, payload, total;
+    unsigned char *dst;
+    mnistcu_result r = mnistcu__idx_header(ctx, name, p, size, 0, &idx, &header, &payload, dims_text, sizeof dims_text);
+    if (r) return r;
+    total = header + payload; /* cannot overflow: payload is at most MNISTCU_IDX_MAX_BYTES */
+    if (size < total)
+        return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRUNCATED,
+                             "%s: IDX: file has %llu bytes, header and payload need %llu (dims %s)", name,
+                             MNISTCU__ULL(size), MNISTCU__ULL(total), dims_text);
+    if (size > total)
+        return mnistcu__fail(ctx, MNISTCU_ERR_IDX_TRAILING,
+                             "%s: IDX: file has %llu bytes, header and payload need only %llu (dims %s)", name,
+                             MNISTCU__ULL(size), MNISTCU__ULL(total), dims_text);
+    if (own) {
+        dst = own;
+        if (payload) memmove(dst, dst + header, payload);
+        mnistcu__idx_to_host(dst, dst, idx.count, idx.elem_size);
+    } else {
+        dst = (unsigned char *)mnistcu__alloc(ctx, payload); /* 1 byte when the tensor is empty */
+        if (!dst)
+            return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%s: IDX: out of memory for %llu bytes of data", name,
+                                 MNISTCU__ULL(payload));
+        mnistcu__idx_to_host(dst, p + header, idx.count, idx.elem_size);
+    }
     idx.data = dst;
     *out = idx;
     return MNISTCU_OK;
 }
 
-/* Loads from memory; `name` (never NULL here) starts every message. */
+/* Deflate expands at most 1032 times: a 258-byte match (length code 285, no
+   extra bits) costs at least 2 bits, a 1-bit length code and a 1-bit distance
+   code, and every other symbol yields fewer bytes per bit. */
+#define MNISTCU__DEFLATE_MAX_RATIO 1032
+
+/* The stream produced more than the IDX header declares (total bytes). */
+static mnistcu_result mnistcu__inflate_idx_overrun(mnistcu__inflater *s)
+{
+    return mnistcu__fail(s->ctx, MNISTCU_ERR_IDX_TRAILING,
+                         "%s: IDX: the gzip data decompresses to more than the %llu bytes its header declares: refused "
+                         "at decompressed byte %llu (compressed byte %llu)", s->name ? s->name : "<gzip data>",
+                         MNISTCU__ULL(s->max_out), MNISTCU__ULL(s->max_out), MNISTCU__ULL(mnistcu__inflate_where(s)));
+}
+
+/* IDX mode, when the probe buffer is full: reads the header from the output so
+   far and replaces the buffer by one of exactly the size it declares, which
+   becomes max_out too, so the first byte beyond it is refused. Refuses at once
+   a header that is invalid, declares a payload above MNISTCU_IDX_MAX_BYTES, or
+   more bytes than the compressed input can expand to. Before the header is
+   complete (a long first match) it does nothing: the buffer grows as usual. */
+static mnistcu_result mnistcu__inflate_idx_size(mnistcu__inflater *s)
+{
+    const char *name = s->name ? s->name : "<gzip data>";
+    mnistcu_idx idx;
+    char dims_text[MNISTCU__DIMS_TEXT];
+    size_t header, payload, total, most;
+    unsigned char *exact;
+    mnistcu_result r = mnistcu__idx_header(s->ctx, name, s->out, s->out_len, 1, &idx, &header, &payload, dims_text,
+                                           sizeof dims_text);
+    if (r || header == 0) return r;
+    total = header + payload; /* cannot overflow: payload is at most MNISTCU_IDX_MAX_BYTES */
+    if (total > s->max_out)
+        return mnistcu__fail(s->ctx, MNISTCU_ERR_IDX_TOO_LARGE,
+                             "%s: IDX: header and payload (%llu bytes, dims %s) exceed the limit of %llu bytes", name,
+                             MNISTCU__ULL(total), dims_text, MNISTCU__ULL(s->max_out));
+    if (!mnistcu__mul(s->in_total, MNISTCU__DEFLATE_MAX_RATIO, &most)) most = (size_t)-1;
+    if (total > most)
+        return mnistcu__fail(s->ctx, MNISTCU_ERR_IDX_TRUNCATED,
+                             "%s: IDX: the header declares %llu bytes (dims %s), more than %llu bytes of gzip data "
+                             "can hold (at most %llu)", name, MNISTCU__ULL(total), dims_text,
+                             MNISTCU__ULL(s->in_total), MNISTCU__ULL(most));
+    if (s->out_len > total) {
+        s->max_out = total;
+        return mnistcu__inflate_idx_overrun(s);
+    }
+    exact = (unsigned char *)mnistcu__alloc(s->ctx, total);
+    if (!exact)
+        return mnistcu__fail(s->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%s: IDX: out of memory for %llu bytes (dims %s)", name,
+                             MNISTCU__ULL(total), dims_text);
+    memcpy(exact, s->out, s->out_len);
+    mnistcu__free(s->ctx, s->out);
+    s->out = exact;
+    s->out_cap = s->max_out = total;
+    s->idx_sized = 1;
+    return MNISTCU_OK;
+}
+
+/* Loads from memory; `name` (never NULL here) starts every message. gzip data
+   is decoded in IDX mode, into one buffer of the exact size that then holds
+   the elements: no second copy. */
 static mnistcu_result mnistcu__idx_load(mnistcu_ctx *ctx, const unsigned char *p, size_t size, const char *name,
                                         mnistcu_idx *out)
 {
@@ -1759,13 +1923,13 @@ static mnistcu_result mnistcu__idx_load(mnistcu_ctx *ctx, const unsigned char *p
     size_t raw_size = 0;
     mnistcu_result r;
     if (size >= 2 && p[0] == 0x1F && p[1] == 0x8B) { /* gzip: decompress first */
-        r = mnistcu__gunzip_named(ctx, name, p, size, MNISTCU_IDX_MAX_BYTES, &raw, &raw_size);
+        r = mnistcu__gunzip_named(ctx, name, p, size, MNISTCU_IDX_MAX_BYTES, 1, &raw, &raw_size);
         if (r) return r;
-        r = mnistcu__idx_parse(ctx, name, (const unsigned char *)raw, raw_size, out);
-        mnistcu__free(ctx, raw);
+        r = mnistcu__idx_parse(ctx, name, (const unsigned char *)raw, raw_size, (unsigned char *)raw, out);
+        if (r) mnistcu__free(ctx, raw);
         return r;
     }
-    return mnistcu__idx_parse(ctx, name, p, size, out);
+    return mnistcu__idx_parse(ctx, name, p, size, NULL, out);
 }
 
 MNISTCU_DEF mnistcu_result mnistcu_idx_load_memory(mnistcu_ctx *ctx, const void *bytes, size_t size,
@@ -5585,6 +5749,7 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
                                            float scale, float shift);
 static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
 static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
+static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
 #endif
 
 typedef struct mnistcu__stats {
@@ -5669,6 +5834,257 @@ static mnistcu_result mnistcu__read_stats(mnistcu_model *m, const mnistcu__stats
     return MNISTCU_OK;
 }
 
+/* ---- divergence -------------------------------------------------------------
+   Where training reads its statistics anyway (every progress report, every
+   epoch end) it checks that the loss of the steps since the last check is
+   finite, and so is every parameter (a non-finite gradient or momentum reaches
+   the parameters in the same step). A check that passes copies the parameters
+   and the momentum aside, on the model's device; one that fails puts a copy
+   back and stops training with MNISTCU_ERR_DIVERGED.
+   Which copy: the weights of a check are only known to give a finite loss once
+   the next step has computed it. So two copies are kept, the newest and the one
+   before; if the first step after the newest is the one whose loss is not
+   finite, the one before is put back. Either way the model keeps finite
+   weights whose loss was finite (or, if the very first step failed, those it
+   started with). On the GPU a kernel checks the parameters into a flag in
+   device memory, queued just before the statistics are read: the flag arrives
+   with them, and no step waits for the host. */
+typedef struct mnistcu__finite_copy_slot {
+    float *params;     /* [num_params] parameters checked finite */
+    float *velocity;   /* [num_params] their momentum; allocated once the model has a momentum buffer */
+    float *buffers;    /* [num_buffers] batch norm's running statistics taken with them */
+    int has_velocity;  /* velocity holds the momentum taken with params */
+    int epoch;         /* where they were taken: the epoch (0: before training) */
+    size_t step;       /* and the steps done in it */
+} mnistcu__finite_copy_slot;
+
+typedef struct mnistcu__finite_guard {
+    int on;            /* 0: mnistcu_train_desc.no_divergence_check */
+    float lr;          /* the learning rate, for the message */
+    mnistcu__finite_copy_slot slot[2];
+    int newest;        /* slot[newest] is the last copy, slot[!newest] the one before */
+    int copies;        /* copies taken: 1 means slot[!newest] holds none yet */
+    int *dev_flags;    /* CUDA: [MNISTCU__FINITE_BLOCKS] per-block flags, then the flag of all */
+    int *host_flag;    /* CUDA: pinned host copy of that flag */
+} mnistcu__finite_guard;
+
+#ifdef __CUDACC__
+static mnistcu_result mnistcu__cuda_malloc(mnistcu_ctx *ctx, void **p, size_t bytes, const char *what);
+static void mnistcu__cuda_free(mnistcu_ctx *ctx, void *p);
+static mnistcu_result mnistcu__cuda_device_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync);
+static mnistcu_result mnistcu__cuda_finite_begin(mnistcu_model *m, mnistcu__finite_guard *g);
+static void mnistcu__cuda_finite_end(mnistcu_model *m, mnistcu__finite_guard *g);
+static mnistcu_result mnistcu__cuda_finite_queue(mnistcu_model *m, mnistcu__finite_guard *g);
+static mnistcu_result mnistcu__cuda_finite_flag(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite);
+#endif
+
+/* Not NaN and not +-inf: the exponent bits are not all ones. A bit test, so
+   that -ffast-math (which may assume that no NaN exists) cannot remove it. */
+static MNISTCU__HD int mnistcu__finite_f(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x7F800000u) != 0x7F800000u;
+}
+
+static int mnistcu__finite_d(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
+}
+
+/* n floats on the model's device: dst = src, or dst = 0 when src is NULL. */
+static mnistcu_result mnistcu__finite_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_device_copy(m, dst, src, n, sync);
+#endif
+    (void)m; (void)sync;
+    if (src) memcpy(dst, src, n * sizeof(float));
+    else memset(dst, 0, n * sizeof(float));
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__finite_alloc(mnistcu_model *m, float **p, size_t n)
+{
+    *p = NULL;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA)
+        return mnistcu__cuda_malloc(m->ctx, (void **)p, n * sizeof(float), "divergence check: a copy of the weights");
+#endif
+    *p = (float *)mnistcu__alloc(m->ctx, n * sizeof(float));
+    if (!*p)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY,
+                             "divergence check: out of memory for a copy of %llu weights", MNISTCU__ULL(n));
+    return MNISTCU_OK;
+}
+
+static void mnistcu__finite_free(mnistcu_model *m, float *p)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) {
+        mnistcu__cuda_free(m->ctx, p);
+        return;
+    }
+#endif
+    mnistcu__free(m->ctx, p);
+}
+
+/* Copies the parameters and momentum aside, over the older of the two copies,
+   which becomes the newest. */
+static mnistcu_result mnistcu__finite_snapshot(mnistcu_model *m, mnistcu__finite_guard *g, int epoch, size_t step)
+{
+    mnistcu__finite_copy_slot *c = &g->slot[g->copies ? !g->newest : g->newest];
+    mnistcu_result r;
+    if (!c->params && (r = mnistcu__finite_alloc(m, &c->params, m->num_params))) return r;
+    if ((r = mnistcu__finite_copy(m, c->params, m->params, m->num_params, 0))) return r;
+    if (m->num_buffers) {
+        if (!c->buffers && (r = mnistcu__finite_alloc(m, &c->buffers, m->num_buffers))) return r;
+        if ((r = mnistcu__finite_copy(m, c->buffers, m->buffers, m->num_buffers, 0))) return r;
+    }
+    c->has_velocity = m->velocity != NULL;
+    if (m->velocity) {
+        if (!c->velocity && (r = mnistcu__finite_alloc(m, &c->velocity, m->num_params))) return r;
+        if ((r = mnistcu__finite_copy(m, c->velocity, m->velocity, m->num_params, 0))) return r;
+    }
+    c->epoch = epoch;
+    c->step = step;
+    g->newest = (int)(c - g->slot);
+    g->copies++;
+    return MNISTCU_OK;
+}
+
+/* Just before the statistics of a report are read: on the GPU, queue the check
+   of the parameters, whose flag then comes back with the statistics. */
+static mnistcu_result mnistcu__finite_queue(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+#ifdef __CUDACC__
+    if (g->on && m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_finite_queue(m, g);
+#endif
+    (void)m; (void)g;
+    return MNISTCU_OK;
+}
+
+/* *all_finite: 1 when no parameter is NaN or infinite. On the GPU this reads
+   the flag that mnistcu__finite_queue asked for. */
+static mnistcu_result mnistcu__finite_params(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite)
+{
+    size_t i;
+    int ok = 1;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_finite_flag(m, g, all_finite);
+#endif
+    (void)g;
+    for (i = 0; i < m->num_params; ++i) ok &= mnistcu__finite_f(m->params[i]);
+    *all_finite = ok;
+    return MNISTCU_OK;
+}
+
+/* Before training: the weights must be finite (there would be nothing good to
+   keep otherwise), and they are the first copy. */
+static mnistcu_result mnistcu__finite_begin(mnistcu_model *m, mnistcu__finite_guard *g, int on, float lr)
+{
+    mnistcu_result r;
+    int ok = 1;
+    memset(g, 0, sizeof *g);
+    g->on = on;
+    g->lr = lr;
+    if (!on) return MNISTCU_OK;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_finite_begin(m, g))) return r;
+#endif
+    if ((r = mnistcu__finite_queue(m, g)) || (r = mnistcu__finite_params(m, g, &ok))) return r;
+    if (!ok)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "train: a weight of the model is not finite before training (NaN or infinite); give it "
+                             "finite weights (mnistcu_model_set_params), or set no_divergence_check to train anyway");
+    return mnistcu__finite_snapshot(m, g, 0, 0);
+}
+
+static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+    int k;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_finite_end(m, g);
+#endif
+    for (k = 0; k < 2; ++k) {
+        mnistcu__finite_free(m, g->slot[k].params);
+        mnistcu__finite_free(m, g->slot[k].velocity);
+        mnistcu__finite_free(m, g->slot[k].buffers);
+    }
+    memset(g, 0, sizeof *g);
+}
+
+/* Loss of step i of the epoch (summed over its samples), read at this report. */
+static double mnistcu__step_loss(const mnistcu_model *m, const mnistcu__stats *st, size_t i)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_step_loss(m, i);
+#endif
+    (void)m;
+    return st->loss[i];
+}
+
+/* At a report p, its statistics read: the check. On success the parameters
+   are copied aside; on failure a copy is put back (see above), res describes
+   the training so far, and the result is MNISTCU_ERR_DIVERGED. */
+static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_guard *g, const mnistcu__stats *st,
+                                            const mnistcu_progress *p, mnistcu_train_result *res)
+{
+    const mnistcu__finite_copy_slot *c = &g->slot[g->newest];
+    size_t from = c->epoch == p->epoch ? c->step : 0, bad_step = p->step, i;
+    int loss_ok = 1, params_ok = 1, first_after;
+    double bad_loss = 0.0;
+    char kept[128];
+    mnistcu_result r;
+    if (!g->on) return MNISTCU_OK;
+    /* Per-sample losses are >= 0, so the running mean is finite exactly when
+       every step's loss is; only then do the parameters need looking at. */
+    if (!mnistcu__finite_d(p->train_loss)) {
+        loss_ok = 0;
+        for (i = from; i < p->step; ++i) {
+            bad_loss = mnistcu__step_loss(m, st, i);
+            if (!mnistcu__finite_d(bad_loss)) {
+                bad_step = i + 1;
+                break;
+            }
+        }
+    } else if ((r = mnistcu__finite_params(m, g, &params_ok))) {
+        return r;
+    }
+    if (loss_ok && params_ok) return mnistcu__finite_snapshot(m, g, p->epoch, p->step);
+
+    /* The newest copy's own loss is that of the step after it: when that is
+       the step that failed, the copy before is the last good one. */
+    first_after = c->epoch == 0 || c->step == p->steps ? p->epoch == c->epoch + 1 && bad_step == 1
+                                                       : p->epoch == c->epoch && bad_step == c->step + 1;
+    if (!loss_ok && first_after && g->copies > 1) c = &g->slot[!g->newest];
+    if (m->num_buffers && (r = mnistcu__finite_copy(m, m->buffers, c->buffers, m->num_buffers, 0))) return r;
+    if ((r = mnistcu__finite_copy(m, m->params, c->params, m->num_params, !m->velocity))) return r;
+    if (m->velocity &&
+        (r = mnistcu__finite_copy(m, m->velocity, c->has_velocity ? c->velocity : NULL, m->num_params, 1)))
+        return r;
+    res->epochs = p->epoch;
+    res->train_loss = p->train_loss;
+    res->train_accuracy = p->train_accuracy;
+    res->seconds = p->seconds;
+    res->diverged_epoch = p->epoch;
+    res->diverged_step = bad_step;
+    if (c->epoch == 0) snprintf(kept, sizeof kept, "the weights it had before training");
+    else snprintf(kept, sizeof kept, "the weights of epoch %d, step %llu, the last ones finite with a finite loss",
+                  c->epoch, MNISTCU__ULL(c->step));
+    if (!loss_ok)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_DIVERGED,
+                             "training diverged in epoch %d at step %llu of %llu: the loss is %s. The model keeps %s. "
+                             "Try a lower learning rate (this run: %g).", p->epoch, MNISTCU__ULL(bad_step),
+                             MNISTCU__ULL(p->steps), bad_loss != bad_loss ? "NaN" : "infinite", kept, (double)g->lr);
+    return mnistcu__fail(m->ctx, MNISTCU_ERR_DIVERGED,
+                         "training diverged in epoch %d by step %llu of %llu: a weight is not finite (the loss still "
+                         "was). The model keeps %s. Try a lower learning rate (this run: %g).", p->epoch,
+                         MNISTCU__ULL(bad_step), MNISTCU__ULL(p->steps), kept, (double)g->lr);
+}
+
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out)
 {
     mnistcu_train_desc d;
@@ -5705,6 +6121,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     mnistcu_ctx *ctx;
     mnistcu_result r;
     mnistcu__stats st;
+    mnistcu__finite_guard guard;
     mnistcu_train_result res;
     uint32_t *idx = NULL;
     size_t n, B, steps, i;
@@ -5717,6 +6134,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     mode = m->mode;
     memset(&res, 0, sizeof res);
     memset(&st, 0, sizeof st);
+    memset(&guard, 0, sizeof guard);
     if (result) *result = res;
     if ((r = mnistcu__check_dataset(m, train, "train"))) return r;
     if (desc && desc->validation && (r = mnistcu__check_dataset(m, desc->validation, "train (validation set)")))
@@ -5741,6 +6159,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu indices", (unsigned long)n);
         goto done;
     }
+    if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;
     m->mode = MNISTCU_MODE_TRAIN;
     m->has_norm = 1; /* evaluation and predict_u8 normalise as this training set does */
     m->norm_u8 = train->u8 != NULL;
@@ -5764,7 +6183,9 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
             res.steps++;
             if (step + 1 == steps || (d.progress && d.progress_every && (step + 1) % d.progress_every == 0)) {
                 mnistcu_progress p;
-                if ((r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct))) goto done;
+                if ((r = mnistcu__finite_queue(m, &guard)) ||
+                    (r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct)))
+                    goto done;
                 reported = step + 1;
                 memset(&p, 0, sizeof p);
                 p.epoch = epoch;
@@ -5777,6 +6198,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                 p.epoch_end = step + 1 == steps;
                 p.seconds = t_train + (mnistcu__now() - t_epoch);
                 p.images_per_second = (double)seen / MNISTCU__MAX(mnistcu__now() - t_epoch, 1e-9);
+                if ((r = mnistcu__finite_check(m, &guard, &st, &p, &res))) goto done;
                 if (p.epoch_end) {
                     t_train += mnistcu__now() - t_epoch;
                     p.seconds = t_train;
@@ -5815,6 +6237,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     if (result) *result = res;
     r = MNISTCU_OK;
 done:
+    if (result && r == MNISTCU_ERR_DIVERGED) *result = res;
+    mnistcu__finite_end(m, &guard);
     m->mode = mode;
     mnistcu__free(ctx, idx);
     mnistcu__free(ctx, st.loss);
@@ -6182,6 +6606,41 @@ __global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int
         x[e] = raw * scale + shift;
         if (j == 0) labels[i] = src_labels[s];
     }
+}
+
+/* Divergence check (see >>train): partial[b] = 1 when block b's share of p[n]
+   holds a value that is not finite, else 0; then one block ORs the partial
+   flags into *flag. A fixed grid and fixed-order trees: no atomics. */
+#define MNISTCU__FINITE_BLOCKS 64
+
+__global__ void mnistcu__k_finite_partial(const float *p, size_t n, int *partial)
+{
+    __shared__ int bad[MNISTCU__THREADS];
+    int t = (int)threadIdx.x, b = 0, stride;
+    size_t i;
+    for (i = (size_t)blockIdx.x * blockDim.x + t; i < n; i += (size_t)gridDim.x * blockDim.x)
+        b |= !mnistcu__finite_f(p[i]);
+    bad[t] = b;
+    __syncthreads();
+    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) bad[t] |= bad[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) partial[blockIdx.x] = bad[0];
+}
+
+__global__ void mnistcu__k_finite_flag(const int *partial, int nb, int *flag)
+{
+    __shared__ int bad[MNISTCU__THREADS];
+    int t = (int)threadIdx.x, b = 0, i, stride;
+    for (i = t; i < nb; i += MNISTCU__THREADS) b |= partial[i];
+    bad[t] = b;
+    __syncthreads();
+    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) bad[t] |= bad[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) *flag = bad[0];
 }
 
 /* ---- context ----------------------------------------------------------------- */
@@ -6728,6 +7187,82 @@ static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, si
         *correct += (int64_t)cm->host_stats[cm->stats_cap + i];
     }
     return MNISTCU_OK;
+}
+
+/* Loss of one step as read by the last mnistcu__cuda_read_stats. */
+static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step)
+{
+    const mnistcu__cuda_model *cm = (const mnistcu__cuda_model *)m->cuda;
+    return cm->host_stats[step];
+}
+
+/* ---- divergence check (see >>train) ---------------------------------------------- */
+
+/* n floats on the device, in stream order: dst = src, or 0 when src is NULL. */
+static mnistcu_result mnistcu__cuda_device_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync)
+{
+    cudaStream_t st = mnistcu__cu(m->ctx)->stream;
+    cudaError_t e;
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
+    e = src ? cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, st)
+            : cudaMemsetAsync(dst, 0, n * sizeof(float), st);
+    if (e == cudaSuccess && sync) e = cudaStreamSynchronize(st);
+    return mnistcu__cuda_check(m->ctx, e, "divergence check: copying the weights");
+}
+
+static mnistcu_result mnistcu__cuda_finite_begin(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+    cudaError_t e;
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_malloc(m->ctx, (void **)&g->dev_flags, (MNISTCU__FINITE_BLOCKS + 1) * sizeof(int),
+                                  "divergence check flags")))
+        return r;
+    e = cudaMallocHost((void **)&g->host_flag, sizeof(int));
+    if (e != cudaSuccess) {
+        g->host_flag = NULL;
+        return mnistcu__cuda_check(m->ctx, e, "divergence check: pinned flag");
+    }
+    *g->host_flag = 0;
+    return MNISTCU_OK;
+}
+
+static void mnistcu__cuda_finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    /* the flag's copy may still be queued */
+    if (g->host_flag && mnistcu__cu(ctx)->sticky == cudaSuccess) cudaStreamSynchronize(mnistcu__cu(ctx)->stream);
+    mnistcu__cuda_free(ctx, g->dev_flags);
+    if (g->host_flag) cudaFreeHost(g->host_flag);
+    g->dev_flags = NULL;
+    g->host_flag = NULL;
+}
+
+/* Queues the check of every parameter and the copy of its flag to the host;
+   the synchronisation that reads the statistics next brings it back. */
+static mnistcu_result mnistcu__cuda_finite_queue(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+    cudaStream_t st = mnistcu__cu(m->ctx)->stream;
+    int *flag = g->dev_flags + MNISTCU__FINITE_BLOCKS;
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
+    mnistcu__k_finite_partial<<<MNISTCU__FINITE_BLOCKS, MNISTCU__THREADS, 0, st>>>(m->params, m->num_params,
+                                                                                   g->dev_flags);
+    MNISTCU__LAUNCHED(m->ctx, "finite_partial");
+    mnistcu__k_finite_flag<<<1, MNISTCU__THREADS, 0, st>>>(g->dev_flags, MNISTCU__FINITE_BLOCKS, flag);
+    MNISTCU__LAUNCHED(m->ctx, "finite_flag");
+    return mnistcu__cuda_check(m->ctx, cudaMemcpyAsync(g->host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost, st),
+                               "divergence check: reading the flag");
+}
+
+/* The flag queued last. The stream is already idle here (the statistics were
+   just read), so the synchronisation only makes that certain. */
+static mnistcu_result mnistcu__cuda_finite_flag(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite)
+{
+    mnistcu_result r = mnistcu__cuda_check(m->ctx, cudaStreamSynchronize(mnistcu__cu(m->ctx)->stream),
+                                           "divergence check: reading the flag");
+    *all_finite = r == MNISTCU_OK && *g->host_flag == 0;
+    return r;
 }
 #endif /* __CUDACC__ */
 #endif /* MNISTCU__IMPLEMENTED */

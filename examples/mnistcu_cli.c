@@ -9,11 +9,17 @@
      mnistcu info FILE              describe an IDX file (raw or .gz)
 
    Output: human-readable progress, tables and messages go to stderr; the LAST
-   line on stdout is always one JSON object with the results, for scripts.
+   line on stdout of train, eval and info is one JSON object, for scripts: the
+   results, or after an error "error" (a short name such as "diverged" or
+   "not_found") and "message". It is always valid JSON: a number that is not
+   finite is written as null, and strings are escaped (valid UTF-8 passes
+   through; a byte that is not part of valid UTF-8 becomes \u00XX, its Latin-1
+   reading).
 
    Exit status: 0 success, 1 a failed library call or file operation (the
-   message is printed as "mnistcu: error: ..."), 2 a usage error (unknown
-   option, missing or invalid value).
+   message is printed as "mnistcu: error: ..."), including training that
+   diverged (a loss or weight not finite), 2 a usage error (unknown option,
+   missing or invalid value; nothing on stdout).
 
    The whole program is a thin layer over mnistcu.h; read it top to bottom as a
    tour of the library's API. */
@@ -26,6 +32,7 @@
 
 #include <errno.h>
 #include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,8 +127,18 @@ static void print_help(FILE *f)
           "model with batchnorm needs the model files of a later version.\n"
           "\n"
           "Options take their value as `--lr 0.05` or `--lr=0.05`.\n"
-          "Exit status: 0 success, 1 error (a failed library call or file operation),\n"
-          "2 usage error (unknown option, missing or invalid value).\n"
+          "\n"
+          "Training stops when the loss or a weight becomes NaN or infinite (most often a\n"
+          "learning rate too high), checked at each epoch end and progress update: the\n"
+          "message names the epoch and step, and the exit status is 1.\n"
+          "\n"
+          "The last line on stdout of train, eval and info is a JSON object: the results,\n"
+          "or \"error\" (e.g. \"diverged\", \"not_found\", \"io\") and \"message\", plus \"epoch\" and\n"
+          "\"step\" when training diverged. Numbers that are not finite are null; strings\n"
+          "are UTF-8, bytes of a name that are not valid UTF-8 are written as \\u00XX.\n"
+          "Exit status: 0 success, 1 error (a failed library call or file operation, or\n"
+          "training that diverged), 2 usage error (unknown option, missing or invalid\n"
+          "value; nothing on stdout).\n"
           "\n"
           "Examples:\n"
           "  mnistcu train --layers 784-256-128-10 --epochs 20 --momentum 0.9 --val 5000\n"
@@ -154,14 +171,39 @@ static void usage_error(const char *fmt, ...)
    so the library's logger must not print errors too (see cli_log below).
    ========================================================================== */
 
+/* The error that ends the run, for the JSON line: a short name ("diverged",
+   "not_found", "io", ...) and the message printed. */
+static struct {
+    char kind[48];
+    char message[1024];
+} last_error;
+
+/* Prints "mnistcu: error: ..." and keeps it for the JSON line. */
+static void cli_error(const char *kind, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error.message, sizeof last_error.message, fmt, ap);
+    va_end(ap);
+    snprintf(last_error.kind, sizeof last_error.kind, "%s", kind);
+    fprintf(stderr, "mnistcu: error: %s\n", last_error.message);
+}
+
 /* Returns 1 (and prints the context's message) when r is an error. */
 static int failed(const mnistcu_ctx *ctx, mnistcu_result r)
 {
-    const char *msg;
+    const char *msg, *name = mnistcu_result_name(r);
+    char kind[48];
+    size_t i;
     if (r == MNISTCU_OK) return 0;
     msg = ctx ? mnistcu_ctx_error(ctx) : "";
     if (msg[0] == '\0') msg = mnistcu_result_str(r); /* e.g. no context at all: out of memory */
-    fprintf(stderr, "mnistcu: error: %s\n", msg);
+    /* The kind is the result's name in lower case: MNISTCU_ERR_DIVERGED gives "diverged". */
+    if (strncmp(name, "MNISTCU_ERR_", 12) == 0) name += 12;
+    for (i = 0; name[i] && i + 1 < sizeof kind; ++i)
+        kind[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] - 'A' + 'a' : name[i]);
+    kind[i] = '\0';
+    cli_error(kind, "%s", msg);
     return 1;
 }
 
@@ -558,7 +600,7 @@ static int load_split(mnistcu_ctx *ctx, const cli_options *o, mnistcu_split spli
     int n = snprintf(dir, sizeof dir, "%s/%s", o->data_dir,
                      strcmp(o->dataset, "fashion") == 0 ? "fashion-mnist" : "mnist");
     if (n < 0 || (size_t)n >= sizeof dir) {
-        fprintf(stderr, "mnistcu: error: --data: folder name too long\n");
+        cli_error("invalid_argument", "--data: folder name too long");
         return 0;
     }
     memset(&desc, 0, sizeof desc);
@@ -757,7 +799,7 @@ static int evaluate_and_report(mnistcu_ctx *ctx, mnistcu_model *net, const mnist
     classes = info.classes;
     confusion = (int64_t *)malloc(classes * classes * sizeof *confusion);
     if (!confusion) {
-        fprintf(stderr, "mnistcu: error: out of memory for the confusion matrix\n");
+        cli_error("out_of_memory", "out of memory for the confusion matrix");
         return 0;
     }
     ok = !failed(ctx, mnistcu_evaluate(net, test, m, confusion));
@@ -771,15 +813,54 @@ static int evaluate_and_report(mnistcu_ctx *ctx, mnistcu_model *net, const mnist
     return ok;
 }
 
-/* Writes s as a JSON string: quoted, with " \ and control characters escaped. */
-static void json_string(FILE *f, const char *s)
+/* JSON output. Every line must parse, whatever the values: JSON has no NaN or
+   infinity, so a number that is not finite is written as null; and a string
+   is UTF-8 with " \ and control characters escaped. Names of files come from
+   the user and can hold any bytes: valid UTF-8 passes through unchanged, and
+   each byte that is not part of a valid UTF-8 sequence is written as \u00XX
+   (read as Latin-1, the likeliest older encoding of such a name). */
+
+/* The length of the valid UTF-8 sequence of 2 to 4 bytes at s, or 0 when the
+   bytes there are not one: RFC 3629, so no overlong forms, no surrogates,
+   nothing above U+10FFFF. It stops at the first byte that does not fit, so it
+   never reads past a terminating zero. */
+static int utf8_sequence(const unsigned char *s)
 {
+    unsigned char c = s[0], lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) return (s[1] & 0xC0) == 0x80 ? 2 : 0;
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (c == 0xE0) lo = 0xA0; /* overlong below U+0800 */
+        if (c == 0xED) hi = 0x9F; /* U+D800 to U+DFFF are surrogates */
+        return s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80 ? 3 : 0;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (c == 0xF0) lo = 0x90; /* overlong below U+10000 */
+        if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
+        return s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80 && (s[3] & 0xC0) == 0x80 ? 4 : 0;
+    }
+    return 0;
+}
+
+/* Writes text as a JSON string (see above). */
+static void json_string(FILE *f, const char *text)
+{
+    const unsigned char *s = (const unsigned char *)text;
     fputc('"', f);
-    for (; *s; ++s) {
-        unsigned char c = (unsigned char)*s;
+    while (*s) {
+        unsigned char c = *s;
+        int n = 1;
         if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c == '\r') fputs("\\r", f);
         else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+        else if (c < 0x80) fputc(c, f);
+        else if ((n = utf8_sequence(s)) > 0) fwrite(s, 1, (size_t)n, f);
+        else {
+            fprintf(f, "\\u%04x", c);
+            n = 1;
+        }
+        s += n;
     }
     fputc('"', f);
 }
@@ -789,6 +870,21 @@ static void json_field_str(const char *key, const char *value)
 {
     printf(",\"%s\":", key);
     json_string(stdout, value);
+}
+
+/* ,"key":value in the printf format fmt, or ,"key":null when it is not finite. */
+static void json_field_num(const char *key, const char *fmt, double value)
+{
+    printf(",\"%s\":", key);
+    if (isfinite(value)) printf(fmt, value);
+    else printf("null");
+}
+
+/* ,"error":"diverged","message":"..." from the error that ended the run. */
+static void json_error_fields(void)
+{
+    json_field_str("error", last_error.kind[0] ? last_error.kind : "error");
+    json_field_str("message", last_error.message);
 }
 
 /* ==========================================================================
@@ -824,24 +920,24 @@ static int save_weights(mnistcu_ctx *ctx, const mnistcu_model *net, const char *
     FILE *f = NULL;
     int ok = 0;
     if (!params || !bytes) {
-        fprintf(stderr, "mnistcu: error: out of memory for %zu parameters\n", count);
+        cli_error("out_of_memory", "out of memory for %zu parameters", count);
         goto done;
     }
     if (failed(ctx, mnistcu_model_get_params(net, params, count))) goto done;
     for (i = 0; i < count; ++i) float_to_le(params[i], bytes + 4 * i);
     f = fopen(path, "wb");
     if (!f) {
-        fprintf(stderr, "mnistcu: error: %s: cannot create: %s\n", path, strerror(errno));
+        cli_error("io", "%s: cannot create: %s", path, strerror(errno));
         goto done;
     }
     if (fwrite(bytes, 4, count, f) != count) {
-        fprintf(stderr, "mnistcu: error: %s: write failed: %s\n", path, strerror(errno));
+        cli_error("io", "%s: write failed: %s", path, strerror(errno));
         goto done;
     }
     ok = 1;
 done:
     if (f && fclose(f) != 0 && ok) {
-        fprintf(stderr, "mnistcu: error: %s: write failed: %s\n", path, strerror(errno));
+        cli_error("io", "%s: write failed: %s", path, strerror(errno));
         ok = 0;
     }
     free(params);
@@ -858,29 +954,29 @@ static int load_weights(mnistcu_ctx *ctx, mnistcu_model *net, const char *path, 
     int ok = 0;
     FILE *f = fopen(path, "rb");
     if (!f) {
-        fprintf(stderr, "mnistcu: error: %s: cannot open: %s\n", path, strerror(errno));
+        cli_error("io", "%s: cannot open: %s", path, strerror(errno));
         return 0;
     }
     /* The file must hold exactly one float32 per parameter of this model. */
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fprintf(stderr, "mnistcu: error: %s: cannot determine the file size\n", path);
+        cli_error("io", "%s: cannot determine the file size", path);
         goto done;
     }
     if ((unsigned long)size != (unsigned long)(count * 4)) {
-        fprintf(stderr,
-                "mnistcu: error: %s: %ld bytes, but a %s model has %zu parameters (%zu bytes);\n"
-                "               give eval the --model or --layers the weights were trained with\n",
-                path, size, layers, count, count * 4);
+        cli_error("shape",
+                  "%s: %ld bytes, but a %s model has %zu parameters (%zu bytes);\n"
+                  "               give eval the --model or --layers the weights were trained with",
+                  path, size, layers, count, count * 4);
         goto done;
     }
     params = (float *)malloc(count * sizeof *params);
     bytes = (unsigned char *)malloc(count * 4);
     if (!params || !bytes) {
-        fprintf(stderr, "mnistcu: error: out of memory for %zu parameters\n", count);
+        cli_error("out_of_memory", "out of memory for %zu parameters", count);
         goto done;
     }
     if (fread(bytes, 4, count, f) != count) {
-        fprintf(stderr, "mnistcu: error: %s: read failed\n", path);
+        cli_error("io", "%s: read failed", path);
         goto done;
     }
     for (i = 0; i < count; ++i) params[i] = float_from_le(bytes + 4 * i);
@@ -896,6 +992,24 @@ done:
    mnistcu train
    ========================================================================== */
 
+/* The settings of a training run, for its JSON line. */
+static void print_train_settings(const cli_options *o)
+{
+    printf(",\"batch\":%d", o->batch);
+    json_field_num("lr", "%.6g", o->lr);
+    json_field_num("momentum", "%.6g", o->momentum);
+    printf(",\"nesterov\":%s", o->nesterov ? "true" : "false");
+    json_field_num("weight_decay", "%.6g", o->weight_decay);
+    if (!o->model) {
+        json_field_str("layers", o->layers);
+        json_field_str("act", act_name(o->act));
+    }
+    if (o->model_spec[0]) json_field_str("model", o->model_spec);
+    else if (o->model) json_field_str("model", o->model);
+    json_field_str("norm", norm_name(o->norm));
+    json_field_str("dataset", o->dataset);
+}
+
 static int cmd_train(int argc, char **argv)
 {
     cli_options o;
@@ -909,7 +1023,7 @@ static int cmd_train(int argc, char **argv)
     progress_state progress;
     mnistcu_result r;
     size_t steps;
-    int status = EXIT_ERROR;
+    int status = EXIT_ERROR, diverged = 0;
 
     switch (parse_options(argc, argv, CMD_TRAIN, &o)) {
     case PARSE_HELP: print_help(stdout); return EXIT_OK;
@@ -978,6 +1092,9 @@ static int cmd_train(int argc, char **argv)
     }
     r = mnistcu_train(net, train, &desc, &result);
     progress_clear(&progress); /* an error may arrive while the bar is drawn */
+    /* A loss or weight that is not finite stops training with MNISTCU_ERR_DIVERGED:
+       the message says where and what to try, the JSON line below where too. */
+    diverged = r == MNISTCU_ERR_DIVERGED;
     if (failed(ctx, r)) goto done;
     if (!o.quiet)
         fprintf(stderr, "trained %d epochs in %.2f s\n", result.epochs, result.seconds);
@@ -992,24 +1109,22 @@ static int cmd_train(int argc, char **argv)
 
     /* The result, as the last line on stdout. */
     printf("{\"command\":\"train\"");
-    printf(",\"test_accuracy\":%.6f,\"test_loss\":%.6f", test_metrics.accuracy, test_metrics.loss);
-    printf(",\"train_accuracy\":%.6f,\"train_loss\":%.6f", result.train_accuracy, result.train_loss);
-    if (result.has_validation)
-        printf(",\"val_accuracy\":%.6f,\"val_loss\":%.6f,\"val_samples\":%zu", result.val_accuracy, result.val_loss,
-               o.val);
-    printf(",\"epochs\":%d,\"batch\":%d,\"lr\":%.6g,\"momentum\":%.6g,\"nesterov\":%s,\"weight_decay\":%.6g", result.epochs,
-           o.batch, o.lr, o.momentum, o.nesterov ? "true" : "false", o.weight_decay);
-    if (!o.model) {
-        json_field_str("layers", o.layers);
-        json_field_str("act", act_name(o.act));
+    json_field_num("test_accuracy", "%.6f", test_metrics.accuracy);
+    json_field_num("test_loss", "%.6f", test_metrics.loss);
+    json_field_num("train_accuracy", "%.6f", result.train_accuracy);
+    json_field_num("train_loss", "%.6f", result.train_loss);
+    if (result.has_validation) {
+        json_field_num("val_accuracy", "%.6f", result.val_accuracy);
+        json_field_num("val_loss", "%.6f", result.val_loss);
+        printf(",\"val_samples\":%zu", o.val);
     }
-    json_field_str("model", o.model_spec);
-    json_field_str("norm", norm_name(o.norm));
-    json_field_str("dataset", o.dataset);
+    printf(",\"epochs\":%d", result.epochs);
+    print_train_settings(&o);
     printf(",\"params\":%zu,\"num_params\":%zu,\"train_samples\":%zu,\"test_samples\":%zu",
            mnistcu_model_num_params(net), mnistcu_model_num_params(net), train_info.count, test_info.count);
-    printf(",\"train_seconds\":%.4f,\"images_per_second\":%.1f", result.seconds,
-           result.seconds > 0.0 ? (double)train_info.count * result.epochs / result.seconds : 0.0);
+    json_field_num("train_seconds", "%.4f", result.seconds);
+    json_field_num("images_per_second", "%.1f",
+                   result.seconds > 0.0 ? (double)train_info.count * result.epochs / result.seconds : 0.0);
     json_field_str("device", mnistcu_ctx_device_name(ctx));
     printf(",\"seed\":%llu", (unsigned long long)o.seed);
     json_field_str("version", MNISTCU_VERSION_STRING);
@@ -1017,6 +1132,22 @@ static int cmd_train(int argc, char **argv)
     status = EXIT_OK;
 
 done:
+    if (status == EXIT_ERROR) {
+        /* A failed run ends with a JSON line too: what went wrong and, when
+           training diverged, where, with the training statistics so far. */
+        printf("{\"command\":\"train\"");
+        json_error_fields();
+        if (diverged) {
+            printf(",\"epoch\":%d,\"step\":%zu", result.diverged_epoch, result.diverged_step);
+            json_field_num("train_accuracy", "%.6f", result.train_accuracy);
+            json_field_num("train_loss", "%.6f", result.train_loss);
+        }
+        print_train_settings(&o);
+        if (ctx) json_field_str("device", mnistcu_ctx_device_name(ctx));
+        printf(",\"seed\":%llu", (unsigned long long)o.seed);
+        json_field_str("version", MNISTCU_VERSION_STRING);
+        printf("}\n");
+    }
     mnistcu_ctx_destroy(ctx); /* frees the datasets and the model too */
     return status;
 }
@@ -1058,9 +1189,13 @@ static int cmd_eval(int argc, char **argv)
     if (!evaluate_and_report(ctx, net, test, &o, &m)) goto done;
 
     printf("{\"command\":\"eval\"");
-    printf(",\"test_accuracy\":%.6f,\"test_loss\":%.6f,\"test_samples\":%zu", m.accuracy, m.loss, m.count);
-    json_field_str("layers", o.layers);
-    json_field_str("act", act_name(o.act));
+    json_field_num("test_accuracy", "%.6f", m.accuracy);
+    json_field_num("test_loss", "%.6f", m.loss);
+    printf(",\"test_samples\":%zu", m.count);
+    if (!o.model) {
+        json_field_str("layers", o.layers);
+        json_field_str("act", act_name(o.act));
+    }
     json_field_str("norm", norm_name(o.norm));
     json_field_str("dataset", o.dataset);
     json_field_str("model", o.model_spec);
@@ -1072,6 +1207,15 @@ static int cmd_eval(int argc, char **argv)
     status = EXIT_OK;
 
 done:
+    if (status == EXIT_ERROR) {
+        printf("{\"command\":\"eval\"");
+        json_error_fields();
+        json_field_str("weights", o.weights);
+        json_field_str("layers", o.layers);
+        json_field_str("dataset", o.dataset);
+        json_field_str("version", MNISTCU_VERSION_STRING);
+        printf("}\n");
+    }
     mnistcu_ctx_destroy(ctx);
     return status;
 }
@@ -1157,6 +1301,11 @@ static int cmd_info(int argc, char **argv)
     /* Reading a file needs no GPU: a CPU context starts instantly. */
     memset(&t, 0, sizeof t);
     if (!create_context(MNISTCU_DEVICE_CPU, 0, 0, &ctx) || failed(ctx, mnistcu_idx_load_file(ctx, path, &t))) {
+        printf("{\"command\":\"info\"");
+        json_field_str("file", path);
+        json_error_fields();
+        json_field_str("version", MNISTCU_VERSION_STRING);
+        printf("}\n");
         mnistcu_ctx_destroy(ctx);
         return EXIT_ERROR;
     }
@@ -1199,7 +1348,11 @@ static int cmd_info(int argc, char **argv)
     printf(",\"dims\":[");
     for (d = 0; d < t.ndim; ++d) printf(d ? ",%u" : "%u", (unsigned)t.dims[d]);
     printf("],\"count\":%zu", t.count);
-    if (t.count > 0) printf(",\"min\":%.17g,\"max\":%.17g,\"mean\":%.6f", lo, hi, sum / (double)t.count);
+    if (t.count > 0) { /* a float file can hold NaN or inf: those come out as null */
+        json_field_num("min", "%.17g", lo);
+        json_field_num("max", "%.17g", hi);
+        json_field_num("mean", "%.6f", sum / (double)t.count);
+    }
     if (want_histogram && !h.too_many && t.count > 0) {
         printf(",\"histogram\":{");
         for (i = 0; i < h.n; ++i) printf(i ? ",\"%ld\":%zu" : "\"%ld\":%zu", h.values[i], h.counts[i]);

@@ -60,10 +60,34 @@ json_number() {
     tail -n 1 "$TMP/out" | sed -n "s/.*\"$1\":\([-0-9.eE+]*\).*/\1/p"
 }
 
-# valid_json: parses the last stdout line with python3 when it is installed (otherwise passes).
+# Every JSON line is checked by a real parser: Python's json module, reading
+# strict UTF-8. Without python3 the test fails rather than skip those checks.
+PY=
+for candidate in /usr/bin/python3 "$(command -v python3 2>/dev/null)"; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then PY=$candidate; break; fi
+done
+if [ -z "$PY" ]; then
+    echo "cli test: python3 is needed to parse the JSON lines" >&2
+    exit 1
+fi
+
+# json_check EXPR: parses the last stdout line as one JSON object into j and
+# succeeds when the Python expression EXPR holds. expected("VAR") is the
+# environment variable VAR as the CLI writes a string: valid UTF-8 unchanged,
+# every other byte as the character of that code (Latin-1).
+json_check() {
+    tail -n 1 "$TMP/out" | "$PY" -c '
+import json, os, sys
+def expected(var):
+    t = os.environb[var.encode()].decode("utf-8", "surrogateescape")
+    return "".join(chr(ord(c) - 0xDC00) if 0xDC80 <= ord(c) <= 0xDCFF else c for c in t)
+j = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+sys.exit(0 if isinstance(j, dict) and eval("(" + sys.argv[1] + ")") else 1)' "$1" 2>/dev/null
+}
+
+# valid_json: the last stdout line is one valid JSON object.
 valid_json() {
-    command -v python3 >/dev/null 2>&1 || return 0
-    tail -n 1 "$TMP/out" | python3 -c 'import json, sys; json.loads(sys.stdin.read())' 2>/dev/null
+    json_check True
 }
 
 # errors_printed: how many "mnistcu: error:" lines the last run wrote to stderr.
@@ -174,6 +198,63 @@ fi
 run info
 expect_status "info without a file exits 2" 2
 
+# ---- JSON that always parses --------------------------------------------------------
+# A file name with a quote, a backslash, a newline, a tab, valid UTF-8 (e with an
+# acute accent), and bytes that are not UTF-8 (0xff, an encoded surrogate, an overlong
+# slash): the error JSON must parse and give the name back.
+weird=$(printf 'a"b\\c\nd\te\303\251f\377g\355\240\200h\300\257i')
+WEIRD="$TMP/$weird.gz"
+export WEIRD
+run info "$WEIRD"
+if [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ] &&
+   json_check 'j["command"] == "info" and j["error"] == "not_found" and j["file"] == expected("WEIRD")'; then
+    pass "info on a missing file with quotes, backslash, newline, non-UTF-8 bytes: valid error JSON"
+else
+    fail "info on a missing file with quotes, backslash, newline, non-UTF-8 bytes: valid error JSON ($(tail -n 1 "$TMP/out"))"
+fi
+if json_check 'expected("WEIRD") in j["message"]'; then
+    pass "the error JSON's message holds the file name"
+else
+    fail "the error JSON's message holds the file name"
+fi
+cp data/mnist/train-labels-idx1-ubyte.gz "$WEIRD"
+run info "$WEIRD"
+if [ "$status" -eq 0 ] && json_check 'j["file"] == expected("WEIRD") and j["dims"] == [60000]'; then
+    pass "info on an existing file with that name: valid JSON with the name"
+else
+    fail "info on an existing file with that name: valid JSON with the name"
+fi
+rm -f "$WEIRD"
+
+# A float IDX file holding 1.5, NaN and +inf: min, max and mean are null, not nan.
+printf '\000\000\015\001\000\000\000\003\077\300\000\000\177\300\000\000\177\200\000\000' >"$TMP/nonfinite.idx"
+run info "$TMP/nonfinite.idx"
+if [ "$status" -eq 0 ] && json_check 'j["count"] == 3 and j["max"] is None and j["mean"] is None'; then
+    pass "info on floats with NaN and inf: non-finite values are null"
+else
+    fail "info on floats with NaN and inf: non-finite values are null ($(tail -n 1 "$TMP/out"))"
+fi
+
+# Decompression bombs: a gzip'd IDX header for 60000x28x28 followed by more zeros
+# than it declares, and a header claiming 2^31 x 28 x 28. Both refused, with JSON.
+{ printf '\000\000\010\003\000\000\352\140\000\000\000\034\000\000\000\034'; head -c 48000000 /dev/zero; } |
+    gzip -1 >"$TMP/bomb.gz"
+run info "$TMP/bomb.gz"
+if [ "$status" -eq 1 ] && grep -q 'more than the 47040016 bytes its header declares' "$TMP/err" &&
+   json_check 'j["error"] == "idx_trailing"'; then
+    pass "info on a gzip holding more than its IDX header declares: refused, error idx_trailing"
+else
+    fail "info on a gzip holding more than its IDX header declares: refused, error idx_trailing"
+fi
+{ printf '\000\000\010\003\200\000\000\000\000\000\000\034\000\000\000\034'; head -c 1000000 /dev/zero; } |
+    gzip -1 >"$TMP/bomb2.gz"
+run info "$TMP/bomb2.gz"
+if [ "$status" -eq 1 ] && grep -q 'above MNISTCU_IDX_MAX_BYTES' "$TMP/err" && json_check 'j["error"] == "idx_too_large"'; then
+    pass "info on a gzip whose IDX header claims 2^31 x 28 x 28: refused, error idx_too_large"
+else
+    fail "info on a gzip whose IDX header claims 2^31 x 28 x 28: refused, error idx_too_large"
+fi
+
 # ---- train, save, eval ----------------------------------------------------------------
 # shellcheck disable=SC2086
 run train $SMALL --quiet --save-weights "$TMP/weights.f32"
@@ -231,6 +312,11 @@ if [ "$status" -eq 1 ] && grep -q "^mnistcu: error: .*weights.f32" "$TMP/err"; t
 else
     fail "eval with other --layers than the weights fails with a clear error (exit $status)"
 fi
+if json_check 'j["command"] == "eval" and j["error"] == "shape" and "weights.f32" in j["message"]'; then
+    pass "eval with other --layers: the JSON line gives error shape"
+else
+    fail "eval with other --layers: the JSON line gives error shape"
+fi
 
 # Not quiet, stderr not a terminal: plain epoch lines (no '\r'), a confusion matrix, validation.
 # shellcheck disable=SC2086
@@ -252,6 +338,31 @@ fi
 run train $SMALL --quiet --val 2000
 expect_status "--val as large as the training set exits 2" 2
 
+# ---- divergence ------------------------------------------------------------------------
+# A learning rate of 1e6 sends the loss to infinity within a few steps: a clear
+# error naming epoch and step, exit 1, and a JSON line saying so.
+run train --layers 784-64-10 --limit 5000 --epochs 2 --lr 1e6 --device cpu
+expect_status "training that diverges exits 1" 1
+if [ "$(errors_printed)" -eq 1 ] && grep -q '^mnistcu: error: training diverged in epoch 1 at step [0-9]' "$TMP/err" &&
+   grep -q 'lower learning rate' "$TMP/err" && ! grep -q 'confusion matrix' "$TMP/err"; then
+    pass "divergence: one error naming epoch and step, suggesting a lower learning rate"
+else
+    fail "divergence: one error naming epoch and step, suggesting a lower learning rate"
+fi
+if json_check 'j["command"] == "train" and j["error"] == "diverged" and j["epoch"] == 1 and isinstance(j["step"], int)
+               and 1 <= j["step"] <= 79 and j["train_loss"] is None and "step" in j["message"] and j["lr"] == 1e6'; then
+    pass "divergence: the JSON line parses, with error diverged, epoch, step and a null loss"
+else
+    fail "divergence: the JSON line parses, with error diverged, epoch, step and a null loss ($(tail -n 1 "$TMP/out"))"
+fi
+# shellcheck disable=SC2086
+run train $SMALL --quiet --lr 1e6 --save-weights "$TMP/diverged.f32"
+if [ "$status" -eq 1 ] && [ ! -f "$TMP/diverged.f32" ] && json_check 'j["error"] == "diverged"'; then
+    pass "divergence with --quiet: exit 1, JSON line, no weights written"
+else
+    fail "divergence with --quiet: exit 1, JSON line, no weights written"
+fi
+
 # ---- errors from the library ---------------------------------------------------------
 # shellcheck disable=SC2086
 run train $SMALL --quiet --data "$TMP/nowhere"
@@ -259,6 +370,15 @@ if [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ] && grep -q 'make data' "
     pass "a missing dataset: exit 1, one error, a hint to run make data"
 else
     fail "a missing dataset: exit 1, one error, a hint to run make data (exit $status)"
+fi
+WEIRD_DIR="$TMP/$weird"
+export WEIRD_DIR
+# shellcheck disable=SC2086
+run train $SMALL --quiet --data "$WEIRD_DIR"
+if [ "$status" -eq 1 ] && json_check 'j["error"] == "not_found" and expected("WEIRD_DIR") in j["message"]'; then
+    pass "a missing dataset in a folder with an awkward name: valid error JSON naming it"
+else
+    fail "a missing dataset in a folder with an awkward name: valid error JSON naming it ($(tail -n 1 "$TMP/out"))"
 fi
 
 # --device cuda must fail clearly unless this is a CUDA build on a machine with a GPU.

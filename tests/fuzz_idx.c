@@ -1,6 +1,9 @@
 /* tests/fuzz_idx.c - a libFuzzer target for the IDX loader and the gzip and
    deflate decoders: whatever the bytes, they must not crash, hang, read or
    write out of bounds, overflow or leak, and a failure must leave no output.
+   The IDX loader must also keep its memory bound: on gzip data no allocation
+   above what the input can expand to (deflate's 1032 to 1), since the header
+   sizes the output and a header that claims more is refused at once.
 
    Build and run with clang (seeds: sh tests/make_fuzz_corpus.sh fuzz-corpus):
        clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz_idx.c -o fuzz_idx
@@ -22,9 +25,12 @@
 #define FUZZ_MAX_ALLOC ((size_t)64 << 20)
 #define FUZZ_MAX_OUT ((size_t)1 << 20) /* max_out for gunzip and inflate */
 
+static size_t fuzz_largest; /* the largest allocation asked for since it was reset */
+
 static void *fuzz_alloc(void *user, size_t size)
 {
     (void)user;
+    if (size > fuzz_largest) fuzz_largest = size;
     return size > FUZZ_MAX_ALLOC ? NULL : malloc(size);
 }
 
@@ -88,11 +94,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     void *out = NULL;
     size_t out_size = 0, used = 0, small_max;
     volatile unsigned sink = 0;
+    mnistcu_result r;
 
     if (!ctx) return 0;
 
-    /* The IDX loader (raw, or gzip when the data starts with 1f 8b). */
-    if (mnistcu_idx_load_memory(ctx, data, size, "fuzz", &idx) == MNISTCU_OK) {
+    /* The IDX loader (raw, or gzip when the data starts with 1f 8b). Raw data
+       needs at most its own size; gzip data at most 1032 times its size, plus
+       the small buffers used before the header is out (a first stored block
+       can hold 65535 bytes). */
+    fuzz_largest = 0;
+    r = mnistcu_idx_load_memory(ctx, data, size, "fuzz", &idx);
+    fuzz_check(fuzz_largest <= size * 1032 + 65536 + 4096, "the IDX loader asked for more than the input can hold");
+    if (r == MNISTCU_OK) {
         fuzz_check(idx.ndim >= 1 && idx.ndim <= MNISTCU_IDX_MAX_DIMS && idx.data != NULL, "bad idx after OK");
         sink += fuzz_touch(idx.data, idx.count * idx.elem_size);
         mnistcu_idx_free(ctx, &idx);

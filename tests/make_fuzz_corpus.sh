@@ -42,6 +42,22 @@ done
 # two gzip members: the decoder must concatenate them
 cat "$out/labels-u8.idx.gz" "$out/values-i16.idx.gz" >"$out/two-members.gz"
 
+# small decompression bombs, for the loader's early refusals: an IDX header for
+# 10 x 10 x 10 bytes with more zeros than that (refused at the byte past the
+# payload) and with exactly that many (loaded, sized by the header); a header
+# claiming 2^31 x 28 x 28 (above the cap at once); and one for 60000 x 28 x 28
+# whose few dozen bytes cannot expand to that (refused at once). Small outputs
+# keep the fuzzer fast: the refusals do not depend on the sizes.
+zeros() { head -c "$1" /dev/zero; }
+{ printf '\000\000\010\003\000\000\000\012\000\000\000\012\000\000\000\012'; zeros 3000; } |
+    gzip -9 -n >"$out/bomb-more-than-header.idx.gz"
+{ printf '\000\000\010\003\000\000\000\012\000\000\000\012\000\000\000\012'; zeros 1000; } |
+    gzip -9 -n >"$out/bomb-exact.idx.gz"
+{ printf '\000\000\010\003\200\000\000\000\000\000\000\034\000\000\000\034'; zeros 1000; } |
+    gzip -9 -n >"$out/bomb-header-too-large.idx.gz"
+{ printf '\000\000\010\003\000\000\352\140\000\000\000\034\000\000\000\034'; zeros 1000; } |
+    gzip -9 -n >"$out/bomb-cannot-hold.idx.gz"
+
 # raw deflate: one final stored block holding "hello"
 printf '\001\005\000\372\377hello' >"$out/stored.deflate"
 

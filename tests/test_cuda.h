@@ -602,6 +602,57 @@ TEST cuda_out_of_memory_frees_and_stays_usable(void)
     PASS();
 }
 
+/* The divergence check's kernels against the CPU's bit test: one value that is
+   not finite (NaN of either sign and any payload, +-inf), placed in the first
+   or last element, at block and grid-pass boundaries, sets the flag; extreme
+   finite values (FLT_MAX, denormals, -0) do not. */
+TEST cuda_finite_flag_matches_cpu(void)
+{
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN);
+    static const size_t sizes[] = {1, 255, 256, 257, 64 * 256, 64 * 256 + 1, 1000003};
+    static const uint32_t bad_bits[] = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FFFFFFFu, 0x7F800000u, 0xFF800000u};
+    static const uint32_t good_bits[] = {0x7F7FFFFFu, 0xFF7FFFFFu, 0x00000001u, 0x80000000u, 0x807FFFFFu};
+    tu_rng rng = tu_rng_make(44);
+    int *dflags = NULL, flag = -1;
+    size_t s, k, b;
+    ASSERT(g);
+    ASSERT_EQ(cudaSuccess, cudaMalloc((void **)&dflags, (MNISTCU__FINITE_BLOCKS + 1) * sizeof(int)));
+    for (s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+        size_t n = sizes[s], where[7];
+        float *h = tu_random_floats(&rng, n, -1e30f, 1e30f), *d;
+        where[0] = 0; where[1] = n - 1; where[2] = n / 2; where[3] = MNISTCU__MIN(n - 1, (size_t)255);
+        where[4] = MNISTCU__MIN(n - 1, (size_t)256); where[5] = MNISTCU__MIN(n - 1, (size_t)64 * 256 - 1);
+        where[6] = MNISTCU__MIN(n - 1, (size_t)64 * 256);
+        for (k = 0; k < 5; ++k) memcpy(&h[(k * 7919) % n], &good_bits[k], 4);
+        d = tc_up(h, n);
+        ASSERT(d != NULL);
+        mnistcu__k_finite_partial<<<MNISTCU__FINITE_BLOCKS, MNISTCU__THREADS>>>(d, n, dflags);
+        mnistcu__k_finite_flag<<<1, MNISTCU__THREADS>>>(dflags, MNISTCU__FINITE_BLOCKS, dflags + MNISTCU__FINITE_BLOCKS);
+        ASSERT_EQ(cudaSuccess, cudaMemcpy(&flag, dflags + MNISTCU__FINITE_BLOCKS, sizeof flag, cudaMemcpyDeviceToHost));
+        ASSERT_EQm("finite values set the flag", 0, flag);
+        for (k = 0; k < 5; ++k) ASSERT(mnistcu__finite_f(h[(k * 7919) % n]));
+        for (k = 0; k < 7; ++k)
+            for (b = 0; b < sizeof bad_bits / sizeof bad_bits[0]; ++b) {
+                float v, keep = h[where[k]];
+                memcpy(&v, &bad_bits[b], 4);
+                ASSERT_FALSE(mnistcu__finite_f(v));
+                ASSERT_EQ(cudaSuccess, cudaMemcpy(d + where[k], &v, 4, cudaMemcpyHostToDevice));
+                mnistcu__k_finite_partial<<<MNISTCU__FINITE_BLOCKS, MNISTCU__THREADS>>>(d, n, dflags);
+                mnistcu__k_finite_flag<<<1, MNISTCU__THREADS>>>(dflags, MNISTCU__FINITE_BLOCKS,
+                                                               dflags + MNISTCU__FINITE_BLOCKS);
+                ASSERT_EQ(cudaSuccess,
+                          cudaMemcpy(&flag, dflags + MNISTCU__FINITE_BLOCKS, sizeof flag, cudaMemcpyDeviceToHost));
+                ASSERT_EQm("a value that is not finite must set the flag", 1, flag);
+                ASSERT_EQ(cudaSuccess, cudaMemcpy(d + where[k], &keep, 4, cudaMemcpyHostToDevice));
+            }
+        free(h);
+        cudaFree(d);
+    }
+    cudaFree(dflags);
+    mnistcu_ctx_destroy(g);
+    PASS();
+}
+
 TEST cuda_reports_device(void)
 {
     mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_DEFAULT);
@@ -991,6 +1042,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_elementwise_ops_match_cpu);
     RUN_TEST(cuda_sgd_matches_cpu);
     RUN_TEST(cuda_step_stats_and_gather);
+    RUN_TEST(cuda_finite_flag_matches_cpu);
     RUN_TEST(cuda_training_matches_cpu_for_200_steps);
     RUN_TEST(cuda_two_runs_are_bitwise_identical);
     RUN_TEST(cuda_streaming_equals_resident);

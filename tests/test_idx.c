@@ -2143,6 +2143,371 @@ TEST idx_random_damage(void)
     PASS();
 }
 
+/* ---- bounded decompression --------------------------------------------------------
+   gzip'd IDX data is sized by its header, read as soon as it is out: a header
+   above the cap, or declaring more than the input can expand to, is refused at
+   once; the output is allocated once at the exact size; one byte beyond it is
+   refused. The memory is counted through the context's allocator hooks. */
+
+/* An allocator that counts the bytes live and their peak. */
+typedef struct peak_alloc {
+    size_t live, peak, count, largest;
+} peak_alloc;
+
+#define PEAK_HEADER 16 /* each block starts with its size; 16 bytes keep malloc's alignment */
+
+static void *peak_alloc_fn(void *user, size_t size)
+{
+    peak_alloc *a = (peak_alloc *)user;
+    unsigned char *p = size <= (size_t)-1 - PEAK_HEADER ? (unsigned char *)malloc(size + PEAK_HEADER) : NULL;
+    if (!p) return NULL;
+    memcpy(p, &size, sizeof size);
+    a->live += size;
+    a->count++;
+    if (a->live > a->peak) a->peak = a->live;
+    if (size > a->largest) a->largest = size;
+    return p + PEAK_HEADER;
+}
+
+static void peak_free_fn(void *user, void *ptr)
+{
+    peak_alloc *a = (peak_alloc *)user;
+    unsigned char *p;
+    size_t size;
+    if (!ptr) return;
+    p = (unsigned char *)ptr - PEAK_HEADER;
+    memcpy(&size, p, sizeof size);
+    a->live -= size;
+    free(p);
+}
+
+/* A silent CPU context whose host memory goes through a. */
+static mnistcu_ctx *peak_ctx(peak_alloc *a)
+{
+    mnistcu_ctx_desc desc;
+    mnistcu_ctx *ctx = NULL;
+    memset(a, 0, sizeof *a);
+    memset(&desc, 0, sizeof desc);
+    desc.device = MNISTCU_DEVICE_CPU;
+    desc.log_level = MNISTCU_LOG_SILENT;
+    desc.allocator.alloc = peak_alloc_fn;
+    desc.allocator.free = peak_free_fn;
+    desc.allocator.user = a;
+    if (mnistcu_ctx_create(&ctx, &desc) != MNISTCU_OK) {
+        mnistcu_ctx_destroy(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* Measures from here: the peak is then what one call adds to what is live. */
+static void peak_start(peak_alloc *a)
+{
+    a->peak = a->live;
+    a->count = 0;
+    a->largest = 0;
+}
+
+static size_t peak_added(const peak_alloc *a, size_t live_before) { return a->peak - live_before; }
+
+/* The CRC-32 of n zero bytes, in O(log n) steps with zlib's crc32_combine. */
+static uLong crc32_of_zeros(size_t n)
+{
+    static const unsigned char zero = 0;
+    uLong acc = crc32(0L, Z_NULL, 0), pow_crc = crc32(0L, &zero, 1);
+    size_t pow_len = 1;
+    while (n) {
+        if (n & 1) acc = crc32_combine(acc, pow_crc, (z_off_t)pow_len);
+        pow_crc = crc32_combine(pow_crc, pow_crc, (z_off_t)pow_len);
+        pow_len *= 2;
+        n >>= 1;
+    }
+    return acc;
+}
+
+static void big_bit(unsigned char *buf, size_t *bit, unsigned value)
+{
+    if (value & 1u) buf[*bit >> 3] |= (unsigned char)(1u << (*bit & 7));
+    (*bit)++;
+}
+
+static void big_code(unsigned char *buf, size_t *bit, unsigned code, int len)
+{
+    int i;
+    for (i = len - 1; i >= 0; --i) big_bit(buf, bit, (code >> i) & 1u);
+}
+
+/* A decompression bomb, made bit by bit: an IDX header for n0 x 28 x 28 ubyte
+   images, then `zeros` zero bytes, as a gzip file with one dynamic block whose
+   codes give length symbol 285 (258 bytes) and distance 1 one bit each, so each
+   run of 258 zeros costs 2 bits: deflate's largest ratio, 1032 to 1, as gzip -9
+   nearly reaches on zeros. 2^30 zeros take about 1 MB. The CRC-32 and ISIZE
+   are right. Returns malloc'd bytes, *n of them. */
+static unsigned char *make_bomb(uint32_t n0, size_t zeros, size_t *n)
+{
+    static const unsigned char gz_header[10] = {0x1F, 0x8B, 8, 0, 0, 0, 0, 0, 0, 0xFF};
+    unsigned char hdr[16], *out;
+    uint32_t dims[3];
+    size_t runs = (zeros - 1) / 258, rest = (zeros - 1) % 258, bit, cap, i;
+    uLong crc;
+    dyn d;
+    bitw w;
+    dims[0] = n0;
+    dims[1] = 28;
+    dims[2] = 28;
+    make_idx(hdr, 0x08, 3, dims, NULL, 0);
+    /* literal/length code: 285 one bit, end-of-block two, every byte ten (1/2 + 1/4 + 256/1024 = 1);
+       distance code: the single code of distance 1, one bit */
+    dyn_init(&d, 286, 1);
+    for (i = 0; i < 256; ++i) d.lens[i] = 10;
+    d.lens[256] = 2;
+    d.lens[285] = 1;
+    d.lens[286] = 1;
+    bw_init(&w);
+    dyn_begin(&w, &d, 1);
+    for (i = 0; i < 16; ++i) dyn_lit(&w, &d, hdr[i]);
+    dyn_lit(&w, &d, 0); /* the first zero: the runs copy it */
+    cap = 10 + w.len + 1 + runs / 4 + (rest * 10 + 2) / 8 + 2 + 8;
+    out = (unsigned char *)calloc(cap, 1);
+    if (!out) return NULL;
+    memcpy(out, gz_header, 10);
+    memcpy(out + 10, w.buf, w.len);
+    out[10 + w.len] = (unsigned char)w.acc;
+    bit = (10 + w.len) * 8 + (size_t)w.n;
+    bit += 2 * runs; /* each run: length code 0, distance code 0 */
+    for (i = 0; i < rest; ++i) big_code(out, &bit, d.lit_codes[0], d.lens[0]);
+    big_code(out, &bit, d.lit_codes[256], d.lens[256]);
+    *n = (bit + 7) / 8;
+    crc = crc32_combine(crc32(0L, hdr, 16), crc32_of_zeros(zeros), (z_off_t)zeros);
+    put_le32(out + *n, (uint32_t)crc);
+    put_le32(out + *n + 4, (uint32_t)((16 + zeros) & 0xFFFFFFFFu));
+    *n += 8;
+    return out;
+}
+
+/* The bomb maker itself, checked by zlib on a small one. */
+TEST bomb_maker_makes_valid_gzip(void)
+{
+    size_t n = 0, out_n = 0, i, zeros = 100000;
+    unsigned char *bomb = make_bomb(60000, zeros, &n), *out;
+    ASSERT(bomb != NULL);
+    out = zlib_gunzip(bomb, n, &out_n);
+    free(bomb);
+    ASSERTm("zlib rejects the bomb", out != NULL);
+    ASSERT_EQ(16 + zeros, out_n);
+    ASSERT_EQ(0xEA, out[6]);
+    ASSERT_EQ(0x60, out[7]);
+    for (i = 16; i < out_n && out[i] == 0; ++i) {}
+    ASSERT_EQ(out_n, i);
+    free(out);
+    PASS();
+}
+
+/* Loads bytes from memory, or from a temp file when via_file, through the
+   counting context; returns the result, and the bytes the call added at its
+   peak in *peak (the file's read buffer included). */
+static mnistcu_result load_counted(mnistcu_ctx *ctx, peak_alloc *a, const unsigned char *bytes, size_t n,
+                                   int via_file, size_t *peak, char *msg, size_t msg_size)
+{
+    mnistcu_idx idx;
+    mnistcu_result r;
+    char path[512];
+    size_t before = a->live;
+    if (via_file) {
+        temp_path(path, sizeof path, ".idx.gz");
+        if (!write_whole(path, bytes, n)) return MNISTCU_ERR_IO;
+    }
+    peak_start(a);
+    r = via_file ? mnistcu_idx_load_file(ctx, path, &idx) : mnistcu_idx_load_memory(ctx, bytes, n, "bomb.gz", &idx);
+    *peak = peak_added(a, before);
+    if (via_file) remove(path);
+    snprintf(msg, msg_size, "%s", mnistcu_ctx_error(ctx));
+    if (r == MNISTCU_OK) mnistcu_idx_free(ctx, &idx);
+    return r;
+}
+
+#define BOMB_MAX_PEAK ((size_t)64 << 20) /* the bound: tens of megabytes at most */
+
+/* A 1 MB gzip file: an IDX header for 60000 x 28 x 28 (47040016 bytes) and
+   then 1 GiB of zeros. Refused at decompressed byte 47040016, having held one
+   buffer of exactly that size. */
+TEST idx_gzip_bomb_more_than_its_header(void)
+{
+    peak_alloc a;
+    mnistcu_ctx *ctx = peak_ctx(&a);
+    size_t n = 0, peak = 0, live;
+    unsigned char *bomb = make_bomb(60000, (size_t)1 << 30, &n);
+    char msg[512];
+    int via_file;
+    ASSERT(ctx != NULL && bomb != NULL);
+    ASSERT(n > 1000000 && n < 1100000);
+    live = a.live;
+    for (via_file = 0; via_file < 2; ++via_file) {
+        mnistcu_result r = load_counted(ctx, &a, bomb, n, via_file, &peak, msg, sizeof msg);
+        ASSERT_ENUM_EQm(msg, MNISTCU_ERR_IDX_TRAILING, r, mnistcu_result_name);
+        ASSERTm(msg, strstr(msg, "more than the 47040016 bytes its header declares") != NULL);
+        ASSERTm(msg, strstr(msg, "refused at decompressed byte 47040016") != NULL);
+        ASSERT_EQ((size_t)47040016, a.largest); /* the output, allocated once at the exact size */
+        ASSERTm("peak above 64 MB", peak < BOMB_MAX_PEAK);
+        ASSERT_EQ(live, a.live); /* everything the call made was freed */
+    }
+    free(bomb);
+    mnistcu_ctx_destroy(ctx);
+    ASSERT_EQ((size_t)0, a.live);
+    PASS();
+}
+
+/* A header claiming 2^31 x 28 x 28: refused as soon as it is out. */
+TEST idx_gzip_bomb_header_too_large(void)
+{
+    peak_alloc a;
+    mnistcu_ctx *ctx = peak_ctx(&a);
+    size_t n = 0, peak = 0;
+    unsigned char *bomb = make_bomb(0x80000000u, (size_t)1 << 30, &n);
+    char msg[512];
+    mnistcu_result r;
+    ASSERT(ctx != NULL && bomb != NULL);
+    r = load_counted(ctx, &a, bomb, n, 0, &peak, msg, sizeof msg);
+    ASSERT_ENUM_EQm(msg, sizeof(size_t) > 4 ? MNISTCU_ERR_IDX_TOO_LARGE : MNISTCU_ERR_IDX_OVERFLOW, r,
+                    mnistcu_result_name);
+    ASSERTm(msg, strstr(msg, "2147483648 x 28 x 28") != NULL);
+    ASSERTm("more than the probe of the header was allocated", peak <= 64);
+    r = load_counted(ctx, &a, bomb, n, 1, &peak, msg, sizeof msg);
+    ASSERT(r == MNISTCU_ERR_IDX_TOO_LARGE || r == MNISTCU_ERR_IDX_OVERFLOW);
+    ASSERTm("peak above 4 MB reading a 1 MB file", peak < ((size_t)4 << 20));
+    free(bomb);
+    mnistcu_ctx_destroy(ctx);
+    ASSERT_EQ((size_t)0, a.live);
+    PASS();
+}
+
+/* The bomb cut short: 10 KB of it can expand to at most 10 MB, less than its
+   header declares, so it is refused at once; 100 KB of it still hold more
+   than declared, and are refused at the byte past the payload. */
+TEST idx_gzip_bomb_truncated(void)
+{
+    peak_alloc a;
+    mnistcu_ctx *ctx = peak_ctx(&a);
+    size_t n = 0, peak = 0;
+    unsigned char *bomb = make_bomb(60000, (size_t)1 << 30, &n);
+    char msg[512];
+    mnistcu_result r;
+    ASSERT(ctx != NULL && bomb != NULL);
+    r = load_counted(ctx, &a, bomb, 10000, 0, &peak, msg, sizeof msg);
+    ASSERT_ENUM_EQm(msg, MNISTCU_ERR_IDX_TRUNCATED, r, mnistcu_result_name);
+    ASSERTm(msg, strstr(msg, "declares 47040016 bytes") != NULL && strstr(msg, "10000 bytes of gzip data") != NULL);
+    ASSERTm("more than the probe of the header was allocated", peak <= 64);
+    r = load_counted(ctx, &a, bomb, 100000, 0, &peak, msg, sizeof msg);
+    ASSERT_ENUM_EQm(msg, MNISTCU_ERR_IDX_TRAILING, r, mnistcu_result_name);
+    ASSERT_EQ((size_t)47040016 + 64, peak); /* the probe and the exact buffer, for a moment both */
+    free(bomb);
+    mnistcu_ctx_destroy(ctx);
+    ASSERT_EQ((size_t)0, a.live);
+    PASS();
+}
+
+/* Every element type through gzip with the header read early: the elements
+   are converted in place in the one buffer of the exact size; a stream one
+   byte short or one byte long is refused. */
+TEST idx_gzip_sized_by_its_header(void)
+{
+    static const unsigned types[6] = {0x08, 0x09, 0x0B, 0x0C, 0x0D, 0x0E};
+    static const size_t esizes[6] = {1, 1, 2, 4, 4, 8};
+    peak_alloc a;
+    mnistcu_ctx *ctx = peak_ctx(&a);
+    unsigned char *buf = (unsigned char *)malloc(16 + 3000 * 8 + 1), *gz;
+    unsigned char payload[3000 * 8];
+    uint32_t dims[2] = {300, 10};
+    size_t gz_n = 0, before;
+    int k;
+    ASSERT(ctx != NULL && buf != NULL);
+    fill_compressible(payload, sizeof payload, 5);
+    for (k = 0; k < 6; ++k) {
+        size_t n = make_idx(buf, types[k], 2, dims, payload, 3000 * esizes[k]);
+        mnistcu_idx raw, via_gz;
+        mnistcu_result r;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_idx_load_memory(ctx, buf, n, "raw", &raw));
+        gz = zlib_compress(buf, n, 6, 31, Z_DEFAULT_STRATEGY, &gz_n);
+        ASSERT(gz != NULL);
+        before = a.live;
+        peak_start(&a);
+        r = mnistcu_idx_load_memory(ctx, gz, gz_n, "gz", &via_gz);
+        ASSERT_ENUM_EQm(mnistcu_ctx_error(ctx), MNISTCU_OK, r, mnistcu_result_name);
+        ASSERT_EQ((size_t)2, a.count);               /* the probe, then the exact buffer */
+        ASSERT_EQ(n + 64, peak_added(&a, before));
+        ASSERT_EQ(n, a.largest);
+        ASSERT_EQ(raw.count, via_gz.count);
+        ASSERT_MEM_EQ(raw.data, via_gz.data, raw.count * raw.elem_size);
+        mnistcu_idx_free(ctx, &raw);
+        mnistcu_idx_free(ctx, &via_gz);
+        free(gz);
+        /* one byte short: found at the end; one byte long: refused at that byte */
+        gz = zlib_compress(buf, n - 1, 6, 31, Z_DEFAULT_STRATEGY, &gz_n);
+        ASSERT(gz != NULL);
+        ASSERT_ENUM_EQ(MNISTCU_ERR_IDX_TRUNCATED, mnistcu_idx_load_memory(ctx, gz, gz_n, "gz", &via_gz),
+                       mnistcu_result_name);
+        free(gz);
+        buf[n] = 7;
+        gz = zlib_compress(buf, n + 1, 6, 31, Z_DEFAULT_STRATEGY, &gz_n);
+        ASSERT(gz != NULL);
+        ASSERT_ENUM_EQ(MNISTCU_ERR_IDX_TRAILING, mnistcu_idx_load_memory(ctx, gz, gz_n, "gz", &via_gz),
+                       mnistcu_result_name);
+        {
+            char want[64];
+            snprintf(want, sizeof want, "refused at decompressed byte %lu", (unsigned long)n);
+            ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), want) != NULL);
+        }
+        free(gz);
+    }
+    free(buf);
+    mnistcu_ctx_destroy(ctx);
+    ASSERT_EQ((size_t)0, a.live);
+    PASS();
+}
+
+/* Without a size to go by, the output grows by a quarter at a time: the old and
+   the new buffer together stay under 2.25 times the final size (plus the
+   4 KiB smallest step). A gzip file whose trailer understates the size (its
+   last member is tiny) and a raw deflate stream show it. */
+TEST gunzip_growth_is_bounded(void)
+{
+    peak_alloc a;
+    mnistcu_ctx *ctx = peak_ctx(&a);
+    size_t big = (size_t)6 << 20, n1 = 0, n2 = 0, out_n = 0, before, peak;
+    unsigned char *data = (unsigned char *)malloc(big), *m1, *m2, *two;
+    void *out = NULL;
+    ASSERT(ctx != NULL && data != NULL);
+    fill_compressible(data, big, 31);
+    m1 = zlib_compress(data, big, 9, 31, Z_DEFAULT_STRATEGY, &n1);
+    m2 = zlib_compress(data, 10, 9, 31, Z_DEFAULT_STRATEGY, &n2);
+    ASSERT(m1 != NULL && m2 != NULL);
+    two = (unsigned char *)malloc(n1 + n2);
+    memcpy(two, m1, n1);
+    memcpy(two + n1, m2, n2);
+    before = a.live;
+    peak_start(&a);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_gunzip(ctx, two, n1 + n2, 0, &out, &out_n));
+    peak = peak_added(&a, before);
+    ASSERT_EQ(big + 10, out_n);
+    ASSERT_MEM_EQ(data, out, big);
+    ASSERTm("the buffer grew in several steps", a.count > 3);
+    ASSERTm("peak above 2.25 times the output", (double)peak <= 2.25 * (double)out_n + 4096.0);
+    mnistcu_free(ctx, out);
+    free(two); free(m2); free(m1);
+    m1 = zlib_compress(data, big, 9, -15, Z_DEFAULT_STRATEGY, &n1);
+    ASSERT(m1 != NULL);
+    before = a.live;
+    peak_start(&a);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_inflate(ctx, m1, n1, 0, &out, &out_n, NULL));
+    peak = peak_added(&a, before);
+    ASSERT_EQ(big, out_n);
+    ASSERTm("peak above 2.25 times the output", (double)peak <= 2.25 * (double)out_n + 4096.0);
+    mnistcu_free(ctx, out);
+    free(m1); free(data);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
 /* ---- the real MNIST files ---- */
 
 TEST mnist_train_images(void)
@@ -2209,6 +2574,42 @@ TEST mnist_train_labels(void)
     PASS();
 }
 
+/* The real training images cut in half: the header sizes the output (one
+   buffer of 47040016 bytes), and the stream ends inside it. Whole, the file
+   is loaded with that one buffer and the probe before it. */
+TEST mnist_train_images_one_buffer(void)
+{
+    peak_alloc a;
+    mnistcu_ctx *ctx = peak_ctx(&a);
+    char path[1024];
+    unsigned char *gz;
+    size_t gz_n = 0, before;
+    mnistcu_idx idx;
+    ASSERT(ctx != NULL);
+    data_path(path, sizeof path, "train-images-idx3-ubyte.gz");
+    gz = read_whole(path, &gz_n);
+    if (!gz) {
+        mnistcu_ctx_destroy(ctx);
+        SKIPm("data/mnist/train-images-idx3-ubyte.gz not found (set MNISTCU_DATA)");
+    }
+    before = a.live;
+    peak_start(&a);
+    ASSERT_ENUM_EQ(MNISTCU_OK, mnistcu_idx_load_memory(ctx, gz, gz_n, "train-images", &idx), mnistcu_result_name);
+    ASSERT_EQ((size_t)2, a.count);
+    ASSERT_EQ((size_t)47040016, a.largest);
+    ASSERT_EQ((size_t)47040016 + 64, peak_added(&a, before));
+    ASSERT_EQ((size_t)47040000, idx.count);
+    mnistcu_idx_free(ctx, &idx);
+    peak_start(&a);
+    ASSERT_ENUM_EQ(MNISTCU_ERR_DEFLATE_TRUNCATED, mnistcu_idx_load_memory(ctx, gz, gz_n / 2, "half", &idx),
+                   mnistcu_result_name);
+    ASSERT_EQ((size_t)47040016 + 64, peak_added(&a, before));
+    ASSERT_EQ(before, a.live);
+    free(gz);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
 SUITE(gzip_suite)
 {
     SET_SETUP(ctx_setup, NULL);
@@ -2258,6 +2659,7 @@ SUITE(gzip_suite)
     RUN_TEST(deflate_distance_code_bad);
     RUN_TEST(deflate_allowed_incomplete_codes);
     RUN_TEST(deflate_long_codes);
+    RUN_TEST(gunzip_growth_is_bounded);
 }
 
 SUITE(idx_suite)
@@ -2285,6 +2687,12 @@ SUITE(idx_suite)
     RUN_TEST(idx_file_errors);
     RUN_TEST(idx_invalid_arguments);
     RUN_TEST(idx_random_damage);
+    RUN_TEST(bomb_maker_makes_valid_gzip);
+    RUN_TEST(idx_gzip_sized_by_its_header);
+    RUN_TEST(idx_gzip_bomb_more_than_its_header);
+    RUN_TEST(idx_gzip_bomb_header_too_large);
+    RUN_TEST(idx_gzip_bomb_truncated);
     RUN_TEST(mnist_train_images);
+    RUN_TEST(mnist_train_images_one_buffer);
     RUN_TEST(mnist_train_labels);
 }

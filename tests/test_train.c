@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
 #include "../mnistcu.h"
 #include "harness.h"
 #include "asserts.h"
@@ -615,6 +616,294 @@ TEST evaluate_uses_the_training_normalisation(void)
     PASS();
 }
 
+/* ---- divergence ---------------------------------------------------------------
+   A learning rate of 1000 (with momentum) sends these random-label problems to
+   NaN within ten or so steps, on the CPU and on the GPU alike. */
+
+/* 640 samples of 20 features uniform in [-3, 3], labels i % 4: nothing to learn,
+   so a large step only grows the weights. x is malloc'ed. */
+static float *noise_data(int32_t lab[640])
+{
+    tu_rng rng = tu_rng_make(17);
+    size_t i;
+    for (i = 0; i < 640; ++i) lab[i] = (int32_t)(i % 4);
+    return tu_random_floats(&rng, 640 * 20, -3.0f, 3.0f);
+}
+
+static mnistcu_dataset *noise_dataset(mnistcu_ctx *ctx)
+{
+    int32_t lab[640];
+    float *x = noise_data(lab);
+    mnistcu_dataset *ds = NULL;
+    if (mnistcu_dataset_create(ctx, x, lab, 640, 20, 4, &ds) != MNISTCU_OK) ds = NULL;
+    free(x);
+    return ds;
+}
+
+/* A progress callback for the divergence tests: counts the reports (which come
+   only after a check that passed), keeps the last, stops training at report
+   stop_at (0: never), and at report poison_at saves the weights into saved and
+   then puts a NaN into the first weight of the first layer. */
+typedef struct watch {
+    int calls, stop_at, poison_at;
+    mnistcu_progress last;
+    mnistcu_model *m;
+    float *saved;
+} watch;
+
+static int watch_progress(void *user, const mnistcu_progress *p)
+{
+    watch *w = (watch *)user;
+    w->calls++;
+    w->last = *p;
+    if (w->poison_at && w->calls == w->poison_at) {
+        size_t n = mnistcu_model_num_params(w->m);
+        float *q = params_of(w->m);
+        memcpy(w->saved, q, n * sizeof(float));
+        q[0] = tu_nan();
+        if (mnistcu_model_set_params(w->m, q, n) != MNISTCU_OK) w->calls = -1000;
+        free(q);
+    }
+    return w->stop_at && w->calls >= w->stop_at;
+}
+
+static int all_finite(const float *p, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; ++i)
+        if (!(fabsf(p[i]) <= FLT_MAX)) return 0;
+    return 1;
+}
+
+/* Checked every step and every third step: training stops with
+   MNISTCU_ERR_DIVERGED and a message naming epoch and step. The model keeps
+   the copy of the last check that passed, or of the one before when the step
+   right after that check is the one that failed (its loss came from those
+   weights): either way finite weights whose loss, on the batch that followed
+   them, was finite. A run stopped by its callback at that check ends with the
+   same bits, and so does a tame epoch from both (the momentum is restored). */
+TEST divergence_stops_with_the_last_finite_weights(void)
+{
+    static const size_t every[2] = {1, 3};
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *ds;
+    float *x, *p0, *pa, *pb;
+    int32_t lab[640];
+    size_t np;
+    int e;
+    ASSERT(ctx != NULL);
+    x = noise_data(lab);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_dataset_create(ctx, x, lab, 640, 20, 4, &ds));
+    for (e = 0; e < 2; ++e) {
+        mnistcu_model *a = NULL, *b = NULL;
+        mnistcu_train_desc td;
+        mnistcu_train_result res, res_b;
+        mnistcu_result r;
+        watch wa, wb;
+        char where[64];
+        double loss = 0.0;
+        int kept, first_after;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &a));
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &b));
+        np = mnistcu_model_num_params(a);
+        p0 = params_of(a);
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_set_params(b, p0, np));
+        memset(&td, 0, sizeof td);
+        memset(&wa, 0, sizeof wa);
+        td.epochs = 3;
+        td.batch_size = 32;
+        td.no_shuffle = 1;
+        td.optim.learning_rate = 1000.0f;
+        td.optim.momentum = 0.9f;
+        td.progress = watch_progress;
+        td.progress_user = &wa;
+        td.progress_every = every[e];
+        memset(&res, 0xAB, sizeof res);
+        r = mnistcu_train(a, ds, &td, &res);
+        ASSERT_ENUM_EQ(MNISTCU_ERR_DIVERGED, r, mnistcu_result_name);
+        ASSERT_ENUM_EQ(MNISTCU_ERR_DIVERGED, mnistcu_ctx_last_result(ctx), mnistcu_result_name);
+        /* where: the first step whose loss was not finite, after the last check that passed */
+        ASSERT(res.diverged_epoch >= 1 && res.diverged_epoch <= 3);
+        ASSERT(res.diverged_step >= 1 && res.diverged_step <= 20);
+        ASSERT_EQ(res.diverged_epoch, res.epochs);
+        if (wa.calls > 0 && wa.last.epoch == res.diverged_epoch) ASSERT_GT(res.diverged_step, wa.last.step);
+        ASSERT_FALSE(fabs(res.train_loss) <= DBL_MAX); /* not finite */
+        snprintf(where, sizeof where, "epoch %d at step %lu of 20", res.diverged_epoch, (unsigned long)res.diverged_step);
+        ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), where) != NULL);
+        ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "lower learning rate") != NULL);
+        pa = params_of(a);
+        ASSERTm("the weights kept must be finite", all_finite(pa, np));
+
+        /* which check's weights: the last, or the one before when the next step failed */
+        first_after = wa.calls > 0 && (wa.last.epoch_end ? res.diverged_epoch == wa.last.epoch + 1 && res.diverged_step == 1
+                                                         : res.diverged_epoch == wa.last.epoch &&
+                                                               res.diverged_step == wa.last.step + 1);
+        kept = first_after ? wa.calls - 1 : wa.calls;
+        if (every[e] == 1) ASSERTm("checked every step, the step after the last check fails", first_after);
+        if (kept == 0) {
+            ASSERT_ARRAY_EQ_BITS_F(pa, p0, np); /* nothing better: the weights it started with */
+        } else {
+            memset(&wb, 0, sizeof wb);
+            wb.stop_at = kept;
+            td.progress_user = &wb;
+            ASSERT_EQ(MNISTCU_OK, mnistcu_train(b, ds, &td, &res_b));
+            ASSERT_EQ(kept, wb.calls);
+            pb = params_of(b);
+            ASSERT_ARRAY_EQ_BITS_F(pa, pb, np);
+            free(pb);
+            /* their loss on the batch that followed them was finite */
+            {
+                size_t off = wb.last.epoch_end ? 0 : wb.last.step * 32;
+                ASSERT_EQ(MNISTCU_OK, mnistcu_model_compute_grads(a, x + off * 20, lab + off, 32, &loss));
+                ASSERTm("the kept weights' loss must be finite", fabs(loss) <= DBL_MAX);
+            }
+            /* and the momentum: a tame epoch from there ends in the same bits on both */
+            memset(&td, 0, sizeof td);
+            td.epochs = 1;
+            td.batch_size = 32;
+            td.no_shuffle = 1;
+            td.optim.learning_rate = 0.001f;
+            td.optim.momentum = 0.9f;
+            ASSERT_EQ(MNISTCU_OK, mnistcu_train(a, ds, &td, NULL));
+            ASSERT_EQ(MNISTCU_OK, mnistcu_train(b, ds, &td, NULL));
+            free(pa);
+            pa = params_of(a);
+            pb = params_of(b);
+            ASSERT_ARRAY_EQ_BITS_F(pa, pb, np);
+            free(pb);
+        }
+        free(p0); free(pa);
+        mnistcu_model_destroy(a);
+        mnistcu_model_destroy(b);
+    }
+    free(x);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+/* Without a progress callback the check runs at each epoch end: a run that
+   diverges in its first epoch gives back the weights it started with. */
+TEST divergence_checked_at_epoch_ends(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *ds;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    mnistcu_train_result res;
+    float *p0, *p1;
+    size_t np;
+    ASSERT(ctx != NULL);
+    ds = noise_dataset(ctx);
+    ASSERT(ds != NULL);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &m));
+    np = mnistcu_model_num_params(m);
+    p0 = params_of(m);
+    memset(&td, 0, sizeof td);
+    td.epochs = 2;
+    td.batch_size = 32;
+    td.optim.learning_rate = 1000.0f;
+    td.optim.momentum = 0.9f;
+    ASSERT_ENUM_EQ(MNISTCU_ERR_DIVERGED, mnistcu_train(m, ds, &td, &res), mnistcu_result_name);
+    ASSERT_EQ(1, res.diverged_epoch);
+    ASSERT(res.diverged_step >= 1 && res.diverged_step <= 20);
+    ASSERT_EQ((size_t)20, res.steps); /* found at the end of the epoch */
+    ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "before training") != NULL);
+    p1 = params_of(m);
+    ASSERT_ARRAY_EQ_BITS_F(p1, p0, np);
+    free(p0); free(p1);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+/* A NaN weight that only silences a ReLU unit leaves the loss finite: the check
+   of the weights finds it (on the GPU, the kernel's flag), and the model gets
+   back the weights of the check before. */
+TEST divergence_of_a_weight_with_a_finite_loss(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *ds;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    mnistcu_train_result res;
+    watch w;
+    float *p;
+    size_t np;
+    ASSERT(ctx != NULL);
+    ds = noise_dataset(ctx);
+    ASSERT(ds != NULL);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &m)); /* ReLU */
+    np = mnistcu_model_num_params(m);
+    memset(&w, 0, sizeof w);
+    w.m = m;
+    w.poison_at = 3;
+    w.saved = (float *)malloc(np * sizeof(float));
+    memset(&td, 0, sizeof td);
+    td.epochs = 1;
+    td.batch_size = 32;
+    td.no_shuffle = 1;
+    td.optim.learning_rate = 0.01f;
+    td.optim.momentum = 0.9f;
+    td.progress = watch_progress;
+    td.progress_user = &w;
+    td.progress_every = 1;
+    ASSERT_ENUM_EQ(MNISTCU_ERR_DIVERGED, mnistcu_train(m, ds, &td, &res), mnistcu_result_name);
+    ASSERT_EQ(3, w.calls);
+    ASSERT_EQ(1, res.diverged_epoch);
+    ASSERT_EQ((size_t)4, res.diverged_step);
+    ASSERTm("the loss stayed finite", fabs(res.train_loss) <= DBL_MAX);
+    ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "a weight is not finite") != NULL);
+    ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "of epoch 1, step 3") != NULL);
+    p = params_of(m);
+    ASSERT_ARRAY_EQ_BITS_F(p, w.saved, np);
+    free(p); free(w.saved);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
+/* no_divergence_check lets NaN through; a model whose weights are not finite
+   is then refused by a checked run, and accepted again with the check off. */
+TEST divergence_check_can_be_turned_off(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *ds;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td, resolved;
+    mnistcu_train_result res;
+    float *p, *q;
+    size_t np;
+    ASSERT(ctx != NULL);
+    ds = noise_dataset(ctx);
+    ASSERT(ds != NULL);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "20-32-4", &m));
+    np = mnistcu_model_num_params(m);
+    memset(&td, 0, sizeof td);
+    mnistcu_train_desc_resolve(&td, &resolved);
+    ASSERT_EQ(0, resolved.no_divergence_check); /* on by default */
+    td.epochs = 2;
+    td.batch_size = 32;
+    td.optim.learning_rate = 1000.0f;
+    td.optim.momentum = 0.9f;
+    td.no_divergence_check = 1;
+    ASSERT_ENUM_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res), mnistcu_result_name);
+    ASSERT_EQ(2, res.epochs);
+    ASSERT_EQ(0, res.diverged_epoch);
+    ASSERT_FALSE(fabs(res.train_loss) <= DBL_MAX);
+    p = params_of(m);
+    ASSERT_FALSE(all_finite(p, np));
+    td.no_divergence_check = 0;
+    td.optim.learning_rate = 0.01f;
+    ASSERT_ENUM_EQ(MNISTCU_ERR_INVALID_ARGUMENT, mnistcu_train(m, ds, &td, &res), mnistcu_result_name);
+    ASSERTm(mnistcu_ctx_error(ctx), strstr(mnistcu_ctx_error(ctx), "not finite before training") != NULL);
+    ASSERT_EQ((size_t)0, res.steps);
+    q = params_of(m);
+    ASSERT_EQ(0, memcmp(p, q, np * sizeof(float))); /* untouched */
+    td.no_divergence_check = 1;
+    ASSERT_ENUM_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res), mnistcu_result_name);
+    free(p); free(q);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
 /* 784-128-10, SGD 0.1, batch 64, STANDARD normalisation, 3 epochs.
    Seen on the CPU (seed 1234, any thread count): test accuracy ~97.5 %, loss ~0.08;
    about 1.3 s of training on 2 cores. */
@@ -663,5 +952,9 @@ SUITE(train_suite)
     RUN_TEST(cpu_threads_same_bits);
     RUN_TEST(confusion_matrix_counts);
     RUN_TEST(evaluate_uses_the_training_normalisation);
+    RUN_TEST(divergence_stops_with_the_last_finite_weights);
+    RUN_TEST(divergence_checked_at_epoch_ends);
+    RUN_TEST(divergence_of_a_weight_with_a_finite_loss);
+    RUN_TEST(divergence_check_can_be_turned_off);
     RUN_TEST(real_mnist_reaches_97_percent);
 }
