@@ -3120,6 +3120,8 @@ struct mnistcu_model {
     float *logits;        /* [B][classes]: the last layer's output */
     float *dbuf[2];       /* [B][max_size] gradient ping-pong */
     float *scratch;       /* shared by the layers: im2col columns */
+    int scratch_layer;    /* CUDA: 1 + the conv layer whose columns scratch holds, for its backward pass; 0: none */
+    size_t scratch_batch; /* ... and for which batch size */
     float *sample_loss;   /* [B] */
     int32_t *iws;         /* one block: labels [B], pred [B] */
     int32_t *labels, *pred;
@@ -3732,6 +3734,8 @@ static mnistcu_result mnistcu__conv_cuda_forward(mnistcu_model *m, mnistcu__laye
     mnistcu_result r;
     mnistcu__k_im2col<<<mnistcu__blocks(K * BP), MNISTCU__THREADS, 0, st>>>(L->in, g, (int)B, L->in_size, col);
     MNISTCU__LAUNCHED(ctx, "im2col");
+    m->scratch_layer = L->index + 1; /* the backward pass may find its columns still there */
+    m->scratch_batch = B;
     if ((r = mnistcu__cuda_gemm(ctx, 0, 0, OC, BP, K, m->params + L->wo, K, col, BP, prod, BP, NULL, 0))) return r;
     mnistcu__k_conv_out<<<mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st>>>(
         prod, L->nb ? m->params + L->bo : NULL, (int)L->act, (int)B, (int)OC, (int)P, L->out);
@@ -3753,8 +3757,11 @@ static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__lay
     mnistcu__k_conv_dout<<<mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st>>>(dy, L->out, (int)L->act, (int)B,
                                                                                 (int)OC, (int)P, dprod);
     MNISTCU__LAUNCHED(ctx, "conv_dout");
-    mnistcu__k_im2col<<<mnistcu__blocks(K * BP), MNISTCU__THREADS, 0, st>>>(L->in, g, (int)B, L->in_size, col);
-    MNISTCU__LAUNCHED(ctx, "im2col");
+    if (m->scratch_layer != L->index + 1 || m->scratch_batch != B) { /* another conv used the scratch since */
+        mnistcu__k_im2col<<<mnistcu__blocks(K * BP), MNISTCU__THREADS, 0, st>>>(L->in, g, (int)B, L->in_size, col);
+        MNISTCU__LAUNCHED(ctx, "im2col");
+    }
+    m->scratch_layer = 0;
     /* dW [OC][K] = dprod [OC][BP] . col^T [BP][K] */
     if ((r = mnistcu__cuda_gemm(ctx, 0, 1, OC, K, BP, dprod, BP, col, BP, m->grads + L->wo, K, NULL, 0))) return r;
     if (L->nb) {
@@ -3781,7 +3788,8 @@ static const mnistcu__kind mnistcu__kind_CONV2D = {
    the index in its plane of the first largest input (NaN counts as largest, as
    in PyTorch); the backward pass routes each output's gradient there. Average
    divides the window's sum by KH*KW. Both backward passes gather: each input
-   sums over the windows that cover it, in order. */
+   sums over the windows that cover it, in order. A ReLU right after a max pool
+   is folded into it (relu(max) = max(relu), exactly), as the Fashion CNN has. */
 static mnistcu_result mnistcu__pool_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
 {
     mnistcu_layer_desc *d = &L->d;
@@ -3835,9 +3843,18 @@ static MNISTCU__HD float mnistcu__pool_at(const float *x, mnistcu__geom g, int o
     return sum / (float)(g.kh * g.kw);
 }
 
-/* dx of input (iy, ix) of one plane from dy [OH][OW] (and arg [OH][OW] for max). */
-static MNISTCU__HD float mnistcu__pool_back_at(const float *dy, const int32_t *arg, mnistcu__geom g, int iy, int ix)
+/* dx of input (iy, ix) of one plane from dy [OH][OW] (and arg [OH][OW] for max;
+   y [OH][OW] when a ReLU is folded into the max: only outputs above zero pass
+   their gradient). Windows that do not overlap: the one window, directly. */
+static MNISTCU__HD float mnistcu__pool_back_at(const float *dy, const int32_t *arg, const float *y, mnistcu__geom g,
+                                               int iy, int ix)
 {
+    if (g.sh == g.kh && g.sw == g.kw) {
+        int oy = iy / g.kh, ox = ix / g.kw, o = oy * g.ow + ox;
+        if (oy >= g.oh || ox >= g.ow) return 0.0f;
+        if (!arg) return dy[o] / (float)(g.kh * g.kw);
+        return arg[o] == (int32_t)(iy * g.w + ix) && (!y || y[o] > 0.0f) ? dy[o] : 0.0f;
+    }
     int oy0 = iy >= g.kh ? (iy - g.kh + g.sh) / g.sh : 0, ox0 = ix >= g.kw ? (ix - g.kw + g.sw) / g.sw : 0;
     int oy1 = MNISTCU__MIN(iy / g.sh, g.oh - 1), ox1 = MNISTCU__MIN(ix / g.sw, g.ow - 1), oy, ox;
     int32_t self = (int32_t)(iy * g.w + ix);
@@ -3846,7 +3863,7 @@ static MNISTCU__HD float mnistcu__pool_back_at(const float *dy, const int32_t *a
         for (ox = ox0; ox <= ox1; ++ox) {
             int o = oy * g.ow + ox;
             if (arg) {
-                if (arg[o] == self) s += dy[o];
+                if (arg[o] == self && (!y || y[o] > 0.0f)) s += dy[o];
             } else {
                 s += dy[o] / div;
             }
@@ -3864,7 +3881,8 @@ static void mnistcu__cpu_pool_forward(mnistcu__layer *L, size_t B, int is_max)
         for (oy = 0; oy < g.oh; ++oy)
             for (ox = 0; ox < g.ow; ++ox) {
                 size_t o = pl * P + (size_t)oy * g.ow + ox;
-                L->out[o] = mnistcu__pool_at(L->in + pl * S, g, oy, ox, is_max, is_max ? &arg[o] : &unused);
+                L->out[o] = mnistcu__act_f(L->act, mnistcu__pool_at(L->in + pl * S, g, oy, ox, is_max,
+                                                                     is_max ? &arg[o] : &unused));
             }
     }
 }
@@ -3877,8 +3895,9 @@ static void mnistcu__cpu_pool_backward(mnistcu__layer *L, size_t B, const float 
         int iy, ix;
         for (iy = 0; iy < g.h; ++iy)
             for (ix = 0; ix < g.w; ++ix)
-                dx[pl * S + (size_t)iy * g.w + ix] =
-                    mnistcu__pool_back_at(dy + pl * P, is_max ? (const int32_t *)L->aux + pl * P : NULL, g, iy, ix);
+                dx[pl * S + (size_t)iy * g.w + ix] = mnistcu__pool_back_at(
+                    dy + pl * P, is_max ? (const int32_t *)L->aux + pl * P : NULL,
+                    L->act == MNISTCU_ACT_RELU ? L->out + pl * P : NULL, g, iy, ix);
     }
 }
 
@@ -3908,25 +3927,27 @@ static mnistcu_result mnistcu__avgpool_cpu_backward(mnistcu_model *m, mnistcu__l
 }
 
 #ifdef __CUDACC__
-__global__ void mnistcu__k_pool_forward(const float *x, mnistcu__geom g, size_t planes, int is_max, float *y,
+__global__ void mnistcu__k_pool_forward(const float *x, mnistcu__geom g, size_t planes, int is_max, int act, float *y,
                                         int32_t *arg)
 {
     size_t P = (size_t)g.oh * g.ow, S = (size_t)g.h * g.w, n = planes * P, e;
     int32_t unused;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t pl = e / P, o = e % P;
-        y[e] = mnistcu__pool_at(x + pl * S, g, (int)(o / (size_t)g.ow), (int)(o % (size_t)g.ow), is_max,
-                                is_max ? &arg[e] : &unused);
+        y[e] = mnistcu__act_f((mnistcu_act)act, mnistcu__pool_at(x + pl * S, g, (int)(o / (size_t)g.ow),
+                                                                 (int)(o % (size_t)g.ow), is_max,
+                                                                 is_max ? &arg[e] : &unused));
     }
 }
 
-__global__ void mnistcu__k_pool_backward(const float *dy, const int32_t *arg, mnistcu__geom g, size_t planes, float *dx)
+__global__ void mnistcu__k_pool_backward(const float *dy, const int32_t *arg, const float *y, mnistcu__geom g,
+                                         size_t planes, float *dx)
 {
     size_t P = (size_t)g.oh * g.ow, S = (size_t)g.h * g.w, n = planes * S, e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t pl = e / S, i = e % S;
-        dx[e] = mnistcu__pool_back_at(dy + pl * P, arg ? arg + pl * P : NULL, g, (int)(i / (size_t)g.w),
-                                      (int)(i % (size_t)g.w));
+        dx[e] = mnistcu__pool_back_at(dy + pl * P, arg ? arg + pl * P : NULL, y ? y + pl * P : NULL, g,
+                                      (int)(i / (size_t)g.w), (int)(i % (size_t)g.w));
     }
 }
 
@@ -3937,12 +3958,24 @@ static mnistcu_result mnistcu__pool_dnn(mnistcu_model *m, mnistcu__layer *L, siz
     cudnnHandle_t h = mnistcu__cu(m->ctx)->dnn;
     mnistcu__dnn_layer *d;
     const float one = 1.0f, zero = 0.0f;
+    size_t n = B * L->out_size;
+    cudaStream_t st = mnistcu__cuda_stream(m->ctx);
     cudnnStatus_t s;
     mnistcu_result r = mnistcu__dnn_layer_get(m, L, B, &d);
     if (r) return r;
-    if (!dy) s = cudnnPoolingForward(h, d->pool, &one, d->x, L->in, &zero, d->y, L->out);
-    else s = cudnnPoolingBackward(h, d->pool, &one, d->y, L->out, d->y, dy, d->x, L->in, &zero, d->x, dx);
-    return mnistcu__dnn_check(m->ctx, s, "pooling");
+    if (!dy) {
+        s = cudnnPoolingForward(h, d->pool, &one, d->x, L->in, &zero, d->y, L->out);
+        if ((r = mnistcu__dnn_check(m->ctx, s, "pooling forward")) || L->act == MNISTCU_ACT_IDENTITY) return r;
+        mnistcu__k_bias_act<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>(L->out, NULL, n, 1, (int)L->act);
+        MNISTCU__LAUNCHED(m->ctx, "pool_relu");
+        return MNISTCU_OK;
+    }
+    if (L->act != MNISTCU_ACT_IDENTITY) { /* the folded ReLU first; where it cut, the gradient is zero */
+        mnistcu__k_act_backward<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>((float *)dy, L->out, n, (int)L->act);
+        MNISTCU__LAUNCHED(m->ctx, "pool_relu_backward");
+    }
+    s = cudnnPoolingBackward(h, d->pool, &one, d->y, L->out, d->y, dy, d->x, L->in, &zero, d->x, dx);
+    return mnistcu__dnn_check(m->ctx, s, "pooling backward");
 }
 #endif
 
@@ -3953,8 +3986,8 @@ static mnistcu_result mnistcu__cuda_pool_forward(mnistcu_model *m, mnistcu__laye
 #endif
     size_t planes = B * (size_t)L->c;
     mnistcu__k_pool_forward<<<mnistcu__blocks(planes * L->oh * L->ow), MNISTCU__THREADS, 0,
-                              mnistcu__cuda_stream(m->ctx)>>>(L->in, mnistcu__geom_of(L), planes, is_max, L->out,
-                                                              (int32_t *)L->aux);
+                              mnistcu__cuda_stream(m->ctx)>>>(L->in, mnistcu__geom_of(L), planes, is_max, (int)L->act,
+                                                              L->out, (int32_t *)L->aux);
     MNISTCU__LAUNCHED(m->ctx, "pool_forward");
     return MNISTCU_OK;
 }
@@ -3968,6 +4001,7 @@ static mnistcu_result mnistcu__cuda_pool_backward(mnistcu_model *m, mnistcu__lay
 #endif
     mnistcu__k_pool_backward<<<mnistcu__blocks(planes * L->h * L->w), MNISTCU__THREADS, 0,
                                mnistcu__cuda_stream(m->ctx)>>>(dy, is_max ? (const int32_t *)L->aux : NULL,
+                                                               L->act == MNISTCU_ACT_RELU ? L->out : NULL,
                                                                mnistcu__geom_of(L), planes, dx);
     MNISTCU__LAUNCHED(m->ctx, "pool_backward");
     return MNISTCU_OK;
@@ -4397,8 +4431,9 @@ static const mnistcu__kind mnistcu__kind_FLATTEN = {
 
 /* >>layer_activations ----------------------------------------------------------------
    torch.nn.ReLU, LeakyReLU, Sigmoid, Tanh, elementwise. Right after a dense or
-   conv layer, ReLU, Sigmoid and Tanh are folded into that layer's output (the
-   model marks them passthrough); elsewhere they run here. ReLU, Sigmoid and
+   conv layer, ReLU, Sigmoid and Tanh are folded into that layer's output, and a
+   ReLU after a max pool into the pool's (the model marks them passthrough);
+   elsewhere they run here. ReLU, Sigmoid and
    Tanh take their derivative from the output y, LeakyReLU from the input x. */
 static mnistcu_act mnistcu__kind_act(mnistcu_layer_kind k)
 {
@@ -4711,7 +4746,8 @@ static mnistcu_result mnistcu__model_build(mnistcu_ctx *ctx, mnistcu_model *m)
         L->out_size = (size_t)L->oc * L->oh * L->ow;
         if (i > 0 && mnistcu__kind_act(L->d.kind) != MNISTCU_ACT_IDENTITY) {
             mnistcu__layer *prev = &m->layers[i - 1];
-            if ((prev->d.kind == MNISTCU_LAYER_DENSE || prev->d.kind == MNISTCU_LAYER_CONV2D) &&
+            if ((prev->d.kind == MNISTCU_LAYER_DENSE || prev->d.kind == MNISTCU_LAYER_CONV2D ||
+                 (prev->d.kind == MNISTCU_LAYER_MAXPOOL2D && L->d.kind == MNISTCU_LAYER_RELU)) &&
                 prev->act == MNISTCU_ACT_IDENTITY) {
                 prev->act = mnistcu__kind_act(L->d.kind); /* folded into the layer before */
                 L->passthrough = 1;
@@ -4885,6 +4921,7 @@ static size_t mnistcu__model_layout(mnistcu_model *m, float *base, size_t B)
     MNISTCU__TAKE(m->sample_loss, B, 1);
     MNISTCU__TAKE(m->scratch, scratch, 1);
 #undef MNISTCU__TAKE
+    if (base) m->scratch_layer = 0;
     return ok ? off : 0;
 }
 

@@ -706,7 +706,8 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_BATCHNORM, "2x6x6 conv3x3x4:bias=0 batchnorm:momentum=0.3 relu flatten dense8:bias=0 batchnorm dense5", 6},
     {MNISTCU_LAYER_DROPOUT, "30 dense20 dropout0.3 dense12 relu dropout dense5", 7},
     {MNISTCU_LAYER_FLATTEN, "3x4x4 conv3x3x2 flatten dense5", 2},
-    {MNISTCU_LAYER_RELU, "2x6x6 conv3x3x3 maxpool2 relu flatten dense5", 3},
+    /* the first relu is folded into the max pool, the second runs on its own */
+    {MNISTCU_LAYER_RELU, "2x7x7 conv3x3x3 maxpool2 relu avgpool2:s=1 relu flatten dense5", 3},
     {MNISTCU_LAYER_LEAKY_RELU, "20 dense10 leaky_relu0.2 dense9 leaky_relu dense5", 5},
     {MNISTCU_LAYER_SIGMOID, "2x6x6 conv3x3x3 avgpool2 sigmoid flatten dense5", 3},
     {MNISTCU_LAYER_TANH, "20 dense10 dropout tanh dense5", 4},
