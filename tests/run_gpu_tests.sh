@@ -21,19 +21,22 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     # memcheck with leak checking over every kind of kernel and the streaming path;
     # racecheck concerns shared memory (the matrix product and the statistics
     # reduction), and is far too slow for whole training runs.
-    for t in cuda_gemm_own cuda_elementwise cuda_sgd cuda_step_stats cuda_finite_flag cuda_streaming cuda_out_of_memory; do
+    for t in cuda_gemm_own cuda_elementwise cuda_sgd cuda_step_stats cuda_finite_flag cuda_streaming cuda_out_of_memory \
+             cuda_layers_match_cpu cuda_dropout_mask cuda_cnn_runs; do
         run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     MNISTCU_DATA=${MNISTCU_DATA:-data/mnist} run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t cuda_streaming_mixed
     # the divergence check on the GPU: its flag, its copies of the weights, restoring them
     run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s train_suite -t divergence
-    for t in cuda_gemm_own cuda_gemm_kernels cuda_elementwise cuda_step_stats cuda_finite_flag; do
+    # the layer kernels (every kind, own kernels and the cuBLAS and cuDNN paths) in all four tools
+    for t in cuda_gemm_own cuda_gemm_kernels cuda_elementwise cuda_step_stats cuda_finite_flag cuda_layers_match_cpu; do
         run $cs --tool racecheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
-    for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_finite_flag cuda_streaming; do
+    for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_finite_flag cuda_streaming cuda_layers_match_cpu \
+             cuda_dropout_mask; do
         run $cs --tool initcheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
-    for t in cuda_gemm_own cuda_step_stats cuda_finite_flag; do
+    for t in cuda_gemm_own cuda_step_stats cuda_finite_flag cuda_layers_match_cpu; do
         run $cs --tool synccheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
 else
