@@ -2,27 +2,42 @@
 
    CPU:  cc -std=c99 -O3 -march=native -fopenmp -o build/bench_cpu bench/bench.c -lm
    GPU:  nvcc -x cu -O3 -arch=sm_90 -DMNISTCU_CUBLAS -o build/bench_cuda bench/bench.c -lcublas
+         (add -DMNISTCU_CUDNN -I$CUDNN_DIR/include ... -lcudnn for --cnn cudnn; bench/run.sh finds cuDNN)
 
-   Usage: bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--epochs N] [--data DIR]
-                       [--threads N] [--seed S] [--limit N]
+   Usage: bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
+                       [--threads N] [--seed S] [--limit N] [--warmup-limit N]
      CONFIG  P1  first 10,000 train images in file order, 784-1024-10, batch 32, SGD lr 0.01,
                  10 epochs: the total training time of the 10 epochs
              P2  MNIST 60k shuffled, 784-128-10, batch 64, SGD lr 0.1: time per epoch
              P3  MNIST 60k shuffled, 784-1024-1024-10, batch 512, SGD lr 0.1: time per epoch
+             P4  MNIST 60k shuffled, LeNet-5 (the preset "lenet5"), batch 64, SGD momentum 0.9,
+                 lr 0.02: time per epoch
+             P5  Fashion-MNIST 60k shuffled (default --data data/fashion-mnist), the preset
+                 "fashion-cnn", batch 64, SGD momentum 0.9, lr 0.02: time per epoch
              P7  P2 on the CPU
+     --device   default cuda (P7: cpu); P4 and P5 also run on the CPU with --device cpu
+     --gemm     CUDA matrix products: own kernels or cuBLAS (default: the build's default)
+     --cnn      CUDA convolution/pooling: own kernels or cuDNN (default: the build's default, which is
+                cuDNN in a build with MNISTCU_CUDNN)
      --limit N  train on the first N images only (quick tests; not a benchmark configuration)
+     --warmup-limit N  the warm-up epoch trains on the first N images only (slow CPU runs;
+                 default: a whole epoch)
 
    Protocol: inputs x/255 (MNISTCU_NORM_UNIT) as on the PyTorch side. One warm-up epoch that is not
    timed (P1: a whole separate 1-epoch run on its own model, since P1's model must start fresh), then
    every epoch is one call of mnistcu_train with epochs=1 on the same model (weights and optimizer
    state persist across calls), timed by the wall clock around the call: the call returns only after
    the epoch's statistics are read back from the device, so its GPU work is complete. Reported: the
-   median and every epoch (P2/P3/P7), the total (P1), then the test accuracy, evaluated after timing,
-   and the last epoch's mean training loss. Human-readable lines go to stderr, one JSON line to stdout. */
+   median and every epoch (P2-P5, P7), the total (P1), then the test accuracy, evaluated after timing,
+   and the last epoch's mean training loss. Human-readable lines go to stderr, one JSON line to stdout.
+   Self-checks: the model must have the configuration's parameter count (P4 44,426, P5 896,522), the
+   device, GEMM and CNN path asked for must be the ones the context resolved to, and every epoch's loss must be
+   finite; otherwise the program fails (non-zero exit, no JSON line). */
 #define _POSIX_C_SOURCE 200809L
 #define MNISTCU_IMPLEMENTATION
 #include "../mnistcu.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +69,9 @@ static double median(const double *v, int n)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench P1|P2|P3|P7 [--device cpu|cuda] [--gemm own|cublas] [--epochs N] [--data DIR]\n"
-                    "                         [--threads N] [--seed S] [--limit N]\n");
+    fprintf(stderr, "usage: bench P1|P2|P3|P4|P5|P7 [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn]\n"
+                    "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
+                    "                               [--warmup-limit N]\n");
 }
 
 static int fail(mnistcu_ctx *ctx, const char *what)
@@ -67,22 +83,22 @@ static int fail(mnistcu_ctx *ctx, const char *what)
 
 int main(int argc, char **argv)
 {
-    const char *config, *data = "data/mnist", *device_arg = NULL, *gemm_arg = NULL, *layers;
-    const char *dev_json, *gemm_json;
-    int epochs = -1, threads = 0, batch, no_shuffle = 0, is_p1 = 0, i, e;
+    const char *config, *data = NULL, *device_arg = NULL, *gemm_arg = NULL, *cnn_arg = NULL, *layers;
+    const char *dev_json, *gemm_json, *cnn_json;
+    int epochs = -1, threads = 0, batch, no_shuffle = 0, is_p1 = 0, is_spec = 0, i, e;
     unsigned long long seed = 0;
-    size_t limit = 0;
-    float lr;
+    size_t limit = 0, warmup_limit = 0, want_params, warmup_images;
+    float lr, momentum = 0.0f;
     mnistcu_ctx_desc cd;
     mnistcu_ctx_desc resolved;
     mnistcu_ctx *ctx = NULL;
     mnistcu_dataset_desc dd;
-    mnistcu_dataset *train = NULL, *test = NULL;
+    mnistcu_dataset *train = NULL, *test = NULL, *warm = NULL, *warm_rest = NULL;
     mnistcu_model *net = NULL;
     mnistcu_train_desc td;
     mnistcu_train_result tr;
     mnistcu_metrics met;
-    mnistcu_dataset_info info;
+    mnistcu_dataset_info info, test_info;
     double *ms, t0, t_all0, total_s = 0.0, med;
 
     if (argc < 2 || argv[1][0] == '-') { usage(); return 2; }
@@ -92,29 +108,39 @@ int main(int argc, char **argv)
         if (!v) { fprintf(stderr, "bench: %s needs a value\n", a); usage(); return 2; }
         if (!strcmp(a, "--device")) device_arg = v;
         else if (!strcmp(a, "--gemm")) gemm_arg = v;
+        else if (!strcmp(a, "--cnn")) cnn_arg = v;
         else if (!strcmp(a, "--epochs")) epochs = atoi(v);
         else if (!strcmp(a, "--data")) data = v;
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--limit")) limit = (size_t)strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--warmup-limit")) warmup_limit = (size_t)strtoull(v, NULL, 10);
         else { fprintf(stderr, "bench: unknown option %s\n", a); usage(); return 2; }
         ++i;
     }
 
     if (!strcmp(config, "P1")) {
-        layers = "784-1024-10"; batch = 32; lr = 0.01f; no_shuffle = 1; is_p1 = 1;
+        layers = "784-1024-10"; batch = 32; lr = 0.01f; no_shuffle = 1; is_p1 = 1; want_params = 814090;
         if (!limit) limit = 10000;
         if (epochs < 0) epochs = 10;
     } else if (!strcmp(config, "P2") || !strcmp(config, "P7")) {
-        layers = "784-128-10"; batch = 64; lr = 0.1f;
+        layers = "784-128-10"; batch = 64; lr = 0.1f; want_params = 101770;
         if (epochs < 0) epochs = 5;
     } else if (!strcmp(config, "P3")) {
-        layers = "784-1024-1024-10"; batch = 512; lr = 0.1f;
+        layers = "784-1024-1024-10"; batch = 512; lr = 0.1f; want_params = 1863690;
+        if (epochs < 0) epochs = 5;
+    } else if (!strcmp(config, "P4")) {
+        layers = "lenet5"; is_spec = 1; batch = 64; lr = 0.02f; momentum = 0.9f; want_params = 44426;
+        if (epochs < 0) epochs = 5;
+    } else if (!strcmp(config, "P5")) {
+        layers = "fashion-cnn"; is_spec = 1; batch = 64; lr = 0.02f; momentum = 0.9f; want_params = 896522;
+        if (!data) data = "data/fashion-mnist";
         if (epochs < 0) epochs = 5;
     } else {
-        fprintf(stderr, "bench: unknown config %s (P1, P2, P3, P7; P4-P6 need convolutions)\n", config);
+        fprintf(stderr, "bench: unknown config %s (P1, P2, P3, P4, P5, P7)\n", config);
         return 2;
     }
+    if (!data) data = "data/mnist";
     if (epochs < 1) { fprintf(stderr, "bench: --epochs must be >= 1\n"); return 2; }
     if (!device_arg) device_arg = !strcmp(config, "P7") ? "cpu" : "cuda";
     if (!strcmp(config, "P7") && strcmp(device_arg, "cpu")) {
@@ -139,8 +165,18 @@ int main(int argc, char **argv)
         cd.gemm = MNISTCU_GEMM_CUBLAS;
 #endif
     } else { fprintf(stderr, "bench: --gemm must be own or cublas\n"); return 2; }
-    if (cd.device == MNISTCU_DEVICE_CPU && gemm_arg) {
-        fprintf(stderr, "bench: --gemm applies to --device cuda only\n");
+    if (!cnn_arg) cd.cnn = MNISTCU_CNN_DEFAULT;
+    else if (!strcmp(cnn_arg, "own")) cd.cnn = MNISTCU_CNN_OWN;
+    else if (!strcmp(cnn_arg, "cudnn")) {
+#ifndef MNISTCU_CUDNN
+        fprintf(stderr, "bench: --cnn cudnn needs a build with nvcc -DMNISTCU_CUDNN ... -lcudnn\n");
+        return 2;
+#else
+        cd.cnn = MNISTCU_CNN_CUDNN;
+#endif
+    } else { fprintf(stderr, "bench: --cnn must be own or cudnn\n"); return 2; }
+    if (cd.device == MNISTCU_DEVICE_CPU && (gemm_arg || cnn_arg)) {
+        fprintf(stderr, "bench: --gemm and --cnn apply to --device cuda only\n");
         return 2;
     }
 
@@ -152,12 +188,23 @@ int main(int argc, char **argv)
     }
     mnistcu_ctx_resolved_desc(ctx, &resolved);
     if (cd.device == MNISTCU_DEVICE_CPU) {
-        dev_json = "cpu"; gemm_json = "cpu";
+        dev_json = "cpu"; gemm_json = "cpu"; cnn_json = "cpu";
     } else {
         dev_json = "cuda";
+        /* DEFAULT means the build's default: cuBLAS / cuDNN when built with them */
+#ifdef MNISTCU_CUBLAS
+        gemm_json = resolved.gemm == MNISTCU_GEMM_OWN ? "own" : "cublas";
+#else
         gemm_json = resolved.gemm == MNISTCU_GEMM_CUBLAS ? "cublas" : "own";
-        if (gemm_arg && strcmp(gemm_arg, gemm_json)) {
-            fprintf(stderr, "bench: FAILED: asked for gemm %s, the context resolved to %s\n", gemm_arg, gemm_json);
+#endif
+#ifdef MNISTCU_CUDNN
+        cnn_json = resolved.cnn == MNISTCU_CNN_OWN ? "own" : "cudnn";
+#else
+        cnn_json = resolved.cnn == MNISTCU_CNN_CUDNN ? "cudnn" : "own";
+#endif
+        if ((gemm_arg && strcmp(gemm_arg, gemm_json)) || (cnn_arg && strcmp(cnn_arg, cnn_json))) {
+            fprintf(stderr, "bench: FAILED: asked for gemm %s, cnn %s; the context resolved to gemm %s, cnn %s\n",
+                    gemm_arg ? gemm_arg : "default", cnn_arg ? cnn_arg : "default", gemm_json, cnn_json);
             mnistcu_ctx_destroy(ctx);
             return 1;
         }
@@ -173,23 +220,50 @@ int main(int argc, char **argv)
     dd.limit = 0;
     if (mnistcu_dataset_load(ctx, &dd, &test)) return fail(ctx, "loading the test set");
     mnistcu_dataset_info_get(train, &info);
+    mnistcu_dataset_info_get(test, &test_info);
+    /* --warmup-limit: the warm-up epoch on the first N training images (a copy, in file order) */
+    warm = train;
+    if (warmup_limit && warmup_limit < info.count) {
+        if (mnistcu_dataset_split(ctx, train, warmup_limit, 0, &warm, &warm_rest))
+            return fail(ctx, "splitting off the warm-up images");
+    }
 
     memset(&td, 0, sizeof td);
     td.epochs = 1;
     td.batch_size = batch;
     td.optim.kind = MNISTCU_OPTIM_SGD;
     td.optim.learning_rate = lr;
+    td.optim.momentum = momentum;
     td.no_shuffle = no_shuffle;
 
-    fprintf(stderr, "bench: %s on %s, gemm %s, layers %s, %lu training images, batch %d, lr %g, %s, %d timed epochs\n",
-            config, mnistcu_ctx_device_name(ctx), gemm_json, layers, (unsigned long)info.count, batch, (double)lr,
-            no_shuffle ? "file order" : "shuffled", epochs);
-
     /* warm-up: P1 on a model of its own (P1's timed model starts fresh), else one epoch of the timed model */
-    if (mnistcu_model_create_mlp(ctx, layers, &net)) return fail(ctx, "creating the model");
+    if (is_spec ? mnistcu_model_create_spec(ctx, layers, &net) : mnistcu_model_create_mlp(ctx, layers, &net))
+        return fail(ctx, "creating the model");
+    if (mnistcu_model_num_params(net) != want_params) {
+        fprintf(stderr, "bench: FAILED: the %s model (%s) has %lu parameters, expected %lu\n", config, layers,
+                (unsigned long)mnistcu_model_num_params(net), (unsigned long)want_params);
+        mnistcu_ctx_destroy(ctx);
+        return 1;
+    }
+    fprintf(stderr, "bench: %s on %s, gemm %s, cnn %s, model %s (%lu params), %lu training images, batch %d, lr %g, "
+            "momentum %g, %s, %d timed epochs\n",
+            config, mnistcu_ctx_device_name(ctx), gemm_json, cnn_json, layers, (unsigned long)want_params,
+            (unsigned long)info.count, batch, (double)lr, (double)momentum, no_shuffle ? "file order" : "shuffled",
+            epochs);
+    {
+        mnistcu_dataset_info wi;
+        mnistcu_dataset_info_get(warm, &wi);
+        warmup_images = wi.count;
+    }
     t0 = now_s();
-    if (mnistcu_train(net, train, &td, &tr)) return fail(ctx, "warm-up epoch");
-    fprintf(stderr, "bench: warm-up epoch %.2f ms, loss %.4f (not timed)\n", 1e3 * (now_s() - t0), tr.train_loss);
+    if (mnistcu_train(net, warm, &td, &tr)) return fail(ctx, "warm-up epoch");
+    fprintf(stderr, "bench: warm-up epoch (%lu images) %.2f ms, loss %.4f (not timed)\n", (unsigned long)warmup_images,
+            1e3 * (now_s() - t0), tr.train_loss);
+    if (!isfinite(tr.train_loss)) {
+        fprintf(stderr, "bench: FAILED: the warm-up loss is not finite (%g)\n", tr.train_loss);
+        mnistcu_ctx_destroy(ctx);
+        return 1;
+    }
     if (is_p1) {
         mnistcu_model_destroy(net);
         net = NULL;
@@ -205,6 +279,12 @@ int main(int argc, char **argv)
         ms[e] = 1e3 * (now_s() - t0);
         fprintf(stderr, "bench: epoch %d: %.3f ms, loss %.4f, train acc %.2f%%\n", e + 1, ms[e], tr.train_loss,
                 100.0 * tr.train_accuracy);
+        if (!isfinite(tr.train_loss)) {
+            fprintf(stderr, "bench: FAILED: the loss of epoch %d is not finite (%g)\n", e + 1, tr.train_loss);
+            free(ms);
+            mnistcu_ctx_destroy(ctx);
+            return 1;
+        }
     }
     total_s = now_s() - t_all0;
     med = median(ms, epochs);
@@ -219,9 +299,12 @@ int main(int argc, char **argv)
                 config, med, epochs, 100.0 * met.accuracy, tr.train_loss);
 
     printf("{\"impl\":\"mnistcu\",\"config\":\"%s\",\"device\":\"%s\",\"device_name\":\"%s\",\"gemm\":\"%s\","
-           "\"threads\":%d,\"train_images\":%lu,\"epochs\":%d,\"epoch_ms_median\":%.4f,\"epoch_ms_all\":[",
-           config, dev_json, mnistcu_ctx_device_name(ctx), gemm_json, mnistcu_ctx_threads(ctx),
-           (unsigned long)info.count, epochs, med);
+           "\"cnn\":\"%s\",\"threads\":%d,\"model\":\"%s\",\"params\":%lu,\"batch\":%d,\"lr\":%g,\"momentum\":%g,"
+           "\"train_images\":%lu,\"warmup_images\":%lu,\"test_images\":%lu,\"epochs\":%d,"
+           "\"epoch_ms_median\":%.4f,\"epoch_ms_all\":[",
+           config, dev_json, mnistcu_ctx_device_name(ctx), gemm_json, cnn_json, mnistcu_ctx_threads(ctx), layers,
+           (unsigned long)want_params, batch, (double)lr, (double)momentum, (unsigned long)info.count,
+           (unsigned long)warmup_images, (unsigned long)test_info.count, epochs, med);
     for (e = 0; e < epochs; ++e) printf("%s%.4f", e ? "," : "", ms[e]);
     printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f}\n", total_s, met.accuracy, tr.train_loss);
     fflush(stdout);

@@ -1,16 +1,37 @@
 #!/bin/sh
 # bench/run.sh - time mnistcu against PyTorch on the configurations of BENCHMARKS.md.
 #
-#   sh bench/run.sh          GPU (what `make bench` runs): P1, P2, P3 with mnistcu (own kernels and
-#                            cuBLAS), PyTorch eager and PyTorch with the step in a CUDA graph, each
-#                            in its own process; then bench/cuda_gemm.cu. Needs nvcc, a GPU, PyTorch.
-#   sh bench/run.sh cpu      P7 on the CPU: mnistcu with 1 and 2 threads, PyTorch CPU eager if importable.
+#   sh bench/run.sh          GPU (what `make bench` runs): P1, P2, P3 (MLPs), P4 (LeNet-5) and P5 (the
+#                            Fashion-MNIST CNN) with mnistcu (own kernels; cuBLAS when the build has it;
+#                            for P4/P5 also cuBLAS + cuDNN when cuDNN is found), PyTorch eager and PyTorch
+#                            with the step captured in a CUDA graph (P4/P5 also with cudnn.benchmark on),
+#                            each in its own process; then the kernel programs bench/cuda_gemm.cu and
+#                            bench/cuda_conv.cu. Needs nvcc, a GPU, PyTorch.
+#   sh bench/run.sh cpu      On the CPU: P7 with mnistcu on 1 and 2 threads and PyTorch CPU eager; then
+#                            LeNet-5 (P4's model and hyperparameters) for one timed epoch with mnistcu and
+#                            PyTorch (Debian's 1.13 through /usr/bin/python3 here), each on 1 and 2 threads.
 #
-# Knobs (environment): CUDA_ARCH (default 90), NVCC, CC, PYTHON (a python with torch), DATA (default
-# data/mnist), EPOCHS (timed epochs of P2/P3/P7, default 6; P1 always runs its 10),
-# TORCH_CPU_EPOCHS (PyTorch's timed P7 epochs, default 5), OUT (a folder to copy the results to).
-# Results: bench/out/results.jsonl (one JSON line per run), bench/out/run.log (everything printed).
-# Exits non-zero, after printing what it could, when any build or run failed.
+# Knobs (environment):
+#   CONFIGS          GPU configurations to run (default "P1 P2 P3 P4 P5")
+#   EPOCHS           timed epochs of P2/P3/P7 (default 6; P1 always runs its 10)
+#   CNN_EPOCHS       timed epochs of P4/P5 on the GPU (default 3), after one warm-up epoch
+#   CUDNN_BENCH      1 (default): P4/P5 also with PyTorch graph + cudnn.benchmark; 0: not
+#   KERNELS          kernel programs after the configurations (default "gemm conv"; "" for none)
+#   TORCH_CPU_EPOCHS PyTorch's timed P7 epochs (default 5)
+#   CPU_CNN_EPOCHS   timed epochs of the CPU LeNet-5 rows (default 1)
+#   CPU_CNN_LIMIT    training images of the CPU LeNet-5 rows (default 0: all 60,000; a full epoch took
+#                    8.6-11.4 s in Debian's PyTorch 1.13 on the 2-core machine, so no limit is needed)
+#   CPU_CNN_WARMUP   images of the CPU LeNet-5 rows' warm-up epoch (default 6400: 100 steps)
+#   BENCH_TIMEOUT    seconds one benchmark process may run (default 600) before it is killed and failed
+#   CUDA_ARCH (default 90), NVCC, CC, PYTHON (a python with torch), DATA (default data/mnist),
+#   FASHION_DATA (default data/fashion-mnist; ../shared/datasets/* are tried too), CUDNN_DIR (a folder
+#   with include/cudnn.h and lib/ or lib64/ holding libcudnn.so.9; default as the Makefile: nvcc's
+#   CUDA, /usr/local/cuda, /usr, then the nvidia-cudnn wheel of PyTorch's python; CUDNN_DIR=none: no
+#   cuDNN), OUT (a folder to copy the results to).
+# Results: bench/out/results.jsonl (one JSON line per run), bench/out/run.log (everything printed),
+# bench/out/summary.md (the summary printed last), bench/out/cuda_gemm.txt, bench/out/cuda_conv.txt.
+# Exits non-zero, after printing what it could, when any build or run failed, a kernel variant was
+# wrong, or a test accuracy fell below its floor (P1 85%, P2 95%, P3 90%, P4 95%, P5 85%, P7 93%).
 # POSIX sh (dash): no bashisms.
 
 set -u
@@ -22,27 +43,48 @@ case $MODE in gpu|cpu) ;; *) echo "usage: sh bench/run.sh [gpu|cpu]" >&2; exit 2
 OUTDIR=bench/out
 RES=$OUTDIR/results.jsonl
 LOG=$OUTDIR/run.log
+SUMMARY=$OUTDIR/summary.md
 STATUS=$OUTDIR/.status
 mkdir -p "$OUTDIR" build || exit 1
 : > "$RES"
-rm -f "$OUTDIR/cuda_gemm.txt"
+rm -f "$OUTDIR/cuda_gemm.txt" "$OUTDIR/cuda_conv.txt" "$SUMMARY"
 echo 0 > "$STATUS"
 CUDA_ARCH=${CUDA_ARCH:-90}
+CONFIGS=${CONFIGS:-P1 P2 P3 P4 P5}
 EPOCHS=${EPOCHS:-6}
+CNN_EPOCHS=${CNN_EPOCHS:-3}
+CUDNN_BENCH=${CUDNN_BENCH:-1}
+KERNELS=${KERNELS-gemm conv}
 TORCH_CPU_EPOCHS=${TORCH_CPU_EPOCHS:-5}
+CPU_CNN_EPOCHS=${CPU_CNN_EPOCHS:-1}
+CPU_CNN_LIMIT=${CPU_CNN_LIMIT:-0}
+CPU_CNN_WARMUP=${CPU_CNN_WARMUP:-6400}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-600}
 DATA=${DATA:-data/mnist}
+FASHION_DATA=${FASHION_DATA:-data/fashion-mnist}
+T_START=$(date +%s)
+if command -v timeout > /dev/null 2>&1; then TIMEOUT_BIN=timeout; else TIMEOUT_BIN=; fi
 
 failed() {
     echo "*** FAILED: $* ***" >&2
     echo 1 > "$STATUS"
 }
 
-# run_json DESCRIPTION COMMAND...: run one benchmark process, append its JSON line to the results
+# run_json DESCRIPTION COMMAND...: run one benchmark process (at most BENCH_TIMEOUT seconds),
+# append its JSON line to the results
 run_json() {
     rj_desc=$1; shift
     echo "---- $rj_desc: $*" >&2
-    "$@" > "$OUTDIR/.stdout"
+    if [ -n "$TIMEOUT_BIN" ]; then
+        "$TIMEOUT_BIN" -k 10 "$BENCH_TIMEOUT" "$@" > "$OUTDIR/.stdout"
+    else
+        "$@" > "$OUTDIR/.stdout"
+    fi
     rj_rc=$?
+    if [ "$rj_rc" -eq 124 ] || [ "$rj_rc" -eq 137 ]; then
+        failed "$rj_desc (killed after BENCH_TIMEOUT=$BENCH_TIMEOUT s)"
+        return 1
+    fi
     if [ "$rj_rc" -ne 0 ]; then
         failed "$rj_desc (exit $rj_rc)"
         return 1
@@ -73,8 +115,37 @@ find_python() {
     return 1
 }
 
-find_data() {
-    for fd in "$DATA" data/mnist ../shared/datasets/mnist shared/datasets/mnist; do
+# find_cudnn: a folder with include/cudnn.h and libcudnn.so.9 under lib/ or lib64/ (as the Makefile looks)
+find_cudnn() {
+    if [ -n "${CUDNN_DIR:-}" ]; then
+        [ "$CUDNN_DIR" != none ] && echo "$CUDNN_DIR"
+        return 0
+    fi
+    fc_py=
+    [ -z "$PY" ] || fc_py=$("$PY" -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2> /dev/null) || fc_py=
+    for fc in "${NVCCBIN%/bin/nvcc}" /usr/local/cuda /usr "$fc_py"; do
+        if [ -z "$fc" ] || [ ! -f "$fc/include/cudnn.h" ]; then continue; fi
+        if [ -e "$fc/lib/libcudnn.so.9" ] || [ -e "$fc/lib64/libcudnn.so.9" ] ||
+           [ -e "$fc/lib/x86_64-linux-gnu/libcudnn.so.9" ]; then
+            echo "$fc"; return 0
+        fi
+    done
+    return 0
+}
+
+# cudnn_flags DEFINE: the nvcc flags that build with the cuDNN in $CUDNN (empty when none)
+cudnn_flags() {
+    [ -n "$CUDNN" ] || return 0
+    cf=
+    for cf_lib in "$CUDNN/lib" "$CUDNN/lib64" "$CUDNN/lib/x86_64-linux-gnu"; do
+        [ -d "$cf_lib" ] && cf="$cf -L$cf_lib -Xlinker -rpath -Xlinker $cf_lib"
+    done
+    echo "-D$1 -I$CUDNN/include$cf -l:libcudnn.so.9"
+}
+
+# find_dataset FIRST_CHOICE NAME: a folder with the four gzip IDX files
+find_dataset() {
+    for fd in "$1" "data/$2" "../shared/datasets/$2" "shared/datasets/$2"; do
         if [ -f "$fd/train-images-idx3-ubyte.gz" ] && [ -f "$fd/train-labels-idx1-ubyte.gz" ] &&
            [ -f "$fd/t10k-images-idx3-ubyte.gz" ] && [ -f "$fd/t10k-labels-idx1-ubyte.gz" ]; then
             echo "$fd"; return 0
@@ -83,30 +154,221 @@ find_data() {
     return 1
 }
 
-# the final table, from results.jsonl (plain python3, no torch needed)
+# the results table and the comparisons, from results.jsonl (plain python3, no torch needed);
+# exits 3 when a test accuracy is below its configuration's floor
 table() {
     tb_py=$1
     "$tb_py" - "$RES" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+FULL = {"P1": 10000}                      # training images of a complete run (others: 60,000)
+FLOOR = {"P1": 0.85, "P2": 0.95, "P3": 0.90, "P4": 0.95, "P5": 0.85, "P7": 0.93}
 def t(r):  # P1: total seconds of its 10 epochs; else the median ms per epoch
     return r["total_s"] if r["config"] == "P1" else r["epoch_ms_median"]
+def unit(r):
+    return "%.4f s total" % t(r) if r["config"] == "P1" else "%.3f ms/epoch" % t(r)
 def label(r):
     if r["impl"] == "mnistcu":
-        return "mnistcu " + (r["gemm"] if r["device"] == "cuda" else "cpu %dt" % r["threads"])
+        if r["device"] != "cuda":
+            return "mnistcu cpu %dt" % r["threads"]
+        conv = r["config"] in ("P4", "P5") or r.get("model") in ("lenet5", "fashion-cnn")
+        return "mnistcu " + r["gemm"] + ("+cudnn" if conv and r.get("cnn") == "cudnn" else "")
     return r["impl"] + ("" if r["device"] == "cuda" else " cpu %st" % r.get("threads"))
-print("| config | impl | time | test acc | train loss | time / mnistcu best |")
-print("|---|---|---|---|---|---|")
-for cfg in sorted(set(r["config"] for r in rows)):
-    rs = [r for r in rows if r["config"] == cfg]
+def epochs(r):
+    n, w = r.get("train_images", 0), r.get("warmup_images", r.get("train_images", 0))
+    return "%s+%d" % ("1" if w == n or not n else "%.2f" % (w / float(n)), r["epochs"])
+def key(r):
+    return (r["config"], r["device"], r.get("train_images", 0))
+def gname(k):
+    cfg, dev, n = k
+    return cfg + ("" if dev == "cuda" else " cpu") + ("" if n == FULL.get(cfg, 60000) else " (%d imgs)" % n)
+groups = sorted(set(key(r) for r in rows))
+bad, notes = [], []
+print("| config | impl | time | test acc | train loss | epochs (warm-up+timed) | time / mnistcu best |")
+print("|---|---|---|---|---|---|---|")
+for k in groups:
+    rs = [r for r in rows if key(r) == k]
     ours = [t(r) for r in rs if r["impl"] == "mnistcu"]
     best = min(ours) if ours else None
+    complete = k[2] >= FULL.get(k[0], 60000)
     for r in rs:
-        unit = "%.4f s total" % t(r) if cfg == "P1" else "%.3f ms/epoch" % t(r)
         ratio = "%.2fx" % (t(r) / best) if best else "n/a (no mnistcu result)"
-        print("| %s | %s | %s | %.2f%% | %.4f | %s |" % (cfg, label(r), unit, 100 * r["test_accuracy"],
-                                                       r["train_loss"], ratio))
+        flag = ""
+        if complete and not r.get("smoke") and k[0] in FLOOR and not (r["test_accuracy"] >= FLOOR[k[0]]):
+            flag = " BELOW THE %.0f%% FLOOR" % (100 * FLOOR[k[0]])
+            bad.append("%s %s: test accuracy %.2f%% < %.0f%%" % (gname(k), label(r), 100 * r["test_accuracy"],
+                                                                100 * FLOOR[k[0]]))
+        print("| %s | %s | %s | %.2f%%%s | %.4f | %s | %s |" % (gname(k), label(r), unit(r), 100 * r["test_accuracy"],
+                                                              flag, r["train_loss"], epochs(r), ratio))
+print()
+print("mnistcu against PyTorch, same run (PyTorch's time / mnistcu's best time: above 1 means mnistcu is faster):")
+for k in groups:
+    rs = [r for r in rows if key(r) == k]
+    mn = [r for r in rs if r["impl"] == "mnistcu"]
+    th = [r for r in rs if r["impl"] != "mnistcu"]
+    if not mn or not th:
+        print("  %s: %s" % (gname(k), "no mnistcu result" if not mn else "no PyTorch result"))
+        continue
+    b = min(mn, key=t)
+    for r in th:
+        print("  %s: %s %s vs %s %s: %.2fx" % (gname(k), label(r), unit(r), label(b), unit(b), t(r) / t(b)))
+    bt = max(th, key=lambda r: r["test_accuracy"])
+    d = 100 * (b["test_accuracy"] - bt["test_accuracy"])
+    if abs(d) > 1.5:
+        notes.append("%s: mnistcu's test accuracy %.2f%% differs from PyTorch's best %.2f%% by %.2f points"
+                     % (gname(k), 100 * b["test_accuracy"], 100 * bt["test_accuracy"], d))
+for n in notes:
+    print("NOTE: " + n)
+if bad:
+    print("ACCURACY CHECK FAILED: " + "; ".join(bad))
+    sys.exit(3)
 EOF
+}
+
+# build_cuda_conv: build/cuda_conv with cuDNN (its v3/v4 columns) when one was found, else without
+build_cuda_conv() {
+    bc_base="$NVCCBIN -O3 -arch=sm_$CUDA_ARCH -o build/cuda_conv bench/cuda_conv.cu"
+    if [ -n "$CUDNN" ]; then
+        bc_flags=$(cudnn_flags WITH_CUDNN)
+        echo "---- build: $bc_base $bc_flags" >&2
+        # shellcheck disable=SC2086
+        if $bc_base $bc_flags; then return 0; fi
+        echo "(the cuDNN build failed: cuda_conv without its cuDNN columns)" >&2
+    else
+        echo "(no cuDNN found (CUDNN_DIR): cuda_conv without its cuDNN columns)" >&2
+    fi
+    echo "---- build: $bc_base" >&2
+    $bc_base
+}
+
+gpu_configs() {
+    [ -n "$NVCCBIN" ] || { failed "nvcc not found (set NVCC); for the CPU run use: sh bench/run.sh cpu"; return; }
+    nvidia-smi -L > /dev/null 2>&1 || { failed "no GPU (nvidia-smi -L fails); for the CPU run use: sh bench/run.sh cpu"; return; }
+    [ -n "$PY" ] || failed "PyTorch not importable: the PyTorch side will be missing"
+    HAVE_BENCH=0; HAVE_CUBLAS=0; HAVE_CUDNN=0
+    # one binary serves every --gemm/--cnn choice: with cuBLAS and cuDNN, else cuBLAS only, else neither
+    gc_base="$NVCCBIN -x cu -O3 -arch=sm_$CUDA_ARCH -o build/bench_cuda bench/bench.c"
+    gc_dnn=$(cudnn_flags MNISTCU_CUDNN)
+    if [ -n "$gc_dnn" ]; then
+        echo "---- build: $gc_base -DMNISTCU_CUBLAS -lcublas $gc_dnn" >&2
+        # shellcheck disable=SC2086
+        if $gc_base -DMNISTCU_CUBLAS -lcublas $gc_dnn; then HAVE_BENCH=1; HAVE_CUBLAS=1; HAVE_CUDNN=1
+        else echo "(the cuDNN build failed: no cuDNN rows)" >&2; fi
+    else
+        echo "(no cuDNN found (CUDNN_DIR): no mnistcu cuDNN rows)" >&2
+    fi
+    if [ "$HAVE_BENCH" = 0 ]; then
+        echo "---- build: $gc_base -DMNISTCU_CUBLAS -lcublas" >&2
+        if $gc_base -DMNISTCU_CUBLAS -lcublas; then HAVE_BENCH=1; HAVE_CUBLAS=1
+        else
+            echo "---- the cuBLAS build failed; build: $gc_base" >&2
+            if $gc_base; then HAVE_BENCH=1; echo "(mnistcu without cuBLAS: no cuBLAS rows)" >&2
+            else failed "building build/bench_cuda (mnistcu rows missing)"; fi
+        fi
+    fi
+    for C in $CONFIGS; do
+        case $C in
+            P1) EP=10; CD=$D ;;
+            P2|P3) EP=$EPOCHS; CD=$D ;;
+            P4) EP=$CNN_EPOCHS; CD=$D ;;
+            P5) EP=$CNN_EPOCHS; CD=$FD
+                if [ -z "$CD" ]; then failed "P5: Fashion-MNIST not found in $FASHION_DATA (nor data/fashion-mnist, ../shared/datasets/fashion-mnist): sh data/fetch.sh fashion"; continue; fi ;;
+            *) failed "unknown configuration $C in CONFIGS (P1 P2 P3 P4 P5 run on the GPU)"; continue ;;
+        esac
+        if [ "$HAVE_BENCH" = 1 ]; then
+            case $C in
+                P4|P5)  # the CNNs: own kernels throughout, then cuBLAS for the products, then cuBLAS + cuDNN
+                    run_json "mnistcu $C own" build/bench_cuda "$C" --device cuda --gemm own --cnn own --epochs "$EP" --data "$CD"
+                    if [ "$HAVE_CUBLAS" = 1 ]; then
+                        run_json "mnistcu $C cublas" build/bench_cuda "$C" --device cuda --gemm cublas --cnn own --epochs "$EP" --data "$CD"
+                    fi
+                    if [ "$HAVE_CUDNN" = 1 ]; then
+                        run_json "mnistcu $C cublas+cudnn" build/bench_cuda "$C" --device cuda --gemm cublas --cnn cudnn --epochs "$EP" --data "$CD"
+                    fi ;;
+                *)
+                    run_json "mnistcu $C own" build/bench_cuda "$C" --device cuda --gemm own --epochs "$EP" --data "$CD"
+                    if [ "$HAVE_CUBLAS" = 1 ]; then
+                        run_json "mnistcu $C cublas" build/bench_cuda "$C" --device cuda --gemm cublas --epochs "$EP" --data "$CD"
+                    fi ;;
+            esac
+        fi
+        if [ -n "$PY" ]; then
+            run_json "torch-eager $C" "$PY" bench/torch_bench.py "$C" --device cuda --mode eager --epochs "$EP" --data "$CD"
+            run_json "torch-graph $C" "$PY" bench/torch_bench.py "$C" --device cuda --mode graph --epochs "$EP" --data "$CD"
+            case $C in P4|P5)
+                if [ "$CUDNN_BENCH" = 1 ]; then
+                    run_json "torch-graph+cudnn.benchmark $C" "$PY" bench/torch_bench.py "$C" --device cuda --mode graph \
+                        --cudnn-benchmark --epochs "$EP" --data "$CD"
+                fi ;;
+            esac
+        fi
+    done
+}
+
+cpu_configs() {
+    CCBIN=${CC:-cc}
+    echo "---- build: $CCBIN -std=c99 -O3 -march=native -fopenmp -o build/bench_cpu bench/bench.c -lm" >&2
+    if $CCBIN -std=c99 -O3 -march=native -fopenmp -o build/bench_cpu bench/bench.c -lm; then
+        HAVE_BENCH=1
+    else
+        failed "building build/bench_cpu (mnistcu rows missing)"; HAVE_BENCH=0
+    fi
+    if [ "$CPU_CNN_LIMIT" != 0 ]; then
+        echo "NOTE: the CPU LeNet-5 rows train on the first $CPU_CNN_LIMIT images only (CPU_CNN_LIMIT), not a full epoch"
+    fi
+    if [ "$HAVE_BENCH" = 1 ]; then
+        run_json "mnistcu P7 cpu 1 thread" build/bench_cpu P7 --threads 1 --epochs "$EPOCHS" --data "$D"
+        run_json "mnistcu P7 cpu 2 threads" build/bench_cpu P7 --threads 2 --epochs "$EPOCHS" --data "$D"
+    fi
+    if [ -n "$PY" ]; then
+        run_json "torch-eager P7 cpu" "$PY" bench/torch_bench.py P7 --device cpu --epochs "$TORCH_CPU_EPOCHS" --data "$D"
+    else
+        echo "(PyTorch not importable: PyTorch CPU skipped)"
+    fi
+    for T in 1 2; do
+        if [ "$HAVE_BENCH" = 1 ]; then
+            run_json "mnistcu P4 (LeNet-5) cpu $T thread(s)" build/bench_cpu P4 --device cpu --threads "$T" \
+                --epochs "$CPU_CNN_EPOCHS" --limit "$CPU_CNN_LIMIT" --warmup-limit "$CPU_CNN_WARMUP" --data "$D"
+        fi
+        if [ -n "$PY" ]; then
+            run_json "torch-eager P4 (LeNet-5) cpu $T thread(s)" "$PY" bench/torch_bench.py P4 --device cpu --threads "$T" \
+                --epochs "$CPU_CNN_EPOCHS" --limit "$CPU_CNN_LIMIT" --warmup-limit "$CPU_CNN_WARMUP" --data "$D"
+        fi
+    done
+}
+
+kernels() {
+    for K in $KERNELS; do
+        case $K in
+            gemm)
+                echo
+                echo "== matrix-product kernels (bench/cuda_gemm.cu)"
+                echo "---- build: $NVCCBIN -O3 -arch=sm_$CUDA_ARCH bench/cuda_gemm.cu -o build/cuda_gemm -lcublas" >&2
+                if "$NVCCBIN" -O3 -arch=sm_"$CUDA_ARCH" bench/cuda_gemm.cu -o build/cuda_gemm -lcublas; then
+                    run_kernel build/cuda_gemm "$OUTDIR/cuda_gemm.txt"
+                else
+                    failed "building build/cuda_gemm"
+                fi ;;
+            conv)
+                echo
+                echo "== convolution kernels (bench/cuda_conv.cu)"
+                if build_cuda_conv; then
+                    run_kernel build/cuda_conv "$OUTDIR/cuda_conv.txt"
+                else
+                    failed "building build/cuda_conv"
+                fi ;;
+            *) failed "unknown kernel program $K in KERNELS (gemm, conv)" ;;
+        esac
+    done
+}
+
+# run_kernel PROGRAM OUTPUT_FILE: run it (at most BENCH_TIMEOUT s), keep stdout and stderr in the file, show it
+run_kernel() {
+    echo "---- $1" >&2
+    if [ -n "$TIMEOUT_BIN" ]; then "$TIMEOUT_BIN" -k 10 "$BENCH_TIMEOUT" "$1" > "$2" 2>&1; else "$1" > "$2" 2>&1; fi
+    rk_rc=$?
+    cat "$2"
+    [ "$rk_rc" -eq 0 ] || failed "$1 (exit $rk_rc; see $2)"
 }
 
 main() {
@@ -121,82 +383,65 @@ main() {
     NVCCBIN=$(find_nvcc)
     if [ -n "$NVCCBIN" ]; then echo "nvcc: $("$NVCCBIN" --version | grep -i release | head -n 1)"; else echo "nvcc: none"; fi
     PY=$(find_python) || PY=
+    CUDNN=$(find_cudnn)
     if [ -n "$PY" ]; then
-        echo "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)') ($PY)"
+        echo "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())') ($PY)"
     else
         echo "torch: not importable (tried \$PYTHON, python3, /usr/bin/python3, python)"
     fi
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (working tree modified)')"
-    D=$(find_data) || { failed "MNIST not found in $DATA (nor data/mnist, ../shared/datasets/mnist): run sh data/fetch.sh mnist or set DATA"; return; }
-    echo "data: $D"
-
-    if [ "$MODE" = cpu ]; then
-        CCBIN=${CC:-cc}
-        echo "---- build: $CCBIN -std=c99 -O3 -march=native -fopenmp -o build/bench_cpu bench/bench.c -lm" >&2
-        if $CCBIN -std=c99 -O3 -march=native -fopenmp -o build/bench_cpu bench/bench.c -lm; then
-            run_json "mnistcu P7 cpu 1 thread" build/bench_cpu P7 --threads 1 --epochs "$EPOCHS" --data "$D"
-            run_json "mnistcu P7 cpu 2 threads" build/bench_cpu P7 --threads 2 --epochs "$EPOCHS" --data "$D"
-        else
-            failed "building build/bench_cpu"
-        fi
-        if [ -n "$PY" ]; then
-            run_json "torch-eager P7 cpu" "$PY" bench/torch_bench.py P7 --device cpu --epochs "$TORCH_CPU_EPOCHS" --data "$D"
-        else
-            echo "(PyTorch not importable: PyTorch CPU skipped)"
-        fi
-    else
-        if [ -z "$NVCCBIN" ]; then failed "nvcc not found (set NVCC); for the CPU run use: sh bench/run.sh cpu"; return; fi
-        if ! nvidia-smi -L > /dev/null 2>&1; then failed "no GPU (nvidia-smi -L fails); for the CPU run use: sh bench/run.sh cpu"; return; fi
-        if [ -z "$PY" ]; then failed "PyTorch not importable: the PyTorch side will be missing"; fi
-        echo "---- build: $NVCCBIN -x cu -O3 -arch=sm_$CUDA_ARCH -DMNISTCU_CUBLAS -o build/bench_cuda bench/bench.c -lcublas" >&2
-        if "$NVCCBIN" -x cu -O3 -arch=sm_"$CUDA_ARCH" -DMNISTCU_CUBLAS -o build/bench_cuda bench/bench.c -lcublas; then
-            HAVE_BENCH=1
-        else
-            failed "building build/bench_cuda"; HAVE_BENCH=0
-        fi
-        for C in P1 P2 P3; do
-            if [ "$C" = P1 ]; then EP=10; else EP=$EPOCHS; fi
-            if [ "$HAVE_BENCH" = 1 ]; then
-                run_json "mnistcu $C own" build/bench_cuda "$C" --device cuda --gemm own --epochs "$EP" --data "$D"
-                run_json "mnistcu $C cublas" build/bench_cuda "$C" --device cuda --gemm cublas --epochs "$EP" --data "$D"
-            fi
-            if [ -n "$PY" ]; then
-                run_json "torch-eager $C" "$PY" bench/torch_bench.py "$C" --device cuda --mode eager --epochs "$EP" --data "$D"
-                run_json "torch-graph $C" "$PY" bench/torch_bench.py "$C" --device cuda --mode graph --epochs "$EP" --data "$D"
-            fi
-        done
-    fi
-
-    echo
-    echo "== results ($RES)"
-    if [ -s "$RES" ]; then
-        TPY=${PY:-$(command -v python3 || echo /usr/bin/python3)}
-        table "$TPY" || failed "printing the table"
-    else
-        echo "(no results)"
-    fi
-    echo "time: P1 = total seconds of 10 epochs; others = median ms per epoch. Last column: this time over mnistcu's best time for the config (torch rows: mnistcu's speed-up)."
-
     if [ "$MODE" = gpu ]; then
-        echo
-        echo "== matrix-product kernels (bench/cuda_gemm.cu)"
-        echo "---- build: $NVCCBIN -O3 -arch=sm_$CUDA_ARCH bench/cuda_gemm.cu -o build/cuda_gemm -lcublas" >&2
-        if "$NVCCBIN" -O3 -arch=sm_"$CUDA_ARCH" bench/cuda_gemm.cu -o build/cuda_gemm -lcublas; then
-            build/cuda_gemm > "$OUTDIR/cuda_gemm.txt" || failed "build/cuda_gemm"
-            cat "$OUTDIR/cuda_gemm.txt"
-        else
-            failed "building build/cuda_gemm"
-        fi
+        echo "cudnn: ${CUDNN:-none found (CUDNN_DIR)}"
+        echo "settings: CONFIGS=\"$CONFIGS\" EPOCHS=$EPOCHS CNN_EPOCHS=$CNN_EPOCHS CUDNN_BENCH=$CUDNN_BENCH KERNELS=\"$KERNELS\" BENCH_TIMEOUT=$BENCH_TIMEOUT"
+    else
+        echo "settings: EPOCHS=$EPOCHS TORCH_CPU_EPOCHS=$TORCH_CPU_EPOCHS CPU_CNN_EPOCHS=$CPU_CNN_EPOCHS CPU_CNN_LIMIT=$CPU_CNN_LIMIT CPU_CNN_WARMUP=$CPU_CNN_WARMUP BENCH_TIMEOUT=$BENCH_TIMEOUT"
     fi
+    D=$(find_dataset "$DATA" mnist) || { failed "MNIST not found in $DATA (nor data/mnist, ../shared/datasets/mnist): run sh data/fetch.sh mnist or set DATA"; return; }
+    echo "data: $D"
+    FD=$(find_dataset "$FASHION_DATA" fashion-mnist) || FD=
+    [ -z "$FD" ] || echo "fashion data: $FD"
+
+    if [ "$MODE" = cpu ]; then cpu_configs; else gpu_configs; fi
+
+    if [ "$MODE" = gpu ] && [ -n "$NVCCBIN" ] && nvidia-smi -L > /dev/null 2>&1; then kernels; fi
+
+    # the summary, last, so that the end of the output holds it
+    TPY=${PY:-$(command -v python3 || echo /usr/bin/python3)}
+    {
+        echo
+        sm_gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1) || sm_gpu=
+        echo "== SUMMARY ($MODE, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+modified'), ${sm_gpu:-no GPU}, $(nproc 2>/dev/null || echo '?') CPU cores)"
+        echo "time: P1 = total seconds of 10 epochs; others = median ms per timed epoch. epochs: warm-up epochs (fraction of one when limited) + timed epochs; the accuracy is after all of them."
+        if [ -s "$RES" ]; then
+            table "$TPY"
+            tb_rc=$?
+            if [ "$tb_rc" -eq 3 ]; then failed "a test accuracy is below its floor"
+            elif [ "$tb_rc" -ne 0 ]; then failed "printing the table"; fi
+        else
+            echo "(no results)"
+        fi
+        if [ -s "$OUTDIR/cuda_gemm.txt" ]; then
+            echo
+            sed -n '/^GFLOP\/s (FP32)/,$p' "$OUTDIR/cuda_gemm.txt"
+        fi
+        if [ -s "$OUTDIR/cuda_conv.txt" ]; then
+            echo
+            sed -n '/^Convolution passes on/,$p' "$OUTDIR/cuda_conv.txt"
+            grep 'FAILED' "$OUTDIR/cuda_conv.txt" || true
+        fi
+        echo
+        echo "wall time of bench/run.sh: $(( $(date +%s) - T_START )) s"
+    } | tee "$SUMMARY"
 }
 
 main 2>&1 | tee "$LOG"
 RC=$(cat "$STATUS")
 if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT" && cp "$RES" "$LOG" "$OUT"/ && { [ ! -f "$OUTDIR/cuda_gemm.txt" ] || cp "$OUTDIR/cuda_gemm.txt" "$OUT"/; }
+    mkdir -p "$OUT" && cp "$RES" "$LOG" "$OUT"/ &&
+        for f in "$SUMMARY" "$OUTDIR/cuda_gemm.txt" "$OUTDIR/cuda_conv.txt"; do [ ! -f "$f" ] || cp "$f" "$OUT"/; done
 fi
 if [ "$RC" != 0 ]; then
     echo "bench/run.sh: SOME STEPS FAILED (see above and $LOG)" >&2
     exit 1
 fi
-echo "bench/run.sh: done; results in $RES and $LOG"
+echo "bench/run.sh: done; results in $RES, $SUMMARY and $LOG"
