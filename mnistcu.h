@@ -2986,6 +2986,17 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
                                          const float *bias, int act);
 static cudaStream_t mnistcu__cuda_stream(const mnistcu_ctx *ctx) { return mnistcu__cu(ctx)->stream; }
 
+/* a / b and a % b for sizes: 32-bit division when both fit, which the GPU does in a
+   few instructions, where 64-bit division is a long emulated sequence. */
+static __device__ __forceinline__ size_t mnistcu__div(size_t a, size_t b)
+{
+    return ((a | b) >> 32) ? a / b : (size_t)((unsigned)a / (unsigned)b);
+}
+static __device__ __forceinline__ size_t mnistcu__mod(size_t a, size_t b)
+{
+    return ((a | b) >> 32) ? a % b : (size_t)((unsigned)a % (unsigned)b);
+}
+
 /* A buffer of at least n floats for partial sums (split-K products, direct
    convolution weight gradients), kept in the context and grown on demand. */
 static mnistcu_result mnistcu__cuda_partials(mnistcu_ctx *ctx, size_t n, float **out)
@@ -3432,7 +3443,7 @@ __global__ void mnistcu__k_bias_act(float *y, const float *bias, size_t n, int O
 {
     size_t e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        y[e] = mnistcu__act_f((mnistcu_act)act, bias ? y[e] + bias[e % (size_t)OUT] : y[e]);
+        y[e] = mnistcu__act_f((mnistcu_act)act, bias ? y[e] + bias[mnistcu__mod(e, (size_t)OUT)] : y[e]);
 }
 
 /* dz *= act'(y), from the output y. */
@@ -3647,8 +3658,8 @@ __global__ void mnistcu__k_im2col(const float *x, mnistcu__geom g, int B, size_t
 {
     size_t P = (size_t)g.oh * g.ow, BP = (size_t)B * P, n = (size_t)g.c * g.kh * g.kw * BP, e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t k = e / BP, q = e % BP, b = q / P;
-        col[e] = mnistcu__im2col_at(x + b * in_size, g, (int)k, (int)(q % P));
+        size_t k = mnistcu__div(e, BP), q = mnistcu__mod(e, BP), b = mnistcu__div(q, P);
+        col[e] = mnistcu__im2col_at(x + b * in_size, g, (int)k, (int)mnistcu__mod(q, P));
     }
 }
 
@@ -3657,7 +3668,7 @@ __global__ void mnistcu__k_conv_out(const float *prod, const float *bias, int ac
 {
     size_t n = (size_t)B * OC * P, e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t p = e % (size_t)P, o = (e / (size_t)P) % (size_t)OC, b = e / ((size_t)P * OC);
+        size_t q = mnistcu__div(e, (size_t)P), p = e - q * (size_t)P, b = mnistcu__div(q, (size_t)OC), o = q - b * (size_t)OC;
         float v = prod[o * (size_t)B * P + b * P + p];
         y[e] = mnistcu__act_f((mnistcu_act)act, bias ? v + bias[o] : v);
     }
@@ -3668,7 +3679,7 @@ __global__ void mnistcu__k_conv_dout(const float *dy, const float *y, int act, i
 {
     size_t n = (size_t)B * OC * P, e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t p = e % (size_t)P, o = (e / (size_t)P) % (size_t)OC, b = e / ((size_t)P * OC);
+        size_t q = mnistcu__div(e, (size_t)P), p = e - q * (size_t)P, b = mnistcu__div(q, (size_t)OC), o = q - b * (size_t)OC;
         dprod[o * (size_t)B * P + b * P + p] = mnistcu__act_backward_one((mnistcu_act)act, dy[e], y[e]);
     }
 }
@@ -3678,8 +3689,8 @@ __global__ void mnistcu__k_col2im(const float *dcol, mnistcu__geom g, int B, flo
 {
     size_t S = (size_t)g.h * g.w, in_size = (size_t)g.c * S, n = (size_t)B * in_size, P = (size_t)g.oh * g.ow, e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t b = e / in_size, r = e % in_size;
-        int c = (int)(r / S), iy = (int)((r % S) / (size_t)g.w), ix = (int)(r % (size_t)g.w);
+        size_t b = mnistcu__div(e, in_size), r = e - b * in_size, rs = mnistcu__div(r, S), rw = r - rs * S;
+        int c = (int)rs, iy = (int)mnistcu__div(rw, (size_t)g.w), ix = (int)(rw - (size_t)iy * g.w);
         dx[e] = mnistcu__col2im_at(dcol + b * P, (size_t)B * P, g, c, iy, ix);
     }
 }
@@ -4170,9 +4181,9 @@ __global__ void mnistcu__k_pool_forward(const float *x, mnistcu__geom g, size_t 
     size_t P = (size_t)g.oh * g.ow, S = (size_t)g.h * g.w, n = planes * P, e;
     int32_t unused;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t pl = e / P, o = e % P;
-        y[e] = mnistcu__act_f((mnistcu_act)act, mnistcu__pool_at(x + pl * S, g, (int)(o / (size_t)g.ow),
-                                                                 (int)(o % (size_t)g.ow), is_max,
+        size_t pl = mnistcu__div(e, P), o = e - pl * P, oy = mnistcu__div(o, (size_t)g.ow);
+        y[e] = mnistcu__act_f((mnistcu_act)act, mnistcu__pool_at(x + pl * S, g, (int)oy,
+                                                                 (int)(o - oy * g.ow), is_max,
                                                                  is_max ? &arg[e] : &unused));
     }
 }
@@ -4182,9 +4193,9 @@ __global__ void mnistcu__k_pool_backward(const float *dy, const int32_t *arg, co
 {
     size_t P = (size_t)g.oh * g.ow, S = (size_t)g.h * g.w, n = planes * S, e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t pl = e / S, i = e % S;
+        size_t pl = mnistcu__div(e, S), i = e - pl * S, iy = mnistcu__div(i, (size_t)g.w);
         dx[e] = mnistcu__pool_back_at(dy + pl * P, arg ? arg + pl * P : NULL, y ? y + pl * P : NULL, g,
-                                      (int)(i / (size_t)g.w), (int)(i % (size_t)g.w));
+                                      (int)iy, (int)(i - iy * g.w));
     }
 }
 
@@ -4413,7 +4424,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_forward(
     size_t n = (size_t)B * S, e;
     double mean, var;
     float mf, inv;
-#define MNISTCU__BN_AT(e_) (((e_) / (size_t)S * (size_t)C + (size_t)ch) * (size_t)S + (e_) % (size_t)S)
+#define MNISTCU__BN_AT(e_) ((mnistcu__div((e_), (size_t)S) * (size_t)C + (size_t)ch) * (size_t)S + mnistcu__mod((e_), (size_t)S))
     if (train) {
         double s = 0.0, v = 0.0;
         for (e = (size_t)t; e < n; e += MNISTCU__THREADS) s += (double)x[MNISTCU__BN_AT(e)];
@@ -6815,10 +6826,10 @@ __global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, fl
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         float acc = part[e];
         int s2;
-        size_t col = e % (size_t)N;
+        size_t col = mnistcu__mod(e, (size_t)N);
         for (s2 = 1; s2 < S; ++s2) acc += part[(size_t)s2 * n + e];
         if (fuse) acc = mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[col] : acc);
-        C[(e / (size_t)N) * (size_t)ldc + col] = acc;
+        C[mnistcu__div(e, (size_t)N) * (size_t)ldc + col] = acc;
     }
 }
 
@@ -6874,7 +6885,7 @@ __global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int
 {
     size_t e, n = (size_t)B * F;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t i = e / (size_t)F, j = e % (size_t)F;
+        size_t i = mnistcu__div(e, (size_t)F), j = e - i * (size_t)F;
         size_t s = idx ? (size_t)idx[offset + i] : offset + i;
         float raw = u8 ? (float)u8[s * F + j] : f32[s * F + j];
         x[e] = raw * scale + shift;
