@@ -3760,7 +3760,8 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_fwd(const float *_
     y[((size_t)b * OC + g0 + c) * P + p] = mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[g0 + c] : acc);
 }
 
-template <int KS>
+/* UNIT: stride 1, where finding the outputs an input reaches needs no division. */
+template <int KS, int UNIT>
 __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dx(const float *__restrict__ dy, const float *__restrict__ w,
                                                                   float *__restrict__ dx, mnistcu__geom g, int OC, int CIG)
 {
@@ -3781,14 +3782,14 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dx(const float *__
 #pragma unroll
         for (r = 0; r < KS; ++r) {
             int ty = iy + g.pad - r, oy;
-            if (ty < 0 || ty % g.sh) continue;
-            oy = ty / g.sh;
+            if (ty < 0 || (!UNIT && ty % g.sh)) continue;
+            oy = UNIT ? ty : ty / g.sh;
             if (oy >= g.oh) continue;
 #pragma unroll
             for (s2 = 0; s2 < KS; ++s2) {
                 int tx = ix + g.pad - s2, ox;
-                if (tx < 0 || tx % g.sw) continue;
-                ox = tx / g.sw;
+                if (tx < 0 || (!UNIT && tx % g.sw)) continue;
+                ox = UNIT ? tx : tx / g.sw;
                 if (ox < g.ow) acc = fmaf(wk[r * KS + s2], __ldg(gy + oy * g.ow + ox), acc);
             }
         }
@@ -3913,8 +3914,12 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
         int cig = mnistcu__divisor_below(g.c, 8192 / (L->oc * KK));
         dim3 grid((unsigned)((cig * g.h * g.w + 255) / 256), (unsigned)(g.c / cig), (unsigned)B);
         size_t sm = (size_t)L->oc * cig * KK * sizeof(float);
-        if (g.kh == 5) mnistcu__k_conv_direct_dx<5><<<grid, 256, sm, st>>>(dy, m->params + L->wo, dx, g, L->oc, cig);
-        else mnistcu__k_conv_direct_dx<3><<<grid, 256, sm, st>>>(dy, m->params + L->wo, dx, g, L->oc, cig);
+        const float *w = m->params + L->wo;
+        int unit = g.sh == 1 && g.sw == 1;
+        if (g.kh == 5 && unit) mnistcu__k_conv_direct_dx<5, 1><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig);
+        else if (g.kh == 5) mnistcu__k_conv_direct_dx<5, 0><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig);
+        else if (unit) mnistcu__k_conv_direct_dx<3, 1><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig);
+        else mnistcu__k_conv_direct_dx<3, 0><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig);
         MNISTCU__LAUNCHED(ctx, "conv_direct_dx");
     }
     return MNISTCU_OK;

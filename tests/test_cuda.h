@@ -713,7 +713,7 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_TANH, "20 dense10 dropout tanh dense5", 4},
     {MNISTCU_LAYER_SOFTMAX, "3x4x4 conv1x1x4 softmax flatten dense6 softmax dense5", 3},
     /* the direct kernels (<= 16 input channels, 3x3 or 5x5) with stride, padding, no bias, a fold */
-    {MNISTCU_LAYER_CONV2D, "3x11x9 conv5x5x20:s=2:p=2:bias=0 relu conv3x3x7:p=1 sigmoid flatten dense5", 4},
+    {MNISTCU_LAYER_CONV2D, "3x11x9 conv1x1x3 conv5x5x8:s=2:p=2:bias=0 relu conv3x3x7:p=1 sigmoid flatten dense5", 4},
     {MNISTCU_LAYER_CONV2D, "lenet5", 3},
     {MNISTCU_LAYER_CONV2D, "fashion-cnn", 2},
     {MNISTCU_LAYER_DENSE, "784-128-10", 1},
