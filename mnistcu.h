@@ -592,7 +592,24 @@ typedef struct mnistcu_progress {
     double val_loss, val_accuracy;
     double seconds;               /* training time so far */
     double images_per_second;     /* over this epoch so far */
+    double learning_rate;         /* this epoch's, after the schedule */
 } mnistcu_progress;
+
+/* Learning-rate schedules, stepped once per epoch, as torch.optim.lr_scheduler
+   stepped at each epoch's end. t is the 0-based epoch, T the epochs trained. */
+typedef enum mnistcu_schedule {
+    MNISTCU_SCHEDULE_DEFAULT = 0, /* = CONSTANT */
+    MNISTCU_SCHEDULE_CONSTANT,    /* lr */
+    MNISTCU_SCHEDULE_STEP,        /* lr * gamma^floor(t / step_size) (StepLR) */
+    MNISTCU_SCHEDULE_COSINE       /* min_lr + (lr - min_lr) (1 + cos(pi t / T)) / 2 (CosineAnnealingLR, T_max = T) */
+} mnistcu_schedule;
+
+typedef struct mnistcu_schedule_desc {
+    mnistcu_schedule kind;  /* DEFAULT: CONSTANT */
+    int step_size;          /* STEP: epochs between decays (0: 1) */
+    float gamma;            /* STEP: the factor (0: 0.1) */
+    float min_lr;           /* COSINE: the floor (0: 0) */
+} mnistcu_schedule_desc;
 
 /* Return non-zero to stop training after this step (early stopping). */
 typedef int (*mnistcu_progress_fn)(void *user, const mnistcu_progress *p);
@@ -608,6 +625,7 @@ typedef struct mnistcu_train_desc {
     void *progress_user;
     int no_divergence_check;             /* 0: stop with MNISTCU_ERR_DIVERGED when the loss or a weight is
                                             not finite (checked at each report); 1: let NaN and inf propagate */
+    mnistcu_schedule_desc schedule;      /* zero: the learning rate stays optim.learning_rate */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -629,6 +647,8 @@ typedef struct mnistcu_metrics {
 } mnistcu_metrics;
 
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out);
+/* The learning rate of 0-based epoch t of T under a schedule (NULL: constant), from the base rate lr. */
+MNISTCU_DEF float mnistcu_schedule_lr(const mnistcu_schedule_desc *schedule, float lr, int t, int T);
 /* MNISTCU_ERR_DIVERGED when the loss or a weight stops being finite (see ERRORS):
    the model keeps the last weights known to be finite with a finite loss, and
    *result describes the training up to there, diverged_epoch and diverged_step
@@ -6375,6 +6395,32 @@ static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_gu
                          MNISTCU__ULL(bad_step), MNISTCU__ULL(p->steps), kept, (double)g->lr);
 }
 
+MNISTCU_DEF float mnistcu_schedule_lr(const mnistcu_schedule_desc *schedule, float lr, int t, int T)
+{
+    double pi = 3.14159265358979323846;
+    if (!schedule || t < 0) return lr;
+    switch (schedule->kind) {
+    case MNISTCU_SCHEDULE_STEP:
+        return (float)((double)lr * pow(schedule->gamma != 0.0f ? (double)schedule->gamma : 0.1,
+                                        (double)(t / (schedule->step_size > 0 ? schedule->step_size : 1))));
+    case MNISTCU_SCHEDULE_COSINE:
+        if (T <= 0) return lr;
+        return (float)((double)schedule->min_lr +
+                       ((double)lr - (double)schedule->min_lr) * (1.0 + cos(pi * (double)t / (double)T)) / 2.0);
+    default: return lr;
+    }
+}
+
+static mnistcu_result mnistcu__check_schedule(mnistcu_ctx *ctx, const mnistcu_schedule_desc *s, float lr)
+{
+    if ((unsigned)s->kind > MNISTCU_SCHEDULE_COSINE || s->step_size < 0 ||
+        !(s->gamma >= 0.0f && s->gamma <= 1.0f) || !(s->min_lr >= 0.0f && s->min_lr <= lr))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "train: schedule kind %d, step_size %d, gamma %g (0..1) or min_lr %g (0..the learning "
+                             "rate) out of range", (int)s->kind, s->step_size, (double)s->gamma, (double)s->min_lr);
+    return MNISTCU_OK;
+}
+
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out)
 {
     mnistcu_train_desc d;
@@ -6385,6 +6431,9 @@ MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnis
     if (d.batch_size == 0) d.batch_size = 64;
     if (d.optim.kind == MNISTCU_OPTIM_DEFAULT) d.optim.kind = MNISTCU_OPTIM_SGD;
     if (d.optim.learning_rate == 0.0f) d.optim.learning_rate = 0.1f;
+    if (d.schedule.kind == MNISTCU_SCHEDULE_DEFAULT) d.schedule.kind = MNISTCU_SCHEDULE_CONSTANT;
+    if (d.schedule.kind == MNISTCU_SCHEDULE_STEP && d.schedule.step_size == 0) d.schedule.step_size = 1;
+    if (d.schedule.kind == MNISTCU_SCHEDULE_STEP && d.schedule.gamma == 0.0f) d.schedule.gamma = 0.1f;
     *out = d;
 }
 
@@ -6438,7 +6487,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     if (B > n)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: batch_size %lu is larger than the dataset (%lu)",
                              (unsigned long)B, (unsigned long)n);
-    if ((r = mnistcu__resolve_optim(ctx, &d.optim, &o))) return r;
+    if ((r = mnistcu__resolve_optim(ctx, &d.optim, &o)) || (r = mnistcu__check_schedule(ctx, &d.schedule, o.learning_rate)))
+        return r;
     if ((r = mnistcu__model_reserve(m, B))) return r;
     steps = (n + B - 1) / B; /* the last partial batch is trained too */
     idx = (uint32_t *)mnistcu__alloc(ctx, n * sizeof(uint32_t));
@@ -6460,6 +6510,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         double t_epoch = mnistcu__now(), loss_sum = 0.0;
         int64_t correct = 0;
         size_t step, reported = 0, seen = 0;
+        o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate, epoch - 1, d.epochs);
         for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
         if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
         if ((r = mnistcu__epoch_begin(m, train, idx, n, &st))) goto done;
@@ -6488,6 +6539,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                 p.epoch_end = step + 1 == steps;
                 p.seconds = t_train + (mnistcu__now() - t_epoch);
                 p.images_per_second = (double)seen / MNISTCU__MAX(mnistcu__now() - t_epoch, 1e-9);
+                p.learning_rate = o.learning_rate;
                 if ((r = mnistcu__finite_check(m, &guard, &st, &p, &res))) goto done;
                 if (p.epoch_end) {
                     t_train += mnistcu__now() - t_epoch;
@@ -6505,13 +6557,14 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                     }
                     if (p.has_validation)
                         mnistcu__log(ctx, MNISTCU_LOG_INFO,
-                                     "epoch %d/%d  loss %.4f  acc %.2f%%  val loss %.4f  val acc %.2f%%  %.2f s  %.0f img/s",
-                                     epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.val_loss,
-                                     100.0 * p.val_accuracy, p.seconds, p.images_per_second);
+                                     "epoch %d/%d  loss %.4f  acc %.2f%%  val loss %.4f  val acc %.2f%%  %.2f s  %.0f img/s"
+                                     "  lr %g", epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.val_loss,
+                                     100.0 * p.val_accuracy, p.seconds, p.images_per_second, p.learning_rate);
                     else
-                        mnistcu__log(ctx, MNISTCU_LOG_INFO, "epoch %d/%d  loss %.4f  acc %.2f%%  %.2f s  %.0f img/s",
-                                     epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.seconds,
-                                     p.images_per_second);
+                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
+                                     "epoch %d/%d  loss %.4f  acc %.2f%%  %.2f s  %.0f img/s  lr %g", epoch, d.epochs,
+                                     p.train_loss, 100.0 * p.train_accuracy, p.seconds, p.images_per_second,
+                                     p.learning_rate);
                 }
                 if (d.progress && d.progress(d.progress_user, &p)) stop = 1;
                 if (stop && !p.epoch_end) { /* stopped inside an epoch: report what was trained */

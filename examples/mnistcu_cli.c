@@ -95,6 +95,9 @@ static void print_help(FILE *f)
           "  --momentum X          SGD momentum in [0, 1) (default: 0)\n"
           "  --nesterov            Nesterov momentum (needs --momentum > 0)\n"
           "  --weight-decay X      L2 penalty added to the gradient (default: 0)\n"
+          "  --schedule S          learning rate per epoch: constant, step:N:G (times G every\n"
+          "                        N epochs), cosine[:MIN] (cosine from --lr down to MIN at\n"
+          "                        the end) (default: constant)\n"
           "  --seed N              seed of initialisation, shuffling and --val (default: 1)\n"
           "  --val N               hold out N random training samples for validation\n"
           "  --no-shuffle          keep the training order fixed\n"
@@ -339,7 +342,7 @@ enum { CMD_TRAIN = 1, CMD_EVAL = 2, CMD_BOTH = CMD_TRAIN | CMD_EVAL };
 typedef enum option_id {
     OPT_HELP, OPT_DATA, OPT_DATASET, OPT_MODEL, OPT_LAYERS, OPT_ACT, OPT_NORM, OPT_LIMIT, OPT_DEVICE, OPT_THREADS, OPT_QUIET,
     OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WEIGHT_DECAY, OPT_SEED, OPT_VAL, OPT_NO_SHUFFLE,
-    OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS
+    OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE
 } option_id;
 
 typedef struct option_spec {
@@ -366,6 +369,7 @@ static const option_spec option_table[] = {
     {"--lr", OPT_LR, 1, CMD_TRAIN},
     {"--momentum", OPT_MOMENTUM, 1, CMD_TRAIN},
     {"--nesterov", OPT_NESTEROV, 0, CMD_TRAIN},
+    {"--schedule", OPT_SCHEDULE, 1, CMD_TRAIN},
     {"--weight-decay", OPT_WEIGHT_DECAY, 1, CMD_TRAIN},
     {"--seed", OPT_SEED, 1, CMD_TRAIN},
     {"--val", OPT_VAL, 1, CMD_TRAIN},
@@ -393,6 +397,8 @@ typedef struct cli_options {
     int epochs;
     int batch;
     double lr, momentum, weight_decay;
+    mnistcu_schedule_desc schedule; /* --schedule */
+    const char *schedule_text;
     int nesterov;
     uint64_t seed;
     size_t val;                  /* validation samples, 0: none */
@@ -492,6 +498,39 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         }
         return 1;
     case OPT_NESTEROV: o->nesterov = 1; return 1;
+    case OPT_SCHEDULE: {
+        char *end;
+        memset(&o->schedule, 0, sizeof o->schedule);
+        o->schedule_text = v;
+        if (strcmp(v, "constant") == 0) {
+            o->schedule.kind = MNISTCU_SCHEDULE_CONSTANT;
+            return 1;
+        }
+        if (strncmp(v, "step:", 5) == 0) {
+            long step = strtol(v + 5, &end, 10);
+            double gamma;
+            if (end != v + 5 && *end == ':' && step >= 1 && step <= 1000000) {
+                gamma = strtod(end + 1, &end);
+                if (*end == '\0' && gamma > 0.0 && gamma <= 1.0) {
+                    o->schedule.kind = MNISTCU_SCHEDULE_STEP;
+                    o->schedule.step_size = (int)step;
+                    o->schedule.gamma = (float)gamma;
+                    return 1;
+                }
+            }
+        } else if (strncmp(v, "cosine", 6) == 0 && (v[6] == '\0' || v[6] == ':')) {
+            double mn = 0.0;
+            end = (char *)v + 6;
+            if (*end == ':') mn = strtod(v + 7, &end);
+            if (*end == '\0' && mn >= 0.0 && mn <= FLT_MAX) {
+                o->schedule.kind = MNISTCU_SCHEDULE_COSINE;
+                o->schedule.min_lr = (float)mn;
+                return 1;
+            }
+        }
+        usage_error("--schedule: expected constant, step:N:G (N >= 1, 0 < G <= 1) or cosine[:MIN], got '%s'", v);
+        return 0;
+    }
     case OPT_WEIGHT_DECAY:
         if (!parse_number(name, v, &o->weight_decay)) return 0;
         if (!(o->weight_decay >= 0.0)) {
@@ -741,7 +780,7 @@ static int on_progress(void *user, const mnistcu_progress *p)
             100.0 * p->train_accuracy);
     if (p->has_validation)
         fprintf(stderr, "  val loss %.4f  val acc %6.2f%%", p->val_loss, 100.0 * p->val_accuracy);
-    fprintf(stderr, "  %.2f s  %.0f img/s\n", epoch_seconds, p->images_per_second);
+    fprintf(stderr, "  %.2f s  %.0f img/s  lr %g\n", epoch_seconds, p->images_per_second, p->learning_rate);
     return 0;
 }
 
@@ -1000,6 +1039,7 @@ static void print_train_settings(const cli_options *o)
     json_field_num("momentum", "%.6g", o->momentum);
     printf(",\"nesterov\":%s", o->nesterov ? "true" : "false");
     json_field_num("weight_decay", "%.6g", o->weight_decay);
+    json_field_str("schedule", o->schedule_text ? o->schedule_text : "constant");
     if (!o->model) {
         json_field_str("layers", o->layers);
         json_field_str("act", act_name(o->act));
@@ -1068,6 +1108,7 @@ static int cmd_train(int argc, char **argv)
     desc.optim.momentum = (float)o.momentum;
     desc.optim.nesterov = o.nesterov;
     desc.optim.weight_decay = (float)o.weight_decay;
+    desc.schedule = o.schedule;
     desc.no_shuffle = o.no_shuffle;
     desc.validation = val;
 

@@ -942,6 +942,115 @@ TEST real_mnist_reaches_97_percent(void)
     PASS();
 }
 
+#define M_PI_ 3.14159265358979323846
+/* ---- learning-rate schedules ------------------------------------------------- */
+
+/* The rates torch.optim.lr_scheduler gives when stepped at each epoch's end,
+   written out here in double: StepLR and CosineAnnealingLR (T_max = epochs). */
+static double ref_schedule(const mnistcu_schedule_desc *s, double lr, int t, int T)
+{
+    if (s->kind == MNISTCU_SCHEDULE_STEP) return lr * pow(s->gamma, (double)(t / s->step_size));
+    if (s->kind == MNISTCU_SCHEDULE_COSINE) return s->min_lr + (lr - s->min_lr) * (1.0 + cos(M_PI_ * t / T)) / 2.0;
+    return lr;
+}
+
+TEST schedule_rates_follow_pytorch(void)
+{
+    mnistcu_schedule_desc s;
+    int t, T = 7, k;
+    for (k = 0; k < 4; ++k) {
+        memset(&s, 0, sizeof s);
+        if (k == 0) { s.kind = MNISTCU_SCHEDULE_STEP; s.step_size = 3; s.gamma = 0.5f; }
+        if (k == 1) { s.kind = MNISTCU_SCHEDULE_STEP; s.step_size = 1; s.gamma = 0.1f; }
+        if (k == 2) { s.kind = MNISTCU_SCHEDULE_COSINE; }
+        if (k == 3) { s.kind = MNISTCU_SCHEDULE_COSINE; s.min_lr = 0.001f; }
+        for (t = 0; t < T; ++t) {
+            double got = mnistcu_schedule_lr(&s, 0.05f, t, T), ref = ref_schedule(&s, (double)0.05f, t, T);
+            ASSERT_NEAR(ref, got, 1e-9, 1e-6);
+        }
+    }
+    /* the first epoch always has the base rate; a constant schedule never moves */
+    memset(&s, 0, sizeof s);
+    ASSERT_EQ(0.05f, mnistcu_schedule_lr(&s, 0.05f, 5, 7));
+    ASSERT_EQ(0.05f, mnistcu_schedule_lr(NULL, 0.05f, 5, 7));
+    s.kind = MNISTCU_SCHEDULE_COSINE;
+    ASSERT_EQ(0.05f, mnistcu_schedule_lr(&s, 0.05f, 0, 7));
+    PASS();
+}
+
+typedef struct lr_log { int n; double lr[16]; } lr_log;
+static int record_lr(void *user, const mnistcu_progress *p)
+{
+    lr_log *l = (lr_log *)user;
+    if (p->epoch_end && l->n < 16) l->lr[l->n++] = p->learning_rate;
+    return 0;
+}
+
+/* Training uses the schedule's rate in each epoch: the progress report says so,
+   and the weights equal those of epochs trained one by one at those rates. */
+TEST schedule_applied_per_epoch(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 1), *ctx2 = tu_ctx(MNISTCU_DEVICE_AUTO, 1);
+    mnistcu_dataset *ds = separable_dataset(ctx, 3, 200, 8, 3), *ds2 = separable_dataset(ctx2, 3, 200, 8, 3);
+    mnistcu_model *m = NULL, *m2 = NULL;
+    mnistcu_train_desc d;
+    lr_log log;
+    float *a = NULL, *b = NULL;
+    size_t n;
+    int e;
+    ASSERT(ctx && ctx2 && ds && ds2);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "8-6-3", &m));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx2, "8-6-3", &m2));
+    memset(&d, 0, sizeof d);
+    memset(&log, 0, sizeof log);
+    d.epochs = 4;
+    d.batch_size = 16;
+    d.optim.learning_rate = 0.2f;
+    d.schedule.kind = MNISTCU_SCHEDULE_STEP;
+    d.schedule.step_size = 2;
+    d.schedule.gamma = 0.25f;
+    d.progress = record_lr;
+    d.progress_user = &log;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &d, NULL));
+    ASSERT_EQ(4, log.n);
+    ASSERT_NEAR(0.2, log.lr[0], 1e-7, 1e-6);
+    ASSERT_NEAR(0.2, log.lr[1], 1e-7, 1e-6);
+    ASSERT_NEAR(0.05, log.lr[2], 1e-7, 1e-6);
+    ASSERT_NEAR(0.05, log.lr[3], 1e-7, 1e-6);
+    /* the same four epochs, one call each at the scheduled rate (the model's
+       generator carries the shuffling from call to call) */
+    memset(&d, 0, sizeof d);
+    d.epochs = 1;
+    d.batch_size = 16;
+    for (e = 0; e < 4; ++e) {
+        d.optim.learning_rate = e < 2 ? 0.2f : 0.05f;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_train(m2, ds2, &d, NULL));
+    }
+    n = mnistcu_model_num_params(m);
+    a = (float *)malloc(n * sizeof(float));
+    b = (float *)malloc(n * sizeof(float));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_get_params(m, a, n));
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_get_params(m2, b, n));
+    ASSERT_ARRAY_EQ_BITS_F(a, b, n);
+    free(a);
+    free(b);
+    /* out-of-range settings are refused before training */
+    memset(&d, 0, sizeof d);
+    d.schedule.kind = MNISTCU_SCHEDULE_STEP;
+    d.schedule.gamma = 1.5f;
+    ASSERT_EQ(MNISTCU_ERR_INVALID_ARGUMENT, mnistcu_train(m, ds, &d, NULL));
+    d.schedule.kind = MNISTCU_SCHEDULE_COSINE;
+    d.schedule.gamma = 0.0f;
+    d.schedule.min_lr = 5.0f; /* above the learning rate */
+    ASSERT_EQ(MNISTCU_ERR_INVALID_ARGUMENT, mnistcu_train(m, ds, &d, NULL));
+    d.schedule.min_lr = 0.0f;
+    d.schedule.kind = (mnistcu_schedule)9;
+    ASSERT_EQ(MNISTCU_ERR_INVALID_ARGUMENT, mnistcu_train(m, ds, &d, NULL));
+    mnistcu_ctx_destroy(ctx);
+    mnistcu_ctx_destroy(ctx2);
+    PASS();
+}
+
 SUITE(train_suite)
 {
     RUN_TEST(learns_separable_data);
@@ -956,5 +1065,7 @@ SUITE(train_suite)
     RUN_TEST(divergence_checked_at_epoch_ends);
     RUN_TEST(divergence_of_a_weight_with_a_finite_loss);
     RUN_TEST(divergence_check_can_be_turned_off);
+    RUN_TEST(schedule_rates_follow_pytorch);
+    RUN_TEST(schedule_applied_per_epoch);
     RUN_TEST(real_mnist_reaches_97_percent);
 }
