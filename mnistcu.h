@@ -1,4 +1,4 @@
-/* mnistcu.h - v0.1.0 - train neural networks on MNIST-style data, on the CPU or a CUDA GPU.
+/* mnistcu.h - v0.2.0 - train neural networks on MNIST-style data, on the CPU or a CUDA GPU.
    Public domain or MIT, your choice: see the end of this file.
 
    QUICK START
@@ -34,10 +34,12 @@
                   either with .gz); mnistcu_dataset_load() takes explicit paths or
                   memory; mnistcu_dataset_create() wraps your own arrays;
                   mnistcu_dataset_split() carves a validation set.
-     3. Model     mnistcu_model_create_mlp(ctx, "784-256-128-10", &net), or
-                  mnistcu_model_create() with a desc (activation, init).
+     3. Model     mnistcu_model_create_spec(ctx, "lenet5", &net) (a preset or a
+                  spec string: MODELS below), mnistcu_model_create_mlp(ctx,
+                  "784-256-128-10", &net), or mnistcu_model_create() with a desc.
      4. Train     mnistcu_train(net, train, &train_desc, &result): epochs, batch,
-                  optimizer, shuffling, validation, a progress callback that can stop.
+                  optimizer, a learning-rate schedule (step, cosine), shuffling,
+                  validation, a progress callback that can stop.
      5. Use       mnistcu_evaluate() (loss, accuracy, confusion matrix),
                   mnistcu_predict() / mnistcu_predict_u8() for your own images,
                   mnistcu_model_get_params() for the weights.
@@ -71,8 +73,8 @@
      counted by (element, layer, step): the CPU and the GPU draw the same mask.
 
    WHAT IT DOES NOT DO (YET)
-     Adam and friends, checkpoints and export are planned; the API leaves room
-     for them. No multi-GPU. No half precision.
+     Adam and friends, other losses, augmentation, checkpoints and export are
+     planned; the API leaves room for them. No multi-GPU. No half precision.
 
    CONFIGURATION MACROS (define before including the implementation)
      MNISTCU_STATIC            make every function static to the including file
@@ -84,6 +86,9 @@
      MNISTCU_CUBLAS            nvcc builds: make cuBLAS available for the matrix
                                products and the default (link with -lcublas);
                                mnistcu_ctx_desc.gemm chooses per context
+     MNISTCU_CUDNN             nvcc builds: make cuDNN 9 available for convolution,
+                               pooling and batch norm, and the default (link with
+                               -lcudnn); mnistcu_ctx_desc.cnn chooses per context
      MNISTCU_DEBUG_SYNC        nvcc builds: synchronise after every launch so an
                                error names the kernel that caused it
 
@@ -121,7 +126,10 @@
      Results are deterministic: the same seed gives bitwise-identical weights on
      the same device, for any thread count. CPU and GPU agree to float rounding,
      not bitwise (with ReLU, a unit whose input rounds to opposite sides of zero
-     on the two devices can make training runs drift further apart).
+     on the two devices can make training runs drift further apart). On the GPU
+     convolutions run as im2col + our matrix product, or, for square 3x3 and 5x5
+     kernels over at most 16 input channels, as direct kernels; weight gradients
+     are fixed-order sums, never atomics. Dropout draws the same masks on both.
 
    LIMITS
      At most MNISTCU_MAX_MODEL_LAYERS layers of every kind (MNISTCU_MAX_LAYERS
@@ -145,9 +153,9 @@
 #define MNISTCU_H
 
 #define MNISTCU_VERSION_MAJOR 0
-#define MNISTCU_VERSION_MINOR 1
+#define MNISTCU_VERSION_MINOR 2
 #define MNISTCU_VERSION_PATCH 0
-#define MNISTCU_VERSION_STRING "0.1.0"
+#define MNISTCU_VERSION_STRING "0.2.0"
 
 #include <stddef.h>
 #include <stdint.h>
