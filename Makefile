@@ -58,7 +58,7 @@ help:
 	@echo "make data       fetch and verify MNIST and Fashion-MNIST into data/"
 	@echo "make test       CPU test suites, compile tests, fuzzing (what CI runs)"
 	@echo "make test-gpu   the suites with CUDA parity tests and compute-sanitizer (needs a GPU)"
-	@echo "make fuzz       fuzz the IDX/gzip loader for FUZZ_SECONDS (default 30)"
+	@echo "make fuzz       fuzz the IDX/gzip loader for FUZZ_SECONDS (default 30), spec strings for FUZZ_SPEC_SECONDS (15)"
 	@echo "make bench      time our configurations against PyTorch (needs a GPU and PyTorch)"
 	@echo "make clean      remove build/"
 
@@ -132,12 +132,16 @@ else
 endif
 
 FUZZ_SECONDS ?= 30
+FUZZ_SPEC_SECONDS ?= 15
 fuzz: | $(B)
 	@if echo 'int LLVMFuzzerTestOneInput(const char*d,unsigned long n){(void)d;(void)n;return 0;}' | \
 	    $(CLANG) -fsanitize=fuzzer -x c -o $(B)/fuzz_probe - >/dev/null 2>&1; then \
 	  $(CLANG) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -o $(B)/fuzz_idx tests/fuzz_idx.c && \
 	  rm -rf $(B)/fuzz-corpus && mkdir -p $(B)/fuzz-corpus && sh tests/make_fuzz_corpus.sh $(B)/fuzz-corpus && \
-	  $(B)/fuzz_idx -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 $(B)/fuzz-corpus; \
+	  $(B)/fuzz_idx -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 $(B)/fuzz-corpus && \
+	  $(CLANG) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -o $(B)/fuzz_spec tests/fuzz_spec.c && \
+	  rm -rf $(B)/spec-corpus && sh tests/make_fuzz_corpus.sh --spec $(B)/spec-corpus && \
+	  $(B)/fuzz_spec -max_total_time=$(FUZZ_SPEC_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 $(B)/spec-corpus; \
 	else echo "clang with libFuzzer not found: fuzzing skipped"; fi
 
 # ---- GPU ------------------------------------------------------------------------

@@ -5325,11 +5325,12 @@ MNISTCU_DEF mnistcu_result mnistcu_model_create(mnistcu_ctx *ctx, const mnistcu_
     host = (float *)mnistcu__alloc(ctx, bytes);
     host_buf = (float *)mnistcu__alloc(ctx, buf_bytes);
     if (!host || !host_buf) {
+        size_t count = m->num_params; /* m is gone after the destroy */
         mnistcu__free(ctx, host);
         mnistcu__free(ctx, host_buf);
         mnistcu_model_destroy(m);
         return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_create: out of memory for %lu parameters",
-                             (unsigned long)m->num_params);
+                             (unsigned long)count);
     }
     mnistcu__model_init_params(m, host, host_buf);
 #ifdef __CUDACC__

@@ -1,7 +1,9 @@
 #!/bin/sh
-# tests/make_fuzz_corpus.sh - writes a seed corpus for tests/fuzz_idx.c.
+# tests/make_fuzz_corpus.sh - writes a seed corpus for tests/fuzz_idx.c (or, with --spec, for
+# tests/fuzz_spec.c).
 #
 #   sh tests/make_fuzz_corpus.sh fuzz-corpus
+#   sh tests/make_fuzz_corpus.sh --spec spec-corpus
 #
 # Into the folder given as $1: small valid IDX files of every element type,
 # raw and gzip-compressed; a two-member gzip file; raw deflate streams (one
@@ -9,6 +11,22 @@
 # when data/mnist (or the folder in $MNISTCU_DATA) has the MNIST training
 # labels, a truncated copy of them. Needs only printf, od, head, wc and gzip.
 set -eu
+
+# --spec OUTPUT_DIR: seeds for tests/fuzz_spec.c instead (model spec strings).
+if [ "${1:-}" = "--spec" ]; then
+    out=${2:?"usage: $0 --spec OUTPUT_DIR"}
+    mkdir -p "$out"
+    n=0
+    for spec in "lenet5" "fashion-cnn" "784-128-10" "784-256-128-10" \
+        "1x28x28 conv3x3x32:p=1 batchnorm relu maxpool2 flatten dropout0.25 dense10" \
+        "2x13x11 conv3x3x4:p=1 leaky_relu0.1 maxpool3:s=2 conv3x2x6:s=2:p=1:bias=0 batchnorm relu avgpool2:s=1 softmax flatten batchnorm:eps=0.001:momentum=0.25 dropout0.25 dense12 tanh dense8 sigmoid softmax dense5" \
+        "784 dense10:bias=0" "1x5x5 conv7x7x2" "3x8x8 maxpool2x3:s=1 flatten dense3" "10 bogus dense2" \
+        "1x28x28 conv5x5" "  1x12x12 conv3x3x4 relu flatten dense5  "; do
+        printf '%s' "$spec" >"$out/spec$n"
+        n=$((n + 1))
+    done
+    exit 0
+fi
 
 out=${1:?"usage: $0 OUTPUT_DIR"}
 mkdir -p "$out"
