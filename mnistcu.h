@@ -603,20 +603,33 @@ typedef struct mnistcu_progress {
     double learning_rate;         /* this epoch's, after the schedule */
 } mnistcu_progress;
 
-/* Learning-rate schedules, stepped once per epoch, as torch.optim.lr_scheduler
-   stepped at each epoch's end. t is the 0-based epoch, T the epochs trained. */
+/* Learning-rate schedules, as torch.optim.lr_scheduler stepped at each epoch's
+   end (or, with per_step, after each optimizer step). t is the 0-based epoch
+   (or step) of T in the whole training, lr the base rate. */
 typedef enum mnistcu_schedule {
     MNISTCU_SCHEDULE_DEFAULT = 0, /* = CONSTANT */
     MNISTCU_SCHEDULE_CONSTANT,    /* lr */
     MNISTCU_SCHEDULE_STEP,        /* lr * gamma^floor(t / step_size) (StepLR) */
-    MNISTCU_SCHEDULE_COSINE       /* min_lr + (lr - min_lr) (1 + cos(pi t / T)) / 2 (CosineAnnealingLR, T_max = T) */
+    MNISTCU_SCHEDULE_COSINE,      /* min_lr + (lr - min_lr) (1 + cos(pi t / T)) / 2 (CosineAnnealingLR, T_max = T) */
+    MNISTCU_SCHEDULE_MULTISTEP,   /* lr * gamma^(milestones passed: those <= t) (MultiStepLR) */
+    MNISTCU_SCHEDULE_EXPONENTIAL, /* lr * gamma^t (ExponentialLR) */
+    MNISTCU_SCHEDULE_EXP_DECAY    /* lr * e^(-decay t), the continuous form */
 } mnistcu_schedule;
+
+#define MNISTCU_MAX_MILESTONES 8
 
 typedef struct mnistcu_schedule_desc {
     mnistcu_schedule kind;  /* DEFAULT: CONSTANT */
-    int step_size;          /* STEP: epochs between decays (0: 1) */
-    float gamma;            /* STEP: the factor (0: 0.1) */
+    int step_size;          /* STEP: epochs (steps) between decays (0: 1) */
+    float gamma;            /* STEP, MULTISTEP: the factor (0: 0.1); EXPONENTIAL: required, in (0, 1] */
     float min_lr;           /* COSINE: the floor (0: 0) */
+    int milestones[MNISTCU_MAX_MILESTONES]; /* MULTISTEP: increasing epochs (steps), 0 ends the list */
+    float decay;            /* EXP_DECAY: k >= 0 */
+    int warmup;             /* any kind: the first `warmup` epochs (steps) ramp linearly from warmup_start * lr
+                               towards lr, then the schedule runs from its own t = 0 over T - warmup
+                               (SequentialLR of LinearLR and the schedule); 0: none */
+    float warmup_start;     /* the warm-up's first factor (0: 0.1) */
+    int per_step;           /* 0: t counts epochs; 1: t counts optimizer steps, the rate changes every step */
 } mnistcu_schedule_desc;
 
 /* Return non-zero to stop training after this step (early stopping). */
@@ -6406,27 +6419,51 @@ static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_gu
 
 MNISTCU_DEF float mnistcu_schedule_lr(const mnistcu_schedule_desc *schedule, float lr, int t, int T)
 {
-    double pi = 3.14159265358979323846;
+    double pi = 3.14159265358979323846, base = (double)lr, g;
+    int k, passed = 0;
     if (!schedule || t < 0) return lr;
+    if (schedule->warmup > 0) {
+        if (t < schedule->warmup) {
+            double s0 = schedule->warmup_start != 0.0f ? (double)schedule->warmup_start : 0.1;
+            return (float)(base * (s0 + (1.0 - s0) * (double)t / (double)schedule->warmup));
+        }
+        t -= schedule->warmup;
+        T -= schedule->warmup;
+    }
+    g = schedule->gamma != 0.0f ? (double)schedule->gamma : 0.1;
     switch (schedule->kind) {
     case MNISTCU_SCHEDULE_STEP:
-        return (float)((double)lr * pow(schedule->gamma != 0.0f ? (double)schedule->gamma : 0.1,
-                                        (double)(t / (schedule->step_size > 0 ? schedule->step_size : 1))));
+        return (float)(base * pow(g, (double)(t / (schedule->step_size > 0 ? schedule->step_size : 1))));
     case MNISTCU_SCHEDULE_COSINE:
         if (T <= 0) return lr;
         return (float)((double)schedule->min_lr +
-                       ((double)lr - (double)schedule->min_lr) * (1.0 + cos(pi * (double)t / (double)T)) / 2.0);
+                       (base - (double)schedule->min_lr) * (1.0 + cos(pi * (double)t / (double)T)) / 2.0);
+    case MNISTCU_SCHEDULE_MULTISTEP:
+        for (k = 0; k < MNISTCU_MAX_MILESTONES && schedule->milestones[k] > 0; ++k) passed += schedule->milestones[k] <= t;
+        return (float)(base * pow(g, (double)passed));
+    case MNISTCU_SCHEDULE_EXPONENTIAL: return (float)(base * pow((double)schedule->gamma, (double)t));
+    case MNISTCU_SCHEDULE_EXP_DECAY: return (float)(base * exp(-(double)schedule->decay * (double)t));
     default: return lr;
     }
 }
 
 static mnistcu_result mnistcu__check_schedule(mnistcu_ctx *ctx, const mnistcu_schedule_desc *s, float lr)
 {
-    if ((unsigned)s->kind > MNISTCU_SCHEDULE_COSINE || s->step_size < 0 ||
-        !(s->gamma >= 0.0f && s->gamma <= 1.0f) || !(s->min_lr >= 0.0f && s->min_lr <= lr))
+    int k, ok = 1;
+    if ((unsigned)s->kind > MNISTCU_SCHEDULE_EXP_DECAY || s->step_size < 0 || !(s->gamma >= 0.0f && s->gamma <= 1.0f) ||
+        !(s->min_lr >= 0.0f && s->min_lr <= lr) || !(s->decay >= 0.0f && s->decay < FLT_MAX) || s->warmup < 0 ||
+        !(s->warmup_start >= 0.0f && s->warmup_start <= 1.0f) || (s->kind == MNISTCU_SCHEDULE_EXPONENTIAL && s->gamma == 0.0f))
+        ok = 0;
+    for (k = 0; k < MNISTCU_MAX_MILESTONES && ok; ++k)
+        if (s->milestones[k] < 0 || (k > 0 && s->milestones[k] && s->milestones[k] <= s->milestones[k - 1]) ||
+            (k > 0 && s->milestones[k] && !s->milestones[k - 1]))
+            ok = 0;
+    if (!ok)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
-                             "train: schedule kind %d, step_size %d, gamma %g (0..1) or min_lr %g (0..the learning "
-                             "rate) out of range", (int)s->kind, s->step_size, (double)s->gamma, (double)s->min_lr);
+                             "train: schedule kind %d, step_size %d, gamma %g (0..1; EXPONENTIAL needs one), min_lr %g "
+                             "(0..the learning rate), decay %g, warmup %d, warmup_start %g (0..1) or milestones "
+                             "(increasing, then 0) out of range", (int)s->kind, s->step_size, (double)s->gamma,
+                             (double)s->min_lr, (double)s->decay, s->warmup, (double)s->warmup_start);
     return MNISTCU_OK;
 }
 
@@ -6442,7 +6479,10 @@ MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnis
     if (d.optim.learning_rate == 0.0f) d.optim.learning_rate = 0.1f;
     if (d.schedule.kind == MNISTCU_SCHEDULE_DEFAULT) d.schedule.kind = MNISTCU_SCHEDULE_CONSTANT;
     if (d.schedule.kind == MNISTCU_SCHEDULE_STEP && d.schedule.step_size == 0) d.schedule.step_size = 1;
-    if (d.schedule.kind == MNISTCU_SCHEDULE_STEP && d.schedule.gamma == 0.0f) d.schedule.gamma = 0.1f;
+    if ((d.schedule.kind == MNISTCU_SCHEDULE_STEP || d.schedule.kind == MNISTCU_SCHEDULE_MULTISTEP) &&
+        d.schedule.gamma == 0.0f)
+        d.schedule.gamma = 0.1f;
+    if (d.schedule.warmup > 0 && d.schedule.warmup_start == 0.0f) d.schedule.warmup_start = 0.1f;
     *out = d;
 }
 
@@ -6500,6 +6540,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         return r;
     if ((r = mnistcu__model_reserve(m, B))) return r;
     steps = (n + B - 1) / B; /* the last partial batch is trained too */
+    if (d.schedule.per_step && steps * (size_t)d.epochs > 2147483647u)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: a per-step schedule counts at most 2^31 - 1 steps");
     idx = (uint32_t *)mnistcu__alloc(ctx, n * sizeof(uint32_t));
     st.steps = steps;
     st.loss = (double *)mnistcu__alloc(ctx, steps * sizeof(double));
@@ -6519,12 +6561,16 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         double t_epoch = mnistcu__now(), loss_sum = 0.0;
         int64_t correct = 0;
         size_t step, reported = 0, seen = 0;
-        o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate, epoch - 1, d.epochs);
+        if (!d.schedule.per_step)
+            o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate, epoch - 1, d.epochs);
         for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
         if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
         if ((r = mnistcu__epoch_begin(m, train, idx, n, &st))) goto done;
         for (step = 0; step < steps && !stop; ++step) {
             size_t b = MNISTCU__MIN(B, n - step * B);
+            if (d.schedule.per_step)
+                o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate,
+                                                      (int)((size_t)(epoch - 1) * steps + step), (int)(steps * (size_t)d.epochs));
             if ((r = mnistcu__gather(m, train, idx, step * B, b)) || (r = mnistcu__forward(m, b)) ||
                 (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, &st)) ||
                 (r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, &o)))

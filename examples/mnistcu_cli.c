@@ -96,8 +96,13 @@ static void print_help(FILE *f)
           "  --nesterov            Nesterov momentum (needs --momentum > 0)\n"
           "  --weight-decay X      L2 penalty added to the gradient (default: 0)\n"
           "  --schedule S          learning rate per epoch: constant, step:N:G (times G every\n"
-          "                        N epochs), cosine[:MIN] (cosine from --lr down to MIN at\n"
-          "                        the end) (default: constant)\n"
+          "                        N epochs), multistep:E1,E2,...:G (times G at each epoch\n"
+          "                        E), exp:G (times G each epoch), expdecay:K (lr e^-Kt),\n"
+          "                        cosine[:MIN] (cosine from --lr down to MIN at the end)\n"
+          "                        (default: constant)\n"
+          "  --warmup N            the first N epochs ramp the rate linearly from 0.1x to\n"
+          "                        --lr, then the schedule starts (default: 0)\n"
+          "  --per-step            --schedule and --warmup count optimizer steps, not epochs\n"
           "  --seed N              seed of initialisation, shuffling and --val (default: 1)\n"
           "  --val N               hold out N random training samples for validation\n"
           "  --no-shuffle          keep the training order fixed\n"
@@ -342,7 +347,7 @@ enum { CMD_TRAIN = 1, CMD_EVAL = 2, CMD_BOTH = CMD_TRAIN | CMD_EVAL };
 typedef enum option_id {
     OPT_HELP, OPT_DATA, OPT_DATASET, OPT_MODEL, OPT_LAYERS, OPT_ACT, OPT_NORM, OPT_LIMIT, OPT_DEVICE, OPT_THREADS, OPT_QUIET,
     OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WEIGHT_DECAY, OPT_SEED, OPT_VAL, OPT_NO_SHUFFLE,
-    OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE
+    OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE, OPT_WARMUP, OPT_PER_STEP
 } option_id;
 
 typedef struct option_spec {
@@ -370,6 +375,8 @@ static const option_spec option_table[] = {
     {"--momentum", OPT_MOMENTUM, 1, CMD_TRAIN},
     {"--nesterov", OPT_NESTEROV, 0, CMD_TRAIN},
     {"--schedule", OPT_SCHEDULE, 1, CMD_TRAIN},
+    {"--warmup", OPT_WARMUP, 1, CMD_TRAIN},
+    {"--per-step", OPT_PER_STEP, 0, CMD_TRAIN},
     {"--weight-decay", OPT_WEIGHT_DECAY, 1, CMD_TRAIN},
     {"--seed", OPT_SEED, 1, CMD_TRAIN},
     {"--val", OPT_VAL, 1, CMD_TRAIN},
@@ -399,6 +406,7 @@ typedef struct cli_options {
     double lr, momentum, weight_decay;
     mnistcu_schedule_desc schedule; /* --schedule */
     const char *schedule_text;
+    int warmup, per_step;           /* --warmup, --per-step */
     int nesterov;
     uint64_t seed;
     size_t val;                  /* validation samples, 0: none */
@@ -498,6 +506,11 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         }
         return 1;
     case OPT_NESTEROV: o->nesterov = 1; return 1;
+    case OPT_WARMUP:
+        if (!parse_integer(name, v, 0, 1000000000, &n)) return 0;
+        o->warmup = (int)n;
+        return 1;
+    case OPT_PER_STEP: o->per_step = 1; return 1;
     case OPT_SCHEDULE: {
         char *end;
         memset(&o->schedule, 0, sizeof o->schedule);
@@ -518,6 +531,36 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
                     return 1;
                 }
             }
+        } else if (strncmp(v, "multistep:", 10) == 0) {
+            const char *q = v + 10;
+            int k = 0, okm = 1;
+            double gamma;
+            while (okm) {
+                long e = strtol(q, &end, 10);
+                if (end == q || e < 1 || e > 1000000000 || k == MNISTCU_MAX_MILESTONES ||
+                    (k && e <= o->schedule.milestones[k - 1]))
+                    okm = 0;
+                else o->schedule.milestones[k++] = (int)e;
+                if (!okm || *end != ',') break;
+                q = end + 1;
+            }
+            if (okm && *end == ':') {
+                gamma = strtod(end + 1, &end);
+                if (*end == '\0' && gamma > 0.0 && gamma <= 1.0) {
+                    o->schedule.kind = MNISTCU_SCHEDULE_MULTISTEP;
+                    o->schedule.gamma = (float)gamma;
+                    return 1;
+                }
+            }
+        } else if (strncmp(v, "exp:", 4) == 0 || strncmp(v, "expdecay:", 9) == 0) {
+            int cont = v[3] == 'd';
+            double x = strtod(v + (cont ? 9 : 4), &end);
+            if (end != v + (cont ? 9 : 4) && *end == '\0' && (cont ? x >= 0.0 && x <= 1e6 : x > 0.0 && x <= 1.0)) {
+                o->schedule.kind = cont ? MNISTCU_SCHEDULE_EXP_DECAY : MNISTCU_SCHEDULE_EXPONENTIAL;
+                if (cont) o->schedule.decay = (float)x;
+                else o->schedule.gamma = (float)x;
+                return 1;
+            }
         } else if (strncmp(v, "cosine", 6) == 0 && (v[6] == '\0' || v[6] == ':')) {
             double mn = 0.0;
             end = (char *)v + 6;
@@ -528,7 +571,8 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
                 return 1;
             }
         }
-        usage_error("--schedule: expected constant, step:N:G (N >= 1, 0 < G <= 1) or cosine[:MIN], got '%s'", v);
+        usage_error("--schedule: expected constant, step:N:G (N >= 1, 0 < G <= 1), multistep:E1,E2,...:G (increasing "
+                    "epochs), exp:G, expdecay:K or cosine[:MIN], got '%s'", v);
         return 0;
     }
     case OPT_WEIGHT_DECAY:
@@ -1040,6 +1084,7 @@ static void print_train_settings(const cli_options *o)
     printf(",\"nesterov\":%s", o->nesterov ? "true" : "false");
     json_field_num("weight_decay", "%.6g", o->weight_decay);
     json_field_str("schedule", o->schedule_text ? o->schedule_text : "constant");
+    printf(",\"warmup\":%d,\"per_step\":%s", o->warmup, o->per_step ? "true" : "false");
     if (!o->model) {
         json_field_str("layers", o->layers);
         json_field_str("act", act_name(o->act));
@@ -1109,6 +1154,8 @@ static int cmd_train(int argc, char **argv)
     desc.optim.nesterov = o.nesterov;
     desc.optim.weight_decay = (float)o.weight_decay;
     desc.schedule = o.schedule;
+    desc.schedule.warmup = o.warmup;
+    desc.schedule.per_step = o.per_step;
     desc.no_shuffle = o.no_shuffle;
     desc.validation = val;
 

@@ -985,6 +985,12 @@ static int record_lr(void *user, const mnistcu_progress *p)
     if (p->epoch_end && l->n < 16) l->lr[l->n++] = p->learning_rate;
     return 0;
 }
+static int record_step_lr(void *user, const mnistcu_progress *p)
+{
+    lr_log *l = (lr_log *)user;
+    if (l->n < 16) l->lr[l->n++] = p->learning_rate;
+    return 0;
+}
 
 /* Training uses the schedule's rate in each epoch: the progress report says so,
    and the weights equal those of epochs trained one by one at those rates. */
@@ -1051,6 +1057,83 @@ TEST schedule_applied_per_epoch(void)
     PASS();
 }
 
+/* The rates of torch.optim.lr_scheduler for the same cases (tests/fixtures/schedules.txt, written by
+   tests/make_schedule_fixtures.py), epoch by epoch, within float rounding. */
+TEST schedules_match_pytorch(void)
+{
+    static const char *const names[] = {"step_3_0.5", "multistep_2_5_9_0.3", "exponential_0.8", "cosine_min_0.001",
+                                        "exp_decay_0.15", "warmup3_0.25_cosine", "warmup2_0.1_step_2_0.5"};
+    mnistcu_schedule_desc s[7];
+    char line[4096], msg[256];
+    int k, found = 0;
+    FILE *f = fopen("tests/fixtures/schedules.txt", "r");
+    ASSERTm("tests/fixtures/schedules.txt is missing (run from the repository root)", f != NULL);
+    memset(s, 0, sizeof s);
+    s[0].kind = MNISTCU_SCHEDULE_STEP; s[0].step_size = 3; s[0].gamma = 0.5f;
+    s[1].kind = MNISTCU_SCHEDULE_MULTISTEP; s[1].milestones[0] = 2; s[1].milestones[1] = 5; s[1].milestones[2] = 9;
+    s[1].gamma = 0.3f;
+    s[2].kind = MNISTCU_SCHEDULE_EXPONENTIAL; s[2].gamma = 0.8f;
+    s[3].kind = MNISTCU_SCHEDULE_COSINE; s[3].min_lr = 0.001f;
+    s[4].kind = MNISTCU_SCHEDULE_EXP_DECAY; s[4].decay = 0.15f;
+    s[5].kind = MNISTCU_SCHEDULE_COSINE; s[5].warmup = 3; s[5].warmup_start = 0.25f;
+    s[6].kind = MNISTCU_SCHEDULE_STEP; s[6].step_size = 2; s[6].gamma = 0.5f; s[6].warmup = 2;
+    while (fgets(line, sizeof line, f)) {
+        char *p = line, *end;
+        int T, t;
+        if (line[0] == '#' || line[0] == '\n') continue;
+        for (k = 0; k < 7; ++k)
+            if (strncmp(line, names[k], strlen(names[k])) == 0 && line[strlen(names[k])] == ' ') break;
+        if (k == 7) continue;
+        p += strlen(names[k]);
+        T = (int)strtol(p, &end, 10);
+        p = end;
+        for (t = 0; t < T; ++t) {
+            double ref = strtod(p, &end), got;
+            if (end == p) break;
+            p = end;
+            got = mnistcu_schedule_lr(&s[k], 0.05f, t, T);
+            if (!(fabs(got - ref) <= 1e-9 + 2e-7 * fabs(ref))) {
+                fclose(f);
+                snprintf(msg, sizeof msg, "%s: epoch %d of %d: %.9g, PyTorch %.9g", names[k], t, T, got, ref);
+                FAILm(msg);
+            }
+        }
+        ASSERT_EQ(T, t);
+        found++;
+    }
+    fclose(f);
+    ASSERT_EQ(7, found);
+    PASS();
+}
+
+/* With per_step the rate changes every optimizer step: the report after step k gives step k's rate. */
+TEST schedule_per_step(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 1);
+    mnistcu_dataset *ds = separable_dataset(ctx, 4, 64, 8, 3);
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc d;
+    lr_log log;
+    int k;
+    ASSERT(ctx && ds);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "8-5-3", &m));
+    memset(&d, 0, sizeof d);
+    memset(&log, 0, sizeof log);
+    d.epochs = 2;
+    d.batch_size = 16; /* 4 steps per epoch, 8 in all */
+    d.optim.learning_rate = 0.1f;
+    d.schedule.kind = MNISTCU_SCHEDULE_COSINE;
+    d.schedule.per_step = 1;
+    d.progress = record_step_lr;
+    d.progress_every = 1;
+    d.progress_user = &log;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &d, NULL));
+    ASSERT_EQ(8, log.n);
+    for (k = 0; k < 8; ++k) ASSERT_NEAR(0.05 * (1.0 + cos(M_PI_ * k / 8.0)) * 2.0 * 0.5, log.lr[k], 1e-8, 1e-6);
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
 SUITE(train_suite)
 {
     RUN_TEST(learns_separable_data);
@@ -1067,5 +1150,7 @@ SUITE(train_suite)
     RUN_TEST(divergence_check_can_be_turned_off);
     RUN_TEST(schedule_rates_follow_pytorch);
     RUN_TEST(schedule_applied_per_epoch);
+    RUN_TEST(schedules_match_pytorch);
+    RUN_TEST(schedule_per_step);
     RUN_TEST(real_mnist_reaches_97_percent);
 }
