@@ -613,7 +613,12 @@ typedef enum mnistcu_schedule {
     MNISTCU_SCHEDULE_COSINE,      /* min_lr + (lr - min_lr) (1 + cos(pi t / T)) / 2 (CosineAnnealingLR, T_max = T) */
     MNISTCU_SCHEDULE_MULTISTEP,   /* lr * gamma^(milestones passed: those <= t) (MultiStepLR) */
     MNISTCU_SCHEDULE_EXPONENTIAL, /* lr * gamma^t (ExponentialLR) */
-    MNISTCU_SCHEDULE_EXP_DECAY    /* lr * e^(-decay t), the continuous form */
+    MNISTCU_SCHEDULE_EXP_DECAY,   /* lr * e^(-decay t), the continuous form */
+    MNISTCU_SCHEDULE_ONE_CYCLE,   /* OneCycleLR with lr as max_lr, cosine annealing: up from lr / div_factor over
+                                     pct_start of T, then down to that / final_div_factor (momentum not cycled) */
+    MNISTCU_SCHEDULE_PLATEAU      /* ReduceLROnPlateau (mode min, relative threshold 1e-4) on the validation loss,
+                                     checked at each epoch end: times factor after more than patience epochs
+                                     without improvement, not below min_lr; needs a validation set */
 } mnistcu_schedule;
 
 #define MNISTCU_MAX_MILESTONES 8
@@ -622,7 +627,7 @@ typedef struct mnistcu_schedule_desc {
     mnistcu_schedule kind;  /* DEFAULT: CONSTANT */
     int step_size;          /* STEP: epochs (steps) between decays (0: 1) */
     float gamma;            /* STEP, MULTISTEP: the factor (0: 0.1); EXPONENTIAL: required, in (0, 1] */
-    float min_lr;           /* COSINE: the floor (0: 0) */
+    float min_lr;           /* COSINE, PLATEAU: the floor (0: 0) */
     int milestones[MNISTCU_MAX_MILESTONES]; /* MULTISTEP: increasing epochs (steps), 0 ends the list */
     float decay;            /* EXP_DECAY: k >= 0 */
     int warmup;             /* any kind: the first `warmup` epochs (steps) ramp linearly from warmup_start * lr
@@ -630,6 +635,11 @@ typedef struct mnistcu_schedule_desc {
                                (SequentialLR of LinearLR and the schedule); 0: none */
     float warmup_start;     /* the warm-up's first factor (0: 0.1) */
     int per_step;           /* 0: t counts epochs; 1: t counts optimizer steps, the rate changes every step */
+    float pct_start;        /* ONE_CYCLE: the rising part of T (0: 0.3) */
+    float div_factor;       /* ONE_CYCLE: lr / div_factor is where it starts (0: 25) */
+    float final_div_factor; /* ONE_CYCLE: and that / final_div_factor where it ends (0: 1e4) */
+    int patience;           /* PLATEAU: epochs without improvement tolerated (0: 10) */
+    float factor;           /* PLATEAU: the reduction (0: 0.1); min_lr is its floor */
 } mnistcu_schedule_desc;
 
 /* Return non-zero to stop training after this step (early stopping). */
@@ -6443,14 +6453,54 @@ MNISTCU_DEF float mnistcu_schedule_lr(const mnistcu_schedule_desc *schedule, flo
         return (float)(base * pow(g, (double)passed));
     case MNISTCU_SCHEDULE_EXPONENTIAL: return (float)(base * pow((double)schedule->gamma, (double)t));
     case MNISTCU_SCHEDULE_EXP_DECAY: return (float)(base * exp(-(double)schedule->decay * (double)t));
-    default: return lr;
+    case MNISTCU_SCHEDULE_ONE_CYCLE: {
+        double pct = schedule->pct_start != 0.0f ? (double)schedule->pct_start : 0.3;
+        double lo = base / (schedule->div_factor != 0.0f ? (double)schedule->div_factor : 25.0);
+        double end = lo / (schedule->final_div_factor != 0.0f ? (double)schedule->final_div_factor : 1e4);
+        double up = pct * (double)T - 1.0, top = (double)T - 1.0, a, b, f;
+        if ((double)t <= up) a = lo, b = base, f = up > 0.0 ? (double)t / up : 1.0;
+        else a = base, b = end, f = top > up ? ((double)t - up) / (top - up) : 1.0;
+        return (float)(b + (a - b) / 2.0 * (cos(pi * f) + 1.0));
+    }
+    default: return lr; /* CONSTANT; PLATEAU moves with the validation loss, in mnistcu_train */
+    }
+}
+
+/* ReduceLROnPlateau's state (mode min, relative threshold 1e-4, no cooldown):
+   the best loss so far, the epochs since, the rate. */
+typedef struct mnistcu__plateau { double best, lr; int bad; } mnistcu__plateau;
+
+static void mnistcu__plateau_start(mnistcu__plateau *p, float lr)
+{
+    p->best = HUGE_VAL;
+    p->lr = (double)lr;
+    p->bad = 0;
+}
+
+/* After an epoch whose validation loss was metric: the rate for the next. */
+static void mnistcu__plateau_step(mnistcu__plateau *p, const mnistcu_schedule_desc *s, double metric)
+{
+    double factor = s->factor != 0.0f ? (double)s->factor : 0.1, next;
+    int patience = s->patience ? s->patience : 10;
+    if (metric < p->best * (1.0 - 1e-4)) {
+        p->best = metric;
+        p->bad = 0;
+    } else {
+        p->bad++;
+    }
+    if (p->bad > patience) {
+        next = MNISTCU__MAX(p->lr * factor, (double)s->min_lr);
+        if (p->lr - next > 1e-8) p->lr = next;
+        p->bad = 0;
     }
 }
 
 static mnistcu_result mnistcu__check_schedule(mnistcu_ctx *ctx, const mnistcu_schedule_desc *s, float lr)
 {
     int k, ok = 1;
-    if ((unsigned)s->kind > MNISTCU_SCHEDULE_EXP_DECAY || s->step_size < 0 || !(s->gamma >= 0.0f && s->gamma <= 1.0f) ||
+    if ((unsigned)s->kind > MNISTCU_SCHEDULE_PLATEAU || s->step_size < 0 || s->patience < 0 ||
+        !(s->pct_start >= 0.0f && s->pct_start < 1.0f) || !(s->div_factor >= 0.0f && s->div_factor < FLT_MAX) ||
+        !(s->final_div_factor >= 0.0f && s->final_div_factor < FLT_MAX) || !(s->factor >= 0.0f && s->factor < 1.0f) || !(s->gamma >= 0.0f && s->gamma <= 1.0f) ||
         !(s->min_lr >= 0.0f && s->min_lr <= lr) || !(s->decay >= 0.0f && s->decay < FLT_MAX) || s->warmup < 0 ||
         !(s->warmup_start >= 0.0f && s->warmup_start <= 1.0f) || (s->kind == MNISTCU_SCHEDULE_EXPONENTIAL && s->gamma == 0.0f))
         ok = 0;
@@ -6516,6 +6566,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     double t_train = 0.0;
     int epoch, stop = 0;
     mnistcu_mode mode;
+    mnistcu__plateau plateau;
 
     if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
     ctx = m->ctx;
@@ -6542,6 +6593,11 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     steps = (n + B - 1) / B; /* the last partial batch is trained too */
     if (d.schedule.per_step && steps * (size_t)d.epochs > 2147483647u)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: a per-step schedule counts at most 2^31 - 1 steps");
+    if (d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && (!d.validation || d.schedule.per_step))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "train: the PLATEAU schedule follows the validation loss at each epoch's end: give a "
+                             "validation set, and no per_step");
+    mnistcu__plateau_start(&plateau, d.optim.learning_rate);
     idx = (uint32_t *)mnistcu__alloc(ctx, n * sizeof(uint32_t));
     st.steps = steps;
     st.loss = (double *)mnistcu__alloc(ctx, steps * sizeof(double));
@@ -6562,7 +6618,9 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         int64_t correct = 0;
         size_t step, reported = 0, seen = 0;
         if (!d.schedule.per_step)
-            o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate, epoch - 1, d.epochs);
+            o.learning_rate = d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && epoch > d.schedule.warmup
+                                  ? (float)plateau.lr
+                                  : mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate, epoch - 1, d.epochs);
         for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
         if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
         if ((r = mnistcu__epoch_begin(m, train, idx, n, &st))) goto done;
@@ -6609,6 +6667,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                         p.has_validation = res.has_validation = 1;
                         p.val_loss = res.val_loss = vm.loss;
                         p.val_accuracy = res.val_accuracy = vm.accuracy;
+                        if (d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && epoch > d.schedule.warmup)
+                            mnistcu__plateau_step(&plateau, &d.schedule, vm.loss);
                     }
                     if (p.has_validation)
                         mnistcu__log(ctx, MNISTCU_LOG_INFO,

@@ -98,8 +98,11 @@ static void print_help(FILE *f)
           "  --schedule S          learning rate per epoch: constant, step:N:G (times G every\n"
           "                        N epochs), multistep:E1,E2,...:G (times G at each epoch\n"
           "                        E), exp:G (times G each epoch), expdecay:K (lr e^-Kt),\n"
-          "                        cosine[:MIN] (cosine from --lr down to MIN at the end)\n"
-          "                        (default: constant)\n"
+          "                        cosine[:MIN] (cosine from --lr down to MIN at the end),\n"
+          "                        onecycle (up from --lr/25 to --lr, then down: best with\n"
+          "                        --per-step), plateau[:P[:F]] (times F (0.1) after more\n"
+          "                        than P (10) epochs without a lower validation loss;\n"
+          "                        needs --val) (default: constant)\n"
           "  --warmup N            the first N epochs ramp the rate linearly from 0.1x to\n"
           "                        --lr, then the schedule starts (default: 0)\n"
           "  --per-step            --schedule and --warmup count optimizer steps, not epochs\n"
@@ -561,6 +564,21 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
                 else o->schedule.gamma = (float)x;
                 return 1;
             }
+        } else if (strcmp(v, "onecycle") == 0) {
+            o->schedule.kind = MNISTCU_SCHEDULE_ONE_CYCLE;
+            return 1;
+        } else if (strncmp(v, "plateau", 7) == 0 && (v[7] == '\0' || v[7] == ':')) {
+            long pat = 0;
+            double fac = 0.0;
+            end = (char *)v + 7;
+            if (*end == ':' && ((pat = strtol(v + 8, &end, 10)) < 1)) pat = -1; /* 0 would mean the default */
+            if (*end == ':') fac = strtod(end + 1, &end);
+            if (*end == '\0' && pat >= 0 && pat <= 1000000 && fac >= 0.0 && fac < 1.0) {
+                o->schedule.kind = MNISTCU_SCHEDULE_PLATEAU;
+                o->schedule.patience = (int)pat;
+                o->schedule.factor = (float)fac;
+                return 1;
+            }
         } else if (strncmp(v, "cosine", 6) == 0 && (v[6] == '\0' || v[6] == ':')) {
             double mn = 0.0;
             end = (char *)v + 6;
@@ -572,7 +590,7 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
             }
         }
         usage_error("--schedule: expected constant, step:N:G (N >= 1, 0 < G <= 1), multistep:E1,E2,...:G (increasing "
-                    "epochs), exp:G, expdecay:K or cosine[:MIN], got '%s'", v);
+                    "epochs), exp:G, expdecay:K, cosine[:MIN], onecycle or plateau[:P[:F]], got '%s'", v);
         return 0;
     }
     case OPT_WEIGHT_DECAY:

@@ -45,9 +45,31 @@ def cases():
         o = opt()
         return o, S.SequentialLR(o, [S.LinearLR(o, start_factor=0.1, total_iters=2), S.StepLR(o, step_size=2, gamma=0.5)],
                                  milestones=[2])
-    return [("step_3_0.5", 10, step), ("multistep_2_5_9_0.3", 12, multistep), ("exponential_0.8", 10, exponential),
+    def one_cycle():
+        o = opt(); return o, S.OneCycleLR(o, max_lr=BASE, total_steps=20, cycle_momentum=False)
+    def one_cycle_custom():
+        o = opt()
+        return o, S.OneCycleLR(o, max_lr=BASE, total_steps=15, pct_start=0.4, div_factor=10.0, final_div_factor=100.0,
+                               cycle_momentum=False)
+    return [("one_cycle_20", 20, one_cycle), ("one_cycle_15_0.4_10_100", 15, one_cycle_custom),
+            ("step_3_0.5", 10, step), ("multistep_2_5_9_0.3", 12, multistep), ("exponential_0.8", 10, exponential),
             ("cosine_min_0.001", 9, cosine), ("exp_decay_0.15", 10, exp_decay), ("warmup3_0.25_cosine", 12, warmup_cosine),
             ("warmup2_0.1_step_2_0.5", 10, warmup_step)]
+
+
+# ReduceLROnPlateau(patience=2, factor=0.5, min_lr=0.004), stepped with these validation losses
+PLATEAU_LOSSES = [1.0, 0.9, 0.95, 0.95, 0.95, 0.8, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86, 0.87, 0.7, 0.71, 0.72]
+
+
+def plateau_rates():
+    o = opt()
+    sch = S.ReduceLROnPlateau(o, mode="min", factor=0.5, patience=2, min_lr=0.004)
+    out = []
+    for loss in PLATEAU_LOSSES:
+        out.append(o.param_groups[0]["lr"])
+        o.step()
+        sch.step(loss)
+    return out
 
 
 def rates(T, make):
@@ -65,6 +87,8 @@ def text():
              % torch.__version__]
     for name, T, make in cases():
         lines.append(" ".join([name, str(T)] + [repr(float(v)) for v in rates(T, make)]))
+    lines.append("# plateau: the losses " + " ".join(repr(v) for v in PLATEAU_LOSSES))
+    lines.append(" ".join(["plateau_2_0.5_0.004", str(len(PLATEAU_LOSSES))] + [repr(float(v)) for v in plateau_rates()]))
     return "\n".join(lines) + "\n"
 
 

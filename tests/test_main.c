@@ -194,8 +194,45 @@ TEST softmax_ce_matches_double_reference(void)
     PASS();
 }
 
+/* ReduceLROnPlateau's rates for a fixed sequence of validation losses, from
+   tests/fixtures/schedules.txt (tests/make_schedule_fixtures.py: the same losses). */
+TEST plateau_matches_pytorch(void)
+{
+    static const double losses[16] = {1.0, 0.9, 0.95, 0.95, 0.95, 0.8, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86, 0.87,
+                                      0.7, 0.71, 0.72};
+    mnistcu_schedule_desc sd;
+    mnistcu__plateau pl;
+    char line[4096];
+    int t, found = 0;
+    FILE *f = fopen("tests/fixtures/schedules.txt", "r");
+    ASSERTm("tests/fixtures/schedules.txt is missing (run from the repository root)", f != NULL);
+    memset(&sd, 0, sizeof sd);
+    sd.kind = MNISTCU_SCHEDULE_PLATEAU;
+    sd.patience = 2;
+    sd.factor = 0.5f;
+    sd.min_lr = 0.004f;
+    while (fgets(line, sizeof line, f)) {
+        char *p = line + strlen("plateau_2_0.5_0.004"), *end;
+        if (strncmp(line, "plateau_2_0.5_0.004 ", 20) != 0) continue;
+        ASSERT_EQ(16, (int)strtol(p, &end, 10));
+        p = end;
+        mnistcu__plateau_start(&pl, 0.05f);
+        for (t = 0; t < 16; ++t) {
+            double ref = strtod(p, &end);
+            p = end;
+            ASSERT_NEAR(ref, (double)(float)pl.lr, 1e-9, 1e-7);
+            mnistcu__plateau_step(&pl, &sd, losses[t]);
+        }
+        found = 1;
+    }
+    fclose(f);
+    ASSERT(found);
+    PASS();
+}
+
 SUITE(cpu_ops_suite)
 {
+    RUN_TEST(plateau_matches_pytorch);
     RUN_TEST(cpu_gemm_matches_reference);
     RUN_TEST(cpu_gemm_same_bits_for_any_thread_count);
     RUN_TEST(rng_is_reproducible_and_streams_differ);

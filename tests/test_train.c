@@ -1050,7 +1050,9 @@ TEST schedule_applied_per_epoch(void)
     d.schedule.min_lr = 5.0f; /* above the learning rate */
     ASSERT_EQ(MNISTCU_ERR_INVALID_ARGUMENT, mnistcu_train(m, ds, &d, NULL));
     d.schedule.min_lr = 0.0f;
-    d.schedule.kind = (mnistcu_schedule)9;
+    d.schedule.kind = (mnistcu_schedule)99;
+    ASSERT_EQ(MNISTCU_ERR_INVALID_ARGUMENT, mnistcu_train(m, ds, &d, NULL));
+    d.schedule.kind = MNISTCU_SCHEDULE_PLATEAU; /* needs a validation set */
     ASSERT_EQ(MNISTCU_ERR_INVALID_ARGUMENT, mnistcu_train(m, ds, &d, NULL));
     mnistcu_ctx_destroy(ctx);
     mnistcu_ctx_destroy(ctx2);
@@ -1062,8 +1064,9 @@ TEST schedule_applied_per_epoch(void)
 TEST schedules_match_pytorch(void)
 {
     static const char *const names[] = {"step_3_0.5", "multistep_2_5_9_0.3", "exponential_0.8", "cosine_min_0.001",
-                                        "exp_decay_0.15", "warmup3_0.25_cosine", "warmup2_0.1_step_2_0.5"};
-    mnistcu_schedule_desc s[7];
+                                        "exp_decay_0.15", "warmup3_0.25_cosine", "warmup2_0.1_step_2_0.5",
+                                        "one_cycle_20", "one_cycle_15_0.4_10_100"};
+    mnistcu_schedule_desc s[9];
     char line[4096], msg[256];
     int k, found = 0;
     FILE *f = fopen("tests/fixtures/schedules.txt", "r");
@@ -1077,13 +1080,15 @@ TEST schedules_match_pytorch(void)
     s[4].kind = MNISTCU_SCHEDULE_EXP_DECAY; s[4].decay = 0.15f;
     s[5].kind = MNISTCU_SCHEDULE_COSINE; s[5].warmup = 3; s[5].warmup_start = 0.25f;
     s[6].kind = MNISTCU_SCHEDULE_STEP; s[6].step_size = 2; s[6].gamma = 0.5f; s[6].warmup = 2;
+    s[7].kind = MNISTCU_SCHEDULE_ONE_CYCLE;
+    s[8].kind = MNISTCU_SCHEDULE_ONE_CYCLE; s[8].pct_start = 0.4f; s[8].div_factor = 10.0f; s[8].final_div_factor = 100.0f;
     while (fgets(line, sizeof line, f)) {
         char *p = line, *end;
         int T, t;
         if (line[0] == '#' || line[0] == '\n') continue;
-        for (k = 0; k < 7; ++k)
+        for (k = 0; k < 9; ++k)
             if (strncmp(line, names[k], strlen(names[k])) == 0 && line[strlen(names[k])] == ' ') break;
-        if (k == 7) continue;
+        if (k == 9) continue;
         p += strlen(names[k]);
         T = (int)strtol(p, &end, 10);
         p = end;
@@ -1102,7 +1107,61 @@ TEST schedules_match_pytorch(void)
         found++;
     }
     fclose(f);
-    ASSERT_EQ(7, found);
+    ASSERT_EQ(9, found);
+    PASS();
+}
+
+typedef struct val_log { int n; double lr[32], val[32]; } val_log;
+static int record_val(void *user, const mnistcu_progress *p)
+{
+    val_log *l = (val_log *)user;
+    if (p->epoch_end && l->n < 32) {
+        l->lr[l->n] = p->learning_rate;
+        l->val[l->n++] = p->val_loss;
+    }
+    return 0;
+}
+
+/* PLATEAU in training: each epoch's rate follows ReduceLROnPlateau's rule (written out here)
+   applied to the validation losses the reports gave. */
+TEST schedule_plateau_in_training(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 1);
+    mnistcu_dataset *ds = separable_dataset(ctx, 5, 160, 8, 3), *val = separable_dataset(ctx, 6, 64, 8, 3);
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc d;
+    val_log log;
+    double best = HUGE_VAL, lr = 0.5;
+    int e, bad = 0, reduced = 0;
+    ASSERT(ctx && ds && val);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "8-6-3", &m));
+    memset(&d, 0, sizeof d);
+    memset(&log, 0, sizeof log);
+    d.epochs = 14;
+    d.batch_size = 16;
+    d.optim.learning_rate = 0.5f; /* large enough that the validation loss stalls and bounces */
+    d.optim.momentum = 0.9f;
+    d.validation = val;
+    d.schedule.kind = MNISTCU_SCHEDULE_PLATEAU;
+    d.schedule.patience = 1;
+    d.schedule.factor = 0.5f;
+    d.progress = record_val;
+    d.progress_user = &log;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &d, NULL));
+    ASSERT_EQ(14, log.n);
+    for (e = 0; e < 14; ++e) {
+        ASSERT_NEAR(lr, log.lr[e], 1e-9, 1e-6);
+        if (log.val[e] < best * (1.0 - 1e-4)) {
+            best = log.val[e];
+            bad = 0;
+        } else if (++bad > 1) {
+            lr *= 0.5;
+            bad = 0;
+            reduced++;
+        }
+    }
+    ASSERTm("the validation loss never stalled: the test proves nothing", reduced > 0);
+    mnistcu_ctx_destroy(ctx);
     PASS();
 }
 
@@ -1152,5 +1211,6 @@ SUITE(train_suite)
     RUN_TEST(schedule_applied_per_epoch);
     RUN_TEST(schedules_match_pytorch);
     RUN_TEST(schedule_per_step);
+    RUN_TEST(schedule_plateau_in_training);
     RUN_TEST(real_mnist_reaches_97_percent);
 }
