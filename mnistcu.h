@@ -38,8 +38,10 @@
                   spec string: MODELS below), mnistcu_model_create_mlp(ctx,
                   "784-256-128-10", &net), or mnistcu_model_create() with a desc.
      4. Train     mnistcu_train(net, train, &train_desc, &result): epochs, batch,
-                  optimizer, a learning-rate schedule (step, cosine), shuffling,
-                  validation, a progress callback that can stop.
+                  optimizer, a learning-rate schedule (step, multi-step,
+                  exponential, cosine, one-cycle, plateau, warm-up), shuffling,
+                  validation, early stopping, a JSON-lines log, a progress
+                  callback that can stop.
      5. Use       mnistcu_evaluate() (loss, accuracy, confusion matrix),
                   mnistcu_predict() / mnistcu_predict_u8() for your own images,
                   mnistcu_model_get_params() for the weights.
@@ -657,6 +659,14 @@ typedef struct mnistcu_train_desc {
     int no_divergence_check;             /* 0: stop with MNISTCU_ERR_DIVERGED when the loss or a weight is
                                             not finite (checked at each report); 1: let NaN and inf propagate */
     mnistcu_schedule_desc schedule;      /* zero: the learning rate stays optim.learning_rate */
+    int early_stop;                      /* 0: off; N: stop once the validation loss has not improved for N
+                                            epochs (needs a validation set) */
+    int keep_last;                       /* with early_stop: 0 puts the weights of the best epoch back at the
+                                            end (parameters and running statistics); 1 keeps the last ones */
+    const char *log_path;                /* NULL: none; else one JSON line per epoch end (and every log_every
+                                            steps) written to this file: epoch, step, lr, losses, accuracies,
+                                            seconds, images/s; numbers that are not finite are null */
+    size_t log_every;                    /* 0: epoch ends only */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -669,6 +679,9 @@ typedef struct mnistcu_train_result {
     double seconds;              /* training wall time, evaluation excluded */
     int diverged_epoch;          /* MNISTCU_ERR_DIVERGED: the epoch and the step in it (1-based) where the */
     size_t diverged_step;        /* loss or a weight was first seen not finite; 0 otherwise */
+    int best_epoch;              /* with a validation set: the epoch of the lowest validation loss (0: none) */
+    double best_val_loss;        /* ... and that loss */
+    int early_stopped;           /* 1 when early_stop ended training before desc.epochs */
 } mnistcu_train_result;
 
 typedef struct mnistcu_metrics {
@@ -6517,6 +6530,31 @@ static mnistcu_result mnistcu__check_schedule(mnistcu_ctx *ctx, const mnistcu_sc
     return MNISTCU_OK;
 }
 
+/* One JSON number: null when it is not finite, as JSON has no NaN or infinity. */
+static void mnistcu__json_num(FILE *f, const char *key, double v)
+{
+    if (v == v && v <= DBL_MAX && v >= -DBL_MAX) fprintf(f, ",\"%s\":%.9g", key, v);
+    else fprintf(f, ",\"%s\":null", key);
+}
+
+/* The training log's line for a report. */
+static int mnistcu__log_line(FILE *f, const mnistcu_progress *p)
+{
+    fprintf(f, "{\"epoch\":%d,\"step\":%llu,\"steps\":%llu,\"epoch_end\":%s", p->epoch, MNISTCU__ULL(p->step),
+            MNISTCU__ULL(p->steps), p->epoch_end ? "true" : "false");
+    mnistcu__json_num(f, "lr", p->learning_rate);
+    mnistcu__json_num(f, "train_loss", p->train_loss);
+    mnistcu__json_num(f, "train_accuracy", p->train_accuracy);
+    if (p->has_validation) {
+        mnistcu__json_num(f, "val_loss", p->val_loss);
+        mnistcu__json_num(f, "val_accuracy", p->val_accuracy);
+    }
+    mnistcu__json_num(f, "seconds", p->seconds);
+    mnistcu__json_num(f, "images_per_second", p->images_per_second);
+    fprintf(f, "}\n");
+    return fflush(f) == 0 && !ferror(f);
+}
+
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out)
 {
     mnistcu_train_desc d;
@@ -6564,9 +6602,11 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     uint32_t *idx = NULL;
     size_t n, B, steps, i;
     double t_train = 0.0;
-    int epoch, stop = 0;
+    int epoch, stop = 0, since_best = 0;
     mnistcu_mode mode;
     mnistcu__plateau plateau;
+    FILE *logf = NULL;
+    float *best_params = NULL, *best_buffers = NULL; /* early stopping: the best epoch's, on the model's device */
 
     if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
     ctx = m->ctx;
@@ -6593,6 +6633,10 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     steps = (n + B - 1) / B; /* the last partial batch is trained too */
     if (d.schedule.per_step && steps * (size_t)d.epochs > 2147483647u)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: a per-step schedule counts at most 2^31 - 1 steps");
+    if (d.early_stop < 0 || (d.early_stop && !d.validation))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "train: early_stop %d: give a patience of 1 or more epochs, and a validation set",
+                             d.early_stop);
     if (d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && (!d.validation || d.schedule.per_step))
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
                              "train: the PLATEAU schedule follows the validation loss at each epoch's end: give a "
@@ -6607,6 +6651,14 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         goto done;
     }
     if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;
+    if (d.log_path && !(logf = fopen(d.log_path, "w"))) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: cannot open the log %.300s for writing", d.log_path);
+        goto done;
+    }
+    if (d.early_stop && !d.keep_last &&
+        ((r = mnistcu__finite_alloc(m, &best_params, m->num_params)) ||
+         (m->num_buffers && (r = mnistcu__finite_alloc(m, &best_buffers, m->num_buffers)))))
+        goto done;
     m->mode = MNISTCU_MODE_TRAIN;
     m->has_norm = 1; /* evaluation and predict_u8 normalise as this training set does */
     m->norm_u8 = train->u8 != NULL;
@@ -6635,7 +6687,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                 goto done;
             seen += b;
             res.steps++;
-            if (step + 1 == steps || (d.progress && d.progress_every && (step + 1) % d.progress_every == 0)) {
+            if (step + 1 == steps || (d.progress && d.progress_every && (step + 1) % d.progress_every == 0) ||
+                (logf && d.log_every && (step + 1) % d.log_every == 0)) {
                 mnistcu_progress p;
                 if ((r = mnistcu__finite_queue(m, &guard)) ||
                     (r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct)))
@@ -6669,6 +6722,19 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                         p.val_accuracy = res.val_accuracy = vm.accuracy;
                         if (d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && epoch > d.schedule.warmup)
                             mnistcu__plateau_step(&plateau, &d.schedule, vm.loss);
+                        if (!res.best_epoch || vm.loss < res.best_val_loss) { /* a new best: keep its weights */
+                            res.best_epoch = epoch;
+                            res.best_val_loss = vm.loss;
+                            since_best = 0;
+                            if (best_params &&
+                                ((r = mnistcu__finite_copy(m, best_params, m->params, m->num_params, 0)) ||
+                                 (best_buffers &&
+                                  (r = mnistcu__finite_copy(m, best_buffers, m->buffers, m->num_buffers, 0)))))
+                                goto done;
+                        } else if (d.early_stop && ++since_best >= d.early_stop && epoch < d.epochs) {
+                            stop = 1;
+                            res.early_stopped = 1;
+                        }
                     }
                     if (p.has_validation)
                         mnistcu__log(ctx, MNISTCU_LOG_INFO,
@@ -6681,6 +6747,10 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                                      p.train_loss, 100.0 * p.train_accuracy, p.seconds, p.images_per_second,
                                      p.learning_rate);
                 }
+                if (logf && !mnistcu__log_line(logf, &p)) {
+                    r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: writing the log %.300s failed", d.log_path);
+                    goto done;
+                }
                 if (d.progress && d.progress(d.progress_user, &p)) stop = 1;
                 if (stop && !p.epoch_end) { /* stopped inside an epoch: report what was trained */
                     t_train += mnistcu__now() - t_epoch;
@@ -6692,10 +6762,19 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
             }
         }
     }
+    /* early stopping: the best epoch's weights back, unless it was the last */
+    if (best_params && res.best_epoch && res.best_epoch != res.epochs &&
+        ((r = mnistcu__finite_copy(m, m->params, best_params, m->num_params, 1)) ||
+         (best_buffers && (r = mnistcu__finite_copy(m, m->buffers, best_buffers, m->num_buffers, 1)))))
+        goto done;
     if (result) *result = res;
     r = MNISTCU_OK;
 done:
     if (result && r == MNISTCU_ERR_DIVERGED) *result = res;
+    if (logf && fclose(logf) != 0 && r == MNISTCU_OK)
+        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: closing the log %.300s failed", d.log_path);
+    mnistcu__finite_free(m, best_params);
+    mnistcu__finite_free(m, best_buffers);
     mnistcu__finite_end(m, &guard);
     m->mode = mode;
     mnistcu__free(ctx, idx);

@@ -106,6 +106,11 @@ static void print_help(FILE *f)
           "  --warmup N            the first N epochs ramp the rate linearly from 0.1x to\n"
           "                        --lr, then the schedule starts (default: 0)\n"
           "  --per-step            --schedule and --warmup count optimizer steps, not epochs\n"
+          "  --early-stop N        stop once the validation loss has not improved for N\n"
+          "                        epochs, and keep the best epoch's weights (needs --val)\n"
+          "  --log FILE            one JSON line per epoch end (epoch, lr, losses, accuracies,\n"
+          "                        seconds, images/s) written to FILE as training goes\n"
+          "  --log-every N         a log line every N steps too (default: epoch ends only)\n"
           "  --seed N              seed of initialisation, shuffling and --val (default: 1)\n"
           "  --val N               hold out N random training samples for validation\n"
           "  --no-shuffle          keep the training order fixed\n"
@@ -350,7 +355,8 @@ enum { CMD_TRAIN = 1, CMD_EVAL = 2, CMD_BOTH = CMD_TRAIN | CMD_EVAL };
 typedef enum option_id {
     OPT_HELP, OPT_DATA, OPT_DATASET, OPT_MODEL, OPT_LAYERS, OPT_ACT, OPT_NORM, OPT_LIMIT, OPT_DEVICE, OPT_THREADS, OPT_QUIET,
     OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WEIGHT_DECAY, OPT_SEED, OPT_VAL, OPT_NO_SHUFFLE,
-    OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE, OPT_WARMUP, OPT_PER_STEP
+    OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE, OPT_WARMUP, OPT_PER_STEP, OPT_EARLY_STOP,
+    OPT_LOG, OPT_LOG_EVERY
 } option_id;
 
 typedef struct option_spec {
@@ -380,6 +386,9 @@ static const option_spec option_table[] = {
     {"--schedule", OPT_SCHEDULE, 1, CMD_TRAIN},
     {"--warmup", OPT_WARMUP, 1, CMD_TRAIN},
     {"--per-step", OPT_PER_STEP, 0, CMD_TRAIN},
+    {"--early-stop", OPT_EARLY_STOP, 1, CMD_TRAIN},
+    {"--log", OPT_LOG, 1, CMD_TRAIN},
+    {"--log-every", OPT_LOG_EVERY, 1, CMD_TRAIN},
     {"--weight-decay", OPT_WEIGHT_DECAY, 1, CMD_TRAIN},
     {"--seed", OPT_SEED, 1, CMD_TRAIN},
     {"--val", OPT_VAL, 1, CMD_TRAIN},
@@ -410,6 +419,9 @@ typedef struct cli_options {
     mnistcu_schedule_desc schedule; /* --schedule */
     const char *schedule_text;
     int warmup, per_step;           /* --warmup, --per-step */
+    int early_stop;                 /* --early-stop */
+    const char *log_path;           /* --log */
+    size_t log_every;               /* --log-every */
     int nesterov;
     uint64_t seed;
     size_t val;                  /* validation samples, 0: none */
@@ -514,6 +526,15 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         o->warmup = (int)n;
         return 1;
     case OPT_PER_STEP: o->per_step = 1; return 1;
+    case OPT_EARLY_STOP:
+        if (!parse_integer(name, v, 1, 1000000, &n)) return 0;
+        o->early_stop = (int)n;
+        return 1;
+    case OPT_LOG: o->log_path = v; return 1;
+    case OPT_LOG_EVERY:
+        if (!parse_integer(name, v, 1, 1LL << 40, &n)) return 0;
+        o->log_every = (size_t)n;
+        return 1;
     case OPT_SCHEDULE: {
         char *end;
         memset(&o->schedule, 0, sizeof o->schedule);
@@ -1174,6 +1195,9 @@ static int cmd_train(int argc, char **argv)
     desc.schedule = o.schedule;
     desc.schedule.warmup = o.warmup;
     desc.schedule.per_step = o.per_step;
+    desc.early_stop = o.early_stop;
+    desc.log_path = o.log_path;
+    desc.log_every = o.log_every;
     desc.no_shuffle = o.no_shuffle;
     desc.validation = val;
 
@@ -1228,6 +1252,11 @@ static int cmd_train(int argc, char **argv)
     print_train_settings(&o);
     printf(",\"params\":%zu,\"num_params\":%zu,\"train_samples\":%zu,\"test_samples\":%zu",
            mnistcu_model_num_params(net), mnistcu_model_num_params(net), train_info.count, test_info.count);
+    if (result.best_epoch) {
+        printf(",\"best_epoch\":%d", result.best_epoch);
+        json_field_num("best_val_loss", "%.6f", result.best_val_loss);
+    }
+    printf(",\"early_stopped\":%s", result.early_stopped ? "true" : "false");
     json_field_num("train_seconds", "%.4f", result.seconds);
     json_field_num("images_per_second", "%.1f",
                    result.seconds > 0.0 ? (double)train_info.count * result.epochs / result.seconds : 0.0);

@@ -401,6 +401,34 @@ else
     fail "--device cuda: exit 0, or 1 with one clear error (exit $status)"
 fi
 
+# ---- the training log and early stopping --------------------------------------------------
+run train --limit 3000 --epochs 40 --layers 784-256-10 --device cpu --quiet --val 1000 --lr 0.5 --momentum 0.9 \
+    --early-stop 2 --log "$TMP/log.jsonl" --log-every 10
+if [ "$status" -eq 0 ] && json_check 'j["early_stopped"] and j["epochs"] < 40 and j["best_epoch"] + 2 == j["epochs"]'; then
+    pass "--early-stop: stops after 2 epochs without a better validation loss, reports the best epoch"
+else
+    fail "--early-stop: stops after 2 epochs without a better validation loss, reports the best epoch ($(tail -n 1 "$TMP/out"))"
+fi
+epochs=$(json_number epochs)
+if [ -s "$TMP/log.jsonl" ] && EPOCHS="$epochs" "$PY" -c '
+import json, os, sys
+rows = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+ends = [r for r in rows if r["epoch_end"]]
+assert len(ends) == int(os.environ["EPOCHS"]) and all("val_loss" in r for r in ends)
+assert any(not r["epoch_end"] and r["step"] % 10 == 0 for r in rows)
+assert all(set(r) >= {"epoch", "step", "lr", "train_loss", "train_accuracy", "seconds", "images_per_second"} for r in rows)
+' "$TMP/log.jsonl" 2>/dev/null; then
+    pass "--log: every line parses as JSON; one per epoch end with validation, and every 10 steps"
+else
+    fail "--log: every line parses as JSON; one per epoch end with validation, and every 10 steps"
+fi
+run train $SMALL --early-stop 2
+if [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ] && grep -q 'validation' "$TMP/err" && valid_json; then
+    pass "--early-stop without --val: one clear error, valid JSON"
+else
+    fail "--early-stop without --val: one clear error, valid JSON (exit $status)"
+fi
+
 # ---- summary ---------------------------------------------------------------------------
 if [ "$failures" -ne 0 ]; then
     echo "cli test: $failures of $checks checks failed"

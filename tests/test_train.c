@@ -1165,6 +1165,141 @@ TEST schedule_plateau_in_training(void)
     PASS();
 }
 
+/* Random labels: a wide network memorises the training half and its loss on the
+   other half climbs after a few epochs, which is what early stopping watches. */
+static void overfit_sets(mnistcu_ctx *ctx, mnistcu_dataset **tr, mnistcu_dataset **va)
+{
+    tu_rng rng = tu_rng_make(77);
+    float *x = tu_random_floats(&rng, 200 * 16, -1.0f, 1.0f);
+    int32_t lab[200];
+    int i;
+    for (i = 0; i < 200; ++i) lab[i] = (int32_t)(tu_next(&rng) % 4);
+    *tr = *va = NULL;
+    if (mnistcu_dataset_create(ctx, x, lab, 120, 16, 4, tr) != MNISTCU_OK ||
+        mnistcu_dataset_create(ctx, x + 120 * 16, lab + 120, 80, 16, 4, va) != MNISTCU_OK)
+        *tr = *va = NULL;
+    free(x);
+}
+
+/* Trains "16-64-4" with the given desc in a fresh context (seed 1234); the parameters in *p. */
+static mnistcu_result overfit_run(mnistcu_train_desc *d, mnistcu_train_result *res, float **p, size_t *n)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 1);
+    mnistcu_dataset *tr, *va;
+    mnistcu_model *m = NULL;
+    mnistcu_result r = MNISTCU_ERR_INVALID_ARGUMENT;
+    *p = NULL;
+    if (!ctx) return r;
+    overfit_sets(ctx, &tr, &va);
+    if (tr && va && mnistcu_model_create_mlp(ctx, "16-64-4", &m) == MNISTCU_OK) {
+        d->validation = va;
+        r = mnistcu_train(m, tr, d, res);
+        *n = mnistcu_model_num_params(m);
+        *p = (float *)malloc(*n * sizeof(float));
+        if (r == MNISTCU_OK) r = mnistcu_model_get_params(m, *p, *n);
+    }
+    mnistcu_ctx_destroy(ctx);
+    return r;
+}
+
+/* Early stopping ends training once the validation loss has not improved for `early_stop` epochs and
+   puts the best epoch's weights back: the same weights as a run of exactly that many epochs. */
+TEST early_stopping_restores_the_best_epoch(void)
+{
+    mnistcu_train_desc d;
+    mnistcu_train_result a, b, c;
+    float *pa = NULL, *pb = NULL, *pc = NULL;
+    size_t n = 0;
+    memset(&d, 0, sizeof d);
+    d.epochs = 60;
+    d.batch_size = 16;
+    d.optim.learning_rate = 0.1f;
+    d.optim.momentum = 0.9f;
+    d.early_stop = 3;
+    ASSERT_EQ(MNISTCU_OK, overfit_run(&d, &a, &pa, &n));
+    ASSERTm("the validation loss never rose: the test proves nothing", a.early_stopped);
+    ASSERT(a.epochs < 60);
+    ASSERT_EQ(a.best_epoch + 3, a.epochs);
+    /* the same training for exactly best_epoch epochs, no early stopping */
+    d.epochs = a.best_epoch;
+    d.early_stop = 0;
+    ASSERT_EQ(MNISTCU_OK, overfit_run(&d, &b, &pb, &n));
+    ASSERT_ARRAY_EQ_BITS_F(pb, pa, n);
+    ASSERT_NEAR(a.best_val_loss, b.val_loss, 0.0, 1e-12);
+    /* keep_last: the weights of the last epoch trained */
+    d.epochs = 60;
+    d.early_stop = 3;
+    d.keep_last = 1;
+    ASSERT_EQ(MNISTCU_OK, overfit_run(&d, &c, &pc, &n));
+    ASSERT_EQ(a.epochs, c.epochs);
+    free(pb);
+    d.epochs = a.epochs;
+    d.early_stop = 0;
+    d.keep_last = 0;
+    ASSERT_EQ(MNISTCU_OK, overfit_run(&d, &b, &pb, &n));
+    ASSERT_ARRAY_EQ_BITS_F(pb, pc, n);
+    free(pa); free(pb); free(pc);
+    /* no validation set: refused */
+    {
+        mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 1);
+        mnistcu_dataset *tr, *va;
+        mnistcu_model *m = NULL;
+        overfit_sets(ctx, &tr, &va);
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "16-8-4", &m));
+        memset(&d, 0, sizeof d);
+        d.early_stop = 2;
+        ASSERT_EQ(MNISTCU_ERR_INVALID_ARGUMENT, mnistcu_train(m, tr, &d, NULL));
+        mnistcu_ctx_destroy(ctx);
+    }
+    PASS();
+}
+
+/* The training log: one JSON line per report, the epoch ends marked, validation where there is one. */
+TEST training_log_lines(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 1);
+    mnistcu_dataset *tr, *va;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc d;
+    char path[64], line[1024];
+    FILE *f;
+    int lines = 0, ends = 0, with_val = 0, epoch, last_epoch = 0;
+    ASSERT(ctx);
+    overfit_sets(ctx, &tr, &va);
+    ASSERT(tr && va);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "16-8-4", &m));
+    snprintf(path, sizeof path, "build/test_train_log.jsonl");
+    memset(&d, 0, sizeof d);
+    d.epochs = 3;
+    d.batch_size = 16; /* 8 steps per epoch: reports at steps 3 and 6, and at 8 */
+    d.validation = va;
+    d.log_path = path;
+    d.log_every = 3;
+    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, tr, &d, NULL));
+    f = fopen(path, "r");
+    ASSERT(f != NULL);
+    while (fgets(line, sizeof line, f)) {
+        lines++;
+        ASSERT_EQ(1, sscanf(line, "{\"epoch\":%d,", &epoch));
+        ASSERT(epoch >= last_epoch);
+        last_epoch = epoch;
+        if (strstr(line, "\"epoch_end\":true")) ends++;
+        if (strstr(line, "\"val_loss\":")) with_val++;
+        ASSERT(strstr(line, "\"lr\":0.1") != NULL);
+        ASSERT_EQ('}', line[strlen(line) - 2]);
+    }
+    fclose(f);
+    remove(path);
+    ASSERT_EQ(9, lines);
+    ASSERT_EQ(3, ends);
+    ASSERT_EQ(3, with_val);
+    /* a log that cannot be opened is an error before any step */
+    d.log_path = "build/no-such-folder/log.jsonl";
+    ASSERT_EQ(MNISTCU_ERR_IO, mnistcu_train(m, tr, &d, NULL));
+    mnistcu_ctx_destroy(ctx);
+    PASS();
+}
+
 /* With per_step the rate changes every optimizer step: the report after step k gives step k's rate. */
 TEST schedule_per_step(void)
 {
@@ -1212,5 +1347,7 @@ SUITE(train_suite)
     RUN_TEST(schedules_match_pytorch);
     RUN_TEST(schedule_per_step);
     RUN_TEST(schedule_plateau_in_training);
+    RUN_TEST(early_stopping_restores_the_best_epoch);
+    RUN_TEST(training_log_lines);
     RUN_TEST(real_mnist_reaches_97_percent);
 }
