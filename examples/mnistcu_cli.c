@@ -42,7 +42,9 @@
 #include <io.h>
 #define isatty _isatty
 #define fileno _fileno
+#include <direct.h>
 #else
+#include <sys/stat.h>
 #include <unistd.h>
 #endif
 
@@ -111,6 +113,10 @@ static void print_help(FILE *f)
           "  --log FILE            one JSON line per epoch end (epoch, lr, losses, accuracies,\n"
           "                        seconds, images/s) written to FILE as training goes\n"
           "  --log-every N         a log line every N steps too (default: epoch ends only)\n"
+          "  --plot DIR            after training, write into DIR: curves.svg (loss and\n"
+          "                        accuracy per epoch), confusion.svg (test confusion heat\n"
+          "                        map), misclassified.png (true > predicted), filters.png\n"
+          "                        (the first layer's weights)\n"
           "  --seed N              seed of initialisation, shuffling and --val (default: 1)\n"
           "  --val N               hold out N random training samples for validation\n"
           "  --no-shuffle          keep the training order fixed\n"
@@ -356,7 +362,7 @@ typedef enum option_id {
     OPT_HELP, OPT_DATA, OPT_DATASET, OPT_MODEL, OPT_LAYERS, OPT_ACT, OPT_NORM, OPT_LIMIT, OPT_DEVICE, OPT_THREADS, OPT_QUIET,
     OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WEIGHT_DECAY, OPT_SEED, OPT_VAL, OPT_NO_SHUFFLE,
     OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE, OPT_WARMUP, OPT_PER_STEP, OPT_EARLY_STOP,
-    OPT_LOG, OPT_LOG_EVERY
+    OPT_LOG, OPT_LOG_EVERY, OPT_PLOT
 } option_id;
 
 typedef struct option_spec {
@@ -389,6 +395,7 @@ static const option_spec option_table[] = {
     {"--early-stop", OPT_EARLY_STOP, 1, CMD_TRAIN},
     {"--log", OPT_LOG, 1, CMD_TRAIN},
     {"--log-every", OPT_LOG_EVERY, 1, CMD_TRAIN},
+    {"--plot", OPT_PLOT, 1, CMD_TRAIN},
     {"--weight-decay", OPT_WEIGHT_DECAY, 1, CMD_TRAIN},
     {"--seed", OPT_SEED, 1, CMD_TRAIN},
     {"--val", OPT_VAL, 1, CMD_TRAIN},
@@ -422,6 +429,7 @@ typedef struct cli_options {
     int early_stop;                 /* --early-stop */
     const char *log_path;           /* --log */
     size_t log_every;               /* --log-every */
+    const char *plot_dir;           /* --plot */
     int nesterov;
     uint64_t seed;
     size_t val;                  /* validation samples, 0: none */
@@ -531,6 +539,7 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         o->early_stop = (int)n;
         return 1;
     case OPT_LOG: o->log_path = v; return 1;
+    case OPT_PLOT: o->plot_dir = v; return 1;
     case OPT_LOG_EVERY:
         if (!parse_integer(name, v, 1, 1LL << 40, &n)) return 0;
         o->log_every = (size_t)n;
@@ -804,10 +813,16 @@ static void print_layer_table(const mnistcu_model *net)
 
 #define BAR_WIDTH 20
 
+/* One epoch's figures, kept for --plot. */
+typedef struct epoch_row { double train_loss, train_acc, val_loss, val_acc; int has_val; } epoch_row;
+
 typedef struct progress_state {
     int tty;              /* stderr is a terminal */
+    int quiet;            /* --quiet: record, print nothing */
     int line_len;         /* characters of the progress bar now on screen; 0: none */
     double prev_seconds;  /* training time at the end of the previous epoch */
+    epoch_row *rows;      /* every epoch's figures, for --plot */
+    int nrows, caprows;
 } progress_state;
 
 static int digits(long long v)
@@ -853,9 +868,26 @@ static int on_progress(void *user, const mnistcu_progress *p)
     progress_state *s = (progress_state *)user;
     double epoch_seconds;
     if (!p->epoch_end) {
-        if (s->tty) progress_draw_bar(s, p);
+        if (s->tty && !s->quiet) progress_draw_bar(s, p);
         return 0;
     }
+    if (s->nrows == s->caprows) { /* keep the epoch's figures (a failed grow only loses plot points) */
+        int cap = s->caprows ? 2 * s->caprows : 64;
+        epoch_row *r = (epoch_row *)realloc(s->rows, (size_t)cap * sizeof *r);
+        if (r) {
+            s->rows = r;
+            s->caprows = cap;
+        }
+    }
+    if (s->nrows < s->caprows) {
+        epoch_row *r = &s->rows[s->nrows++];
+        r->train_loss = p->train_loss;
+        r->train_acc = p->train_accuracy;
+        r->val_loss = p->val_loss;
+        r->val_acc = p->val_accuracy;
+        r->has_val = p->has_validation;
+    }
+    if (s->quiet) return 0;
     progress_clear(s);
     epoch_seconds = p->seconds - s->prev_seconds;
     s->prev_seconds = p->seconds;
@@ -1110,6 +1142,368 @@ done:
     return ok;
 }
 
+
+/* ==========================================================================
+   --plot DIR: what training looked like, as files any viewer opens
+
+   curves.svg          loss and accuracy per epoch, training and validation
+   confusion.svg       the test confusion matrix as a heat map with counts
+   misclassified.png   up to 100 misclassified test images, true > predicted
+   filters.png         the first layer's weights: a dense layer's rows as
+                       images, a conv layer's kernels enlarged
+   Each is written to a temporary name and renamed, so a file under its real
+   name is always whole. PNGs are 8-bit grayscale with stored (uncompressed)
+   deflate blocks: simple, and readable by every decoder.
+   ========================================================================== */
+
+/* Writes bytes to path through path.tmp and a rename. */
+static int write_atomically(const char *path, const unsigned char *data, size_t size)
+{
+    char tmp[4200];
+    FILE *f;
+    int ok;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return 0;
+    if (!(f = fopen(tmp, "wb"))) return 0;
+    ok = fwrite(data, 1, size, f) == size;
+    ok = (fclose(f) == 0) && ok;
+    if (ok && rename(tmp, path) != 0) ok = 0;
+    if (!ok) remove(tmp);
+    return ok;
+}
+
+typedef struct bytes_buf { unsigned char *p; size_t n, cap; int failed; } bytes_buf;
+
+static void buf_put(bytes_buf *b, const void *data, size_t n)
+{
+    if (b->failed) return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        unsigned char *q;
+        while (cap < b->n + n) cap *= 2;
+        if (!(q = (unsigned char *)realloc(b->p, cap))) {
+            b->failed = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+}
+
+static void buf_be32(bytes_buf *b, uint32_t v)
+{
+    unsigned char q[4];
+    q[0] = (unsigned char)(v >> 24); q[1] = (unsigned char)(v >> 16); q[2] = (unsigned char)(v >> 8); q[3] = (unsigned char)v;
+    buf_put(b, q, 4);
+}
+
+static void buf_printf(bytes_buf *b, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n > 0) buf_put(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+/* A grayscale image w x h, one byte a pixel, as a PNG file. */
+static int write_png(const char *path, const unsigned char *px, int w, int h)
+{
+    bytes_buf png = {NULL, 0, 0, 0}, z = {NULL, 0, 0, 0};
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
+    unsigned char hdr[13], zero = 0;
+    size_t raw = (size_t)h * ((size_t)w + 1), done = 0, row;
+    uint32_t a = 1, b2 = 0;
+    int ok;
+    /* zlib stream: header, stored blocks of the filtered rows (filter 0 each), Adler-32 */
+    buf_put(&z, "\x78\x01", 2);
+    while (done < raw || raw == 0) {
+        size_t len = raw - done < 65535 ? raw - done : 65535, k;
+        unsigned char bh[5];
+        bh[0] = done + len == raw ? 1 : 0;
+        bh[1] = (unsigned char)len; bh[2] = (unsigned char)(len >> 8);
+        bh[3] = (unsigned char)~len; bh[4] = (unsigned char)(~len >> 8);
+        buf_put(&z, bh, 5);
+        for (k = 0; k < len; ++k) {
+            size_t at = done + k, r = at / ((size_t)w + 1), c = at % ((size_t)w + 1);
+            unsigned char v = c == 0 ? zero : px[r * (size_t)w + c - 1];
+            buf_put(&z, &v, 1);
+            a = (a + v) % 65521u;
+            b2 = (b2 + a) % 65521u;
+        }
+        done += len;
+        if (raw == 0) break;
+    }
+    buf_be32(&z, (b2 << 16) | a);
+    hdr[0] = (unsigned char)(w >> 24); hdr[1] = (unsigned char)(w >> 16); hdr[2] = (unsigned char)(w >> 8); hdr[3] = (unsigned char)w;
+    hdr[4] = (unsigned char)(h >> 24); hdr[5] = (unsigned char)(h >> 16); hdr[6] = (unsigned char)(h >> 8); hdr[7] = (unsigned char)h;
+    hdr[8] = 8; hdr[9] = 0; hdr[10] = 0; hdr[11] = 0; hdr[12] = 0; /* 8-bit grayscale, no interlace */
+    buf_put(&png, sig, 8);
+#define PNG_CHUNK(type_, data_, n_)                                                                 \
+    do {                                                                                            \
+        uint32_t crc_ = mnistcu_crc32(mnistcu_crc32(0, type_, 4), (data_), (n_));                  \
+        buf_be32(&png, (uint32_t)(n_));                                                             \
+        buf_put(&png, type_, 4);                                                                    \
+        buf_put(&png, (data_), (n_));                                                               \
+        buf_be32(&png, crc_);                                                                       \
+    } while (0)
+    PNG_CHUNK("IHDR", hdr, 13);
+    PNG_CHUNK("IDAT", z.p, z.n);
+    PNG_CHUNK("IEND", "", 0);
+#undef PNG_CHUNK
+    (void)row;
+    ok = !png.failed && !z.failed && write_atomically(path, png.p, png.n);
+    free(png.p);
+    free(z.p);
+    return ok;
+}
+
+/* Digits 0-9 and '>' in a 3x5 font, a row a byte (bits 2..0, left to right). */
+static const unsigned char glyphs[11][5] = {
+    {7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 3, 1, 7}, {5, 5, 7, 1, 1}, {7, 4, 7, 1, 7},
+    {7, 4, 7, 5, 7}, {7, 1, 1, 2, 2}, {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7}, {4, 2, 1, 2, 4}};
+
+static void draw_glyph(unsigned char *img, int W, int x0, int y0, int g, int scale)
+{
+    int r, c, i, j;
+    for (r = 0; r < 5; ++r)
+        for (c = 0; c < 3; ++c)
+            if (glyphs[g][r] & (4 >> c))
+                for (i = 0; i < scale; ++i)
+                    for (j = 0; j < scale; ++j) img[(size_t)(y0 + r * scale + i) * W + x0 + c * scale + j] = 255;
+}
+
+/* Draws a class number (0-255) at x, y; returns the x after it. */
+static int draw_number(unsigned char *img, int W, int x, int y, int v)
+{
+    char t[8];
+    int i;
+    snprintf(t, sizeof t, "%d", v);
+    for (i = 0; t[i]; ++i, x += 8) draw_glyph(img, W, x, y, t[i] - '0', 2);
+    return x;
+}
+
+/* values [n] scaled to 0..255 from their own range. */
+static void to_gray(const float *v, size_t n, unsigned char *out)
+{
+    float lo = v[0], hi = v[0];
+    size_t i;
+    for (i = 1; i < n; ++i) {
+        if (v[i] < lo) lo = v[i];
+        if (v[i] > hi) hi = v[i];
+    }
+    for (i = 0; i < n; ++i) out[i] = (unsigned char)(hi > lo ? 255.0f * (v[i] - lo) / (hi - lo) + 0.5f : 0);
+}
+
+static int plot_misclassified(mnistcu_ctx *ctx, mnistcu_model *net, const mnistcu_dataset *test, const char *path)
+{
+    mnistcu_dataset_info di;
+    size_t n, i, F, shown = 0;
+    float *x;
+    int32_t *pred, label = 0;
+    unsigned char *img, tile[4096];
+    const int cols = 10, cw = 64, ch = 80;
+    int ok = 0, W, H;
+    mnistcu_dataset_info_get(test, &di);
+    F = di.features;
+    n = di.count < 3000 ? di.count : 3000;
+    if (di.rows * di.cols != (int)F || F > sizeof tile) return 1; /* not images: nothing to show */
+    x = (float *)malloc(n * F * sizeof(float));
+    pred = (int32_t *)malloc(n * sizeof(int32_t));
+    W = cols * cw;
+    H = 10 * ch;
+    img = (unsigned char *)calloc((size_t)W * H, 1);
+    if (!x || !pred || !img) goto done;
+    for (i = 0; i < n; ++i) mnistcu_dataset_sample(test, i, x + i * F, NULL);
+    if (failed(ctx, mnistcu_predict(net, x, n, pred, NULL))) goto done;
+    for (i = 0; i < n && shown < 100; ++i) {
+        int r, c, x0, y0, s2 = 2, xx;
+        mnistcu_dataset_sample(test, i, NULL, &label);
+        if (label == pred[i]) continue;
+        to_gray(x + i * F, F, tile);
+        x0 = (int)(shown % cols) * cw + (cw - di.cols * s2) / 2;
+        y0 = (int)(shown / cols) * ch + 2;
+        for (r = 0; r < di.rows * s2 && r < ch - 16; ++r)
+            for (c = 0; c < di.cols * s2 && c < cw; ++c) img[(size_t)(y0 + r) * W + x0 + c] = tile[(r / s2) * di.cols + c / s2];
+        xx = draw_number(img, W, (int)(shown % cols) * cw + 6, y0 + ch - 16, label);
+        draw_glyph(img, W, xx, y0 + ch - 16, 10, 2);
+        draw_number(img, W, xx + 8, y0 + ch - 16, pred[i]);
+        shown++;
+    }
+    ok = write_png(path, img, W, H);
+done:
+    free(x); free(pred); free(img);
+    return ok;
+}
+
+static int plot_filters(mnistcu_model *net, int rows, int cols, const char *path)
+{
+    mnistcu_tensor_info ti;
+    float *w = NULL;
+    unsigned char *img = NULL, *tile = NULL;
+    int ok = 0, tiles, tw, th, scale, per, W, H, k, r, c;
+    size_t in;
+    if (mnistcu_model_num_tensors(net) < 1 || mnistcu_model_tensor_info(net, 0, &ti) != MNISTCU_OK) return 0;
+    if (!(w = (float *)malloc(ti.count * sizeof(float))) || mnistcu_model_get_tensor(net, ti.name, w, ti.count)) goto done;
+    if (ti.ndim == 4) { /* conv [out][in][kh][kw]: input channel 0 of each kernel, enlarged */
+        th = (int)ti.shape[2]; tw = (int)ti.shape[3]; in = (size_t)(ti.shape[1] * ti.shape[2] * ti.shape[3]);
+        scale = 48 / (th > tw ? th : tw); if (scale < 1) scale = 1;
+    } else if (ti.ndim == 2 && ti.shape[1] == (int64_t)rows * cols) { /* dense [out][in]: each row as an image */
+        th = rows; tw = cols; in = (size_t)ti.shape[1]; scale = 2;
+    } else {
+        ok = 1; /* nothing image-like to show */
+        goto done;
+    }
+    tiles = (int)(ti.shape[0] < 64 ? ti.shape[0] : 64);
+    per = 8;
+    W = per * (tw * scale + 4);
+    H = ((tiles + per - 1) / per) * (th * scale + 4);
+    img = (unsigned char *)calloc((size_t)W * H, 1);
+    tile = (unsigned char *)malloc((size_t)th * tw);
+    if (!img || !tile) goto done;
+    for (k = 0; k < tiles; ++k) {
+        int x0 = (k % per) * (tw * scale + 4) + 2, y0 = (k / per) * (th * scale + 4) + 2;
+        to_gray(w + (size_t)k * in, (size_t)th * tw, tile);
+        for (r = 0; r < th * scale; ++r)
+            for (c = 0; c < tw * scale; ++c) img[(size_t)(y0 + r) * W + x0 + c] = tile[(r / scale) * tw + c / scale];
+    }
+    ok = write_png(path, img, W, H);
+done:
+    free(w); free(img); free(tile);
+    return ok;
+}
+
+/* A polyline of values [n] (one per epoch) in a panel at x0, y0 of size pw x ph, values in lo..hi. */
+static void svg_line(bytes_buf *b, const double *v, int n, int stride, double lo, double hi, int x0, int y0, int pw,
+                     int ph, const char *color, const char *dash)
+{
+    int i;
+    buf_printf(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"", color, dash);
+    for (i = 0; i < n; ++i) {
+        double val = v[(size_t)i * (size_t)stride], fx = n > 1 ? (double)i / (n - 1) : 0.5;
+        double fy = hi > lo && val == val ? (val - lo) / (hi - lo) : 0.5;
+        buf_printf(b, "%.1f,%.1f ", x0 + fx * pw, y0 + ph - fy * ph);
+    }
+    buf_printf(b, "\"/>\n");
+}
+
+static int plot_curves(const progress_state *s, const char *path)
+{
+    bytes_buf b = {NULL, 0, 0, 0};
+    int panel, i, ok, n = s->nrows, has_val = n > 0 && s->rows[0].has_val;
+    const int pw = 420, ph = 260;
+    buf_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" "
+                   "width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", 2 * pw + 120, ph + 90);
+    buf_printf(&b, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    for (panel = 0; panel < 2; ++panel) {
+        int x0 = 50 + panel * (pw + 60), y0 = 30;
+        double lo = panel ? 0.0 : 1e300, hi = panel ? 1.0 : -1e300;
+        const double *tr = panel ? &s->rows[0].train_acc : &s->rows[0].train_loss;
+        const double *va = panel ? &s->rows[0].val_acc : &s->rows[0].val_loss;
+        int stride = (int)(sizeof(epoch_row) / sizeof(double));
+        for (i = 0; i < n && !panel; ++i) {
+            double t = s->rows[i].train_loss, v = s->rows[i].val_loss;
+            if (t == t && t < lo) lo = t;
+            if (t == t && t > hi && t < 1e30) hi = t;
+            if (has_val && v == v && v < lo) lo = v;
+            if (has_val && v == v && v > hi && v < 1e30) hi = v;
+        }
+        if (!(lo < hi)) { lo = 0.0; hi = 1.0; }
+        buf_printf(&b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", x0, y0, pw, ph);
+        buf_printf(&b, "<text x=\"%d\" y=\"%d\" font-size=\"14\">%s per epoch</text>\n", x0, y0 - 10,
+                   panel ? "accuracy" : "loss");
+        buf_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.3g</text>\n", x0 - 4, y0 + 10, hi);
+        buf_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.3g</text>\n", x0 - 4, y0 + ph, lo);
+        buf_printf(&b, "<text x=\"%d\" y=\"%d\">epoch 1</text><text x=\"%d\" y=\"%d\" text-anchor=\"end\">epoch %d</text>\n",
+                   x0, y0 + ph + 16, x0 + pw, y0 + ph + 16, n);
+        if (n > 0) {
+            svg_line(&b, tr, n, stride, lo, hi, x0, y0, pw, ph, "#1f77b4", "");
+            if (has_val) svg_line(&b, va, n, stride, lo, hi, x0, y0, pw, ph, "#d62728", " stroke-dasharray=\"6 3\"");
+        }
+    }
+    buf_printf(&b, "<text x=\"50\" y=\"%d\" fill=\"#1f77b4\">training</text>", ph + 70);
+    if (has_val) buf_printf(&b, "<text x=\"130\" y=\"%d\" fill=\"#d62728\">validation</text>", ph + 70);
+    buf_printf(&b, "\n</svg>\n");
+    ok = !b.failed && write_atomically(path, b.p, b.n);
+    free(b.p);
+    return ok;
+}
+
+static int plot_confusion(mnistcu_ctx *ctx, mnistcu_model *net, const mnistcu_dataset *test, const char *path)
+{
+    mnistcu_model_info info;
+    mnistcu_metrics m;
+    bytes_buf b = {NULL, 0, 0, 0};
+    int64_t *cm;
+    size_t C, i, j;
+    int ok = 0, cell;
+    mnistcu_model_info_get(net, &info);
+    C = info.classes;
+    cell = C <= 20 ? 40 : 12;
+    if (!(cm = (int64_t *)calloc(C * C, sizeof *cm)) || failed(ctx, mnistcu_evaluate(net, test, &m, cm))) goto done;
+    buf_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" "
+                   "width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"11\">\n",
+               (int)C * cell + 90, (int)C * cell + 90);
+    buf_printf(&b, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    buf_printf(&b, "<text x=\"60\" y=\"16\" font-size=\"13\">rows: true class, columns: predicted (test accuracy %.2f%%)</text>\n",
+               100.0 * m.accuracy);
+    for (i = 0; i < C; ++i) {
+        int64_t row = 0;
+        for (j = 0; j < C; ++j) row += cm[i * C + j];
+        buf_printf(&b, "<text x=\"54\" y=\"%d\" text-anchor=\"end\">%d</text>", 60 + (int)i * cell + cell / 2 + 4, (int)i);
+        buf_printf(&b, "<text x=\"%d\" y=\"52\" text-anchor=\"middle\">%d</text>\n", 60 + (int)i * cell + cell / 2, (int)i);
+        for (j = 0; j < C; ++j) {
+            double f = row ? (double)cm[i * C + j] / (double)row : 0.0;
+            int shade = 255 - (int)(200.0 * f + 0.5);
+            buf_printf(&b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"rgb(%d,%d,255)\" stroke=\"#ccc\"/>",
+                       60 + (int)j * cell, 60 + (int)i * cell, cell, cell, shade, shade);
+            if (C <= 20)
+                buf_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%lld</text>", 60 + (int)j * cell + cell / 2,
+                           60 + (int)i * cell + cell / 2 + 4, (long long)cm[i * C + j]);
+        }
+        buf_printf(&b, "\n");
+    }
+    buf_printf(&b, "</svg>\n");
+    ok = !b.failed && write_atomically(path, b.p, b.n);
+done:
+    free(cm);
+    free(b.p);
+    return ok;
+}
+
+/* All four into dir (made when missing). */
+static int write_plots(mnistcu_ctx *ctx, mnistcu_model *net, const mnistcu_dataset *test, const progress_state *s,
+                       const char *dir)
+{
+    char path[4096];
+    mnistcu_dataset_info di;
+    const char *names[4] = {"curves.svg", "confusion.svg", "misclassified.png", "filters.png"};
+    int k;
+#ifdef _WIN32
+    _mkdir(dir);
+#else
+    mkdir(dir, 0777);
+#endif
+    mnistcu_dataset_info_get(test, &di);
+    for (k = 0; k < 4; ++k) {
+        int ok;
+        if (snprintf(path, sizeof path, "%s/%s", dir, names[k]) >= (int)sizeof path) {
+            cli_error("invalid_argument", "--plot: folder name too long");
+            return 0;
+        }
+        ok = k == 0 ? plot_curves(s, path) : k == 1 ? plot_confusion(ctx, net, test, path)
+           : k == 2 ? plot_misclassified(ctx, net, test, path) : plot_filters(net, di.rows, di.cols, path);
+        if (!ok) {
+            cli_error("io", "--plot: cannot write %s: %s", path, strerror(errno));
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* ==========================================================================
    mnistcu train
    ========================================================================== */
@@ -1203,6 +1597,11 @@ static int cmd_train(int argc, char **argv)
 
     memset(&progress, 0, sizeof progress);
     progress.tty = isatty(fileno(stderr));
+    progress.quiet = o.quiet;
+    if (o.plot_dir) { /* the curves need every epoch's figures */
+        desc.progress = on_progress;
+        desc.progress_user = &progress;
+    }
     if (!o.quiet) {
         /* Every report inside an epoch reads the running loss back, which on a
            GPU waits for the queued work: about 20 per epoch cost nothing
@@ -1236,6 +1635,10 @@ static int cmd_train(int argc, char **argv)
 
     /* 5. Test. */
     if (!evaluate_and_report(ctx, net, test, &o, &test_metrics)) goto done;
+    if (o.plot_dir) {
+        if (!write_plots(ctx, net, test, &progress, o.plot_dir)) goto done;
+        if (!o.quiet) fprintf(stderr, "plots written to %s/\n", o.plot_dir);
+    }
 
     /* The result, as the last line on stdout. */
     printf("{\"command\":\"train\"");
@@ -1283,6 +1686,7 @@ done:
         json_field_str("version", MNISTCU_VERSION_STRING);
         printf("}\n");
     }
+    free(progress.rows);
     mnistcu_ctx_destroy(ctx); /* frees the datasets and the model too */
     return status;
 }

@@ -429,6 +429,44 @@ else
     fail "--early-stop without --val: one clear error, valid JSON (exit $status)"
 fi
 
+# ---- plots ------------------------------------------------------------------------------
+run train --model lenet5 --limit 2000 --epochs 2 --lr 0.02 --momentum 0.9 --val 500 --device cpu --quiet \
+    --plot "$TMP/plots"
+if [ "$status" -eq 0 ] && "$PY" -c '
+import struct, sys, zlib
+import xml.etree.ElementTree as ET
+d = sys.argv[1]
+for name in ("curves.svg", "confusion.svg"):
+    root = ET.parse(d + "/" + name).getroot()
+    assert root.tag.endswith("svg")
+    assert len(list(root.iter())) > 10
+svg = open(d + "/confusion.svg", encoding="utf-8").read()
+assert svg.count("<rect") >= 101                      # 10 x 10 cells and the background
+for name in ("misclassified.png", "filters.png"):      # a PNG decoder from the standard library
+    b = open(d + "/" + name, "rb").read()
+    assert b[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, w = 8, b"", None
+    while pos < len(b):
+        n, = struct.unpack(">I", b[pos:pos + 4]); kind = b[pos + 4:pos + 8]; data = b[pos + 8:pos + 8 + n]
+        crc, = struct.unpack(">I", b[pos + 8 + n:pos + 12 + n])
+        assert zlib.crc32(kind + data) & 0xFFFFFFFF == crc, name + ": chunk CRC"
+        if kind == b"IHDR": w, h, depth, color = struct.unpack(">IIBB", data[:10]); assert (depth, color) == (8, 0)
+        if kind == b"IDAT": idat += data
+        pos += 12 + n
+    raw = zlib.decompress(idat)
+    assert len(raw) == h * (w + 1) and all(raw[r * (w + 1)] == 0 for r in range(h))
+    assert max(raw) > 0, name + ": all black"
+' "$TMP/plots" 2>"$TMP/py_err"; then
+    pass "--plot: curves.svg and confusion.svg parse as XML; the PNGs decode (CRCs, zlib, every row)"
+else
+    fail "--plot: curves.svg and confusion.svg parse as XML; the PNGs decode (CRCs, zlib, every row): $(cat "$TMP/py_err" | tail -n 2)"
+fi
+if ls "$TMP/plots" | grep -q '\.tmp$'; then
+    fail "--plot leaves no temporary files"
+else
+    pass "--plot leaves no temporary files"
+fi
+
 # ---- summary ---------------------------------------------------------------------------
 if [ "$failures" -ne 0 ]; then
     echo "cli test: $failures of $checks checks failed"
