@@ -61,7 +61,8 @@
        flatten                 [C][H][W] to [C*H*W]
        relu sigmoid tanh softmax leaky_relu leaky_reluS   (S: negative slope, 0.01)
      Options follow a layer after colons: conv3x3x32:s=2:p=1:bias=0 (stride,
-     zero padding, no bias), maxpool3:s=2 (stride; default the kernel size),
+     zero padding, no bias), dense10:init=xavier (torch, he, he_normal, xavier,
+     xavier_normal), maxpool3:s=2 (stride; default the kernel size),
      batchnorm:eps=0.001:momentum=0.01. Tokens are case-sensitive. Presets:
        lenet5       1x28x28 conv5x5x6 relu maxpool2 conv5x5x16 relu maxpool2
                     flatten dense120 relu dense84 relu dense10  (44,426 parameters)
@@ -449,6 +450,17 @@ typedef enum mnistcu_layer_kind {
     MNISTCU_LAYER_KIND_COUNT
 } mnistcu_layer_kind;
 
+typedef enum mnistcu_init {
+    MNISTCU_INIT_DEFAULT = 0, /* = TORCH */
+    MNISTCU_INIT_TORCH,       /* PyTorch's defaults: dense and conv W and b uniform in +-1/sqrt(fan_in);
+                                 batch norm weight 1, bias 0 */
+    MNISTCU_INIT_HE_UNIFORM,  /* W uniform in +-gain*sqrt(3/fan), gain sqrt(2): +-sqrt(6/fan_in); b zero
+                                 (kaiming_uniform_ with PyTorch's default nonlinearity) */
+    MNISTCU_INIT_XAVIER_UNIFORM, /* W uniform in +-gain*sqrt(6/(fan_in+fan_out)), gain 1; b zero (xavier_uniform_) */
+    MNISTCU_INIT_XAVIER_NORMAL,  /* W normal, std gain*sqrt(2/(fan_in+fan_out)), gain 1; b zero (xavier_normal_) */
+    MNISTCU_INIT_HE_NORMAL       /* W normal, std gain/sqrt(fan), gain sqrt(2); b zero (kaiming_normal_) */
+} mnistcu_init;
+
 /* One layer; zero means default in every field. Fields a kind does not use
    must stay zero. */
 typedef struct mnistcu_layer_desc {
@@ -462,6 +474,7 @@ typedef struct mnistcu_layer_desc {
     float slope;            /* LEAKY_RELU: slope for negative inputs (0: 0.01) */
     float eps;              /* BATCHNORM: added to the variance (0: 1e-5) */
     float momentum;         /* BATCHNORM: running-statistics momentum (0: 0.1) */
+    mnistcu_init init;      /* DENSE, CONV2D: this layer's initialisation (0: the model's) */
 } mnistcu_layer_desc;
 
 typedef enum mnistcu_act {
@@ -477,12 +490,6 @@ typedef enum mnistcu_loss {
     MNISTCU_LOSS_SOFTMAX_CE   /* softmax over the last layer, mean cross-entropy over the batch */
 } mnistcu_loss;
 
-typedef enum mnistcu_init {
-    MNISTCU_INIT_DEFAULT = 0, /* = TORCH */
-    MNISTCU_INIT_TORCH,       /* PyTorch's defaults: dense and conv W and b uniform in +-1/sqrt(fan_in);
-                                 batch norm weight 1, bias 0 */
-    MNISTCU_INIT_HE_UNIFORM   /* dense and conv W uniform in +-sqrt(6/fan_in), b zero */
-} mnistcu_init;
 
 /* Two ways to describe a model: `sizes` for an MLP (dense layers with
    hidden_act between them), or `layers` with the input shape. */
@@ -494,6 +501,9 @@ typedef struct mnistcu_model_desc {
     mnistcu_init init;                 /* DEFAULT: TORCH */
     int input_c, input_h, input_w;     /* layers: one sample's shape; input_w required, 0 in c or h: 1 */
     mnistcu_layer_desc layers[MNISTCU_MAX_MODEL_LAYERS]; /* in order; kind NONE ends the list */
+    float init_gain;                   /* 0: the scheme's (HE sqrt(2), XAVIER 1); e.g. 5/3 before tanh */
+    int init_fan_out;                  /* HE: 0 scales by fan_in (inputs of a unit), 1 by fan_out */
+    int zero_bias;                     /* TORCH: 1 sets the biases to zero (the others always do) */
 } mnistcu_model_desc;
 
 typedef struct mnistcu_model_info {
@@ -928,6 +938,13 @@ static uint64_t mnistcu__rng_next(mnistcu__rng *r)
 static float mnistcu__rng_float(mnistcu__rng *r)
 {
     return (float)(mnistcu__rng_next(r) >> 40) * (1.0f / 16777216.0f);
+}
+
+/* Standard normal (Box-Muller over two uniform draws; the first kept away from 0). */
+static double mnistcu__rng_normal(mnistcu__rng *r)
+{
+    double u1 = 1.0 - (double)mnistcu__rng_float(r), u2 = (double)mnistcu__rng_float(r);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
 }
 
 /* Uniform integer in [0, n), unbiased (Lemire's multiply-and-reject). */
@@ -3248,6 +3265,9 @@ static const char *const mnistcu__kind_torch[] = {
 #undef MNISTCU__LAYER_TORCH
 };
 
+/* Initialisation schemes as spec options write them (":init=xavier"). */
+static const char *const mnistcu__init_names[] = {"", "torch", "he", "xavier", "xavier_normal", "he_normal"};
+
 static int mnistcu__is_flat(const mnistcu__layer *L) { return L->h == 1 && L->w == 1; }
 static int mnistcu__train_mode(const mnistcu_model *m) { return m->mode == MNISTCU_MODE_TRAIN; }
 
@@ -3334,6 +3354,9 @@ static int mnistcu__layer_token(const mnistcu_layer_desc *d, char *buf, size_t s
     }
     if ((d->kind == MNISTCU_LAYER_DENSE || d->kind == MNISTCU_LAYER_CONV2D) && d->no_bias)
         ok &= mnistcu__cat(buf, size, &len, ":bias=0");
+    if ((d->kind == MNISTCU_LAYER_DENSE || d->kind == MNISTCU_LAYER_CONV2D) && d->init > MNISTCU_INIT_DEFAULT &&
+        d->init <= MNISTCU_INIT_HE_NORMAL)
+        ok &= mnistcu__cat(buf, size, &len, ":init=%s", mnistcu__init_names[d->init]);
     return ok;
 }
 
@@ -4949,14 +4972,14 @@ static mnistcu_result mnistcu__cuda_ensure_velocity(mnistcu_model *m);
 /* The desc fields each kind reads: the others must stay zero. */
 enum {
     MNISTCU__F_UNITS = 1, MNISTCU__F_KERNEL = 2, MNISTCU__F_STRIDE = 4, MNISTCU__F_PAD = 8, MNISTCU__F_BIAS = 16,
-    MNISTCU__F_P = 32, MNISTCU__F_SLOPE = 64, MNISTCU__F_BN = 128
+    MNISTCU__F_P = 32, MNISTCU__F_SLOPE = 64, MNISTCU__F_BN = 128, MNISTCU__F_INIT = 256
 };
 static unsigned mnistcu__kind_fields(mnistcu_layer_kind k)
 {
     switch (k) {
-    case MNISTCU_LAYER_DENSE: return MNISTCU__F_UNITS | MNISTCU__F_BIAS;
+    case MNISTCU_LAYER_DENSE: return MNISTCU__F_UNITS | MNISTCU__F_BIAS | MNISTCU__F_INIT;
     case MNISTCU_LAYER_CONV2D:
-        return MNISTCU__F_UNITS | MNISTCU__F_KERNEL | MNISTCU__F_STRIDE | MNISTCU__F_PAD | MNISTCU__F_BIAS;
+        return MNISTCU__F_UNITS | MNISTCU__F_KERNEL | MNISTCU__F_STRIDE | MNISTCU__F_PAD | MNISTCU__F_BIAS | MNISTCU__F_INIT;
     case MNISTCU_LAYER_MAXPOOL2D: case MNISTCU_LAYER_AVGPOOL2D: return MNISTCU__F_KERNEL | MNISTCU__F_STRIDE;
     case MNISTCU_LAYER_BATCHNORM: return MNISTCU__F_BN;
     case MNISTCU_LAYER_DROPOUT: return MNISTCU__F_P;
@@ -4976,6 +4999,8 @@ static const char *mnistcu__stray_field(const mnistcu_layer_desc *d)
     if (d->p != 0.0f && !(f & MNISTCU__F_P)) return "p";
     if (d->slope != 0.0f && !(f & MNISTCU__F_SLOPE)) return "slope";
     if ((d->eps != 0.0f || d->momentum != 0.0f) && !(f & MNISTCU__F_BN)) return "eps/momentum";
+    if (d->init && !(f & MNISTCU__F_INIT)) return "init";
+    if ((unsigned)d->init > MNISTCU_INIT_HE_NORMAL) return "init (unknown scheme)";
     return NULL;
 }
 
@@ -5180,15 +5205,40 @@ static void mnistcu__model_init_params(mnistcu_model *m, float *host, float *buf
                 buffers[L->buf + L->c + k] = 1.0f;
             }
         } else if (L->nw) {
+            mnistcu_init init = L->d.init ? L->d.init : m->init;
             float fan_in = (float)(L->nw / (size_t)L->oc), wb, bb;
-            if (m->init == MNISTCU_INIT_HE_UNIFORM) {
+            double rf = (double)(L->nw / (size_t)L->oc / (size_t)L->c); /* kernel positions: 1 for dense */
+            double fan_out = (double)L->oc * rf, gain = (double)m->desc.init_gain;
+            double fan = m->desc.init_fan_out ? fan_out : (double)fan_in;
+            if (init == MNISTCU_INIT_XAVIER_UNIFORM || init == MNISTCU_INIT_XAVIER_NORMAL) {
+                double sd = (gain != 0.0 ? gain : 1.0) * sqrt(2.0 / ((double)fan_in + fan_out));
+                for (k = 0; k < L->nw; ++k)
+                    host[L->wo + k] = init == MNISTCU_INIT_XAVIER_NORMAL ? (float)(sd * mnistcu__rng_normal(&m->rng))
+                                                                         : (2.0f * mnistcu__rng_float(&m->rng) - 1.0f) *
+                                                                               (float)(sd * sqrt(3.0));
+                for (k = 0; k < L->nb; ++k) host[L->bo + k] = 0.0f;
+                continue;
+            }
+            if (init == MNISTCU_INIT_HE_NORMAL || (init == MNISTCU_INIT_HE_UNIFORM && (gain != 0.0 || m->desc.init_fan_out))) {
+                double sd = (gain != 0.0 ? gain : sqrt(2.0)) / sqrt(fan);
+                for (k = 0; k < L->nw; ++k)
+                    host[L->wo + k] = init == MNISTCU_INIT_HE_NORMAL ? (float)(sd * mnistcu__rng_normal(&m->rng))
+                                                                     : (2.0f * mnistcu__rng_float(&m->rng) - 1.0f) *
+                                                                           (float)(sd * sqrt(3.0));
+                for (k = 0; k < L->nb; ++k) host[L->bo + k] = 0.0f;
+                continue;
+            }
+            if (init == MNISTCU_INIT_HE_UNIFORM) { /* the defaults, drawn as version 0.1 drew them */
                 wb = sqrtf(6.0f / fan_in);
                 bb = 0.0f;
             } else {
                 wb = bb = 1.0f / sqrtf(fan_in);
             }
             for (k = 0; k < L->nw; ++k) host[L->wo + k] = (2.0f * mnistcu__rng_float(&m->rng) - 1.0f) * wb;
-            for (k = 0; k < L->nb; ++k) host[L->bo + k] = (2.0f * mnistcu__rng_float(&m->rng) - 1.0f) * bb;
+            if (m->desc.zero_bias)
+                for (k = 0; k < L->nb; ++k) host[L->bo + k] = 0.0f;
+            else
+                for (k = 0; k < L->nb; ++k) host[L->bo + k] = (2.0f * mnistcu__rng_float(&m->rng) - 1.0f) * bb;
         }
     }
 }
@@ -5331,8 +5381,8 @@ MNISTCU_DEF mnistcu_result mnistcu_model_create(mnistcu_ctx *ctx, const mnistcu_
     *out = NULL;
     if (desc->layers[0].kind == MNISTCU_LAYER_NONE && (r = mnistcu__check_sizes(ctx, desc))) return r;
     if ((unsigned)desc->hidden_act > MNISTCU_ACT_TANH || (unsigned)desc->loss > MNISTCU_LOSS_SOFTMAX_CE ||
-        (unsigned)desc->init > MNISTCU_INIT_HE_UNIFORM)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: hidden_act, loss or init out of range");
+        (unsigned)desc->init > MNISTCU_INIT_HE_NORMAL || !(desc->init_gain >= 0.0f && desc->init_gain < FLT_MAX))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: hidden_act, loss, init or init_gain out of range");
     m = (mnistcu_model *)mnistcu__calloc(ctx, sizeof *m);
     if (!m) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_create: out of memory");
     m->ctx = ctx;
@@ -5616,6 +5666,16 @@ static mnistcu_result mnistcu__parse_layer(mnistcu_ctx *ctx, const char *spec, c
             if (!mnistcu__parse_int_text(eq + 1, oend, &iv))
                 return mnistcu__spec_fail(ctx, spec, tok, len, index, "padding p= needs an integer >= 0");
             d->padding = iv;
+        } else if ((d->kind == MNISTCU_LAYER_CONV2D || d->kind == MNISTCU_LAYER_DENSE) && MNISTCU__KEY("init")) {
+            int k2;
+            for (k2 = 1; k2 <= (int)MNISTCU_INIT_HE_NORMAL; ++k2)
+                if ((size_t)(oend - eq - 1) == strlen(mnistcu__init_names[k2]) &&
+                    memcmp(eq + 1, mnistcu__init_names[k2], strlen(mnistcu__init_names[k2])) == 0)
+                    break;
+            if (k2 > (int)MNISTCU_INIT_HE_NORMAL)
+                return mnistcu__spec_fail(ctx, spec, tok, len, index,
+                                          "init= takes torch, he, he_normal, xavier or xavier_normal");
+            d->init = (mnistcu_init)k2;
         } else if ((d->kind == MNISTCU_LAYER_CONV2D || d->kind == MNISTCU_LAYER_DENSE) && MNISTCU__KEY("bias")) {
             if (!mnistcu__parse_int_text(eq + 1, oend, &iv) || iv > 1)
                 return mnistcu__spec_fail(ctx, spec, tok, len, index, "bias= takes 0 or 1");

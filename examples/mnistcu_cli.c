@@ -75,6 +75,8 @@ static void print_help(FILE *f)
           "Data and model (train and eval):\n"
           "  --data DIR            folder holding mnist/ and fashion-mnist/ (default: data)\n"
           "  --dataset NAME        mnist or fashion (default: mnist)\n"
+          "  --init NAME           weights: torch (PyTorch's default), he, he_normal, xavier,\n"
+          "                        xavier_normal (default: torch; a spec's :init= wins)\n"
           "  --model SPEC          the model: lenet5, fashion-cnn, or a spec string of layers\n"
           "                        (see Models below); overrides --layers and --act\n"
           "  --layers SPEC         an MLP's widths, input first (default: 784-128-10)\n"
@@ -362,7 +364,7 @@ typedef enum option_id {
     OPT_HELP, OPT_DATA, OPT_DATASET, OPT_MODEL, OPT_LAYERS, OPT_ACT, OPT_NORM, OPT_LIMIT, OPT_DEVICE, OPT_THREADS, OPT_QUIET,
     OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WEIGHT_DECAY, OPT_SEED, OPT_VAL, OPT_NO_SHUFFLE,
     OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE, OPT_WARMUP, OPT_PER_STEP, OPT_EARLY_STOP,
-    OPT_LOG, OPT_LOG_EVERY, OPT_PLOT
+    OPT_LOG, OPT_LOG_EVERY, OPT_PLOT, OPT_INIT
 } option_id;
 
 typedef struct option_spec {
@@ -396,6 +398,7 @@ static const option_spec option_table[] = {
     {"--log", OPT_LOG, 1, CMD_TRAIN},
     {"--log-every", OPT_LOG_EVERY, 1, CMD_TRAIN},
     {"--plot", OPT_PLOT, 1, CMD_TRAIN},
+    {"--init", OPT_INIT, 1, CMD_TRAIN},
     {"--weight-decay", OPT_WEIGHT_DECAY, 1, CMD_TRAIN},
     {"--seed", OPT_SEED, 1, CMD_TRAIN},
     {"--val", OPT_VAL, 1, CMD_TRAIN},
@@ -430,6 +433,7 @@ typedef struct cli_options {
     const char *log_path;           /* --log */
     size_t log_every;               /* --log-every */
     const char *plot_dir;           /* --plot */
+    mnistcu_init init;              /* --init */
     int nesterov;
     uint64_t seed;
     size_t val;                  /* validation samples, 0: none */
@@ -540,6 +544,14 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         return 1;
     case OPT_LOG: o->log_path = v; return 1;
     case OPT_PLOT: o->plot_dir = v; return 1;
+    case OPT_INIT:
+        if (strcmp(v, "torch") == 0) o->init = MNISTCU_INIT_TORCH;
+        else if (strcmp(v, "he") == 0) o->init = MNISTCU_INIT_HE_UNIFORM;
+        else if (strcmp(v, "he_normal") == 0) o->init = MNISTCU_INIT_HE_NORMAL;
+        else if (strcmp(v, "xavier") == 0) o->init = MNISTCU_INIT_XAVIER_UNIFORM;
+        else if (strcmp(v, "xavier_normal") == 0) o->init = MNISTCU_INIT_XAVIER_NORMAL;
+        else break;
+        return 1;
     case OPT_LOG_EVERY:
         if (!parse_integer(name, v, 1, 1LL << 40, &n)) return 0;
         o->log_every = (size_t)n;
@@ -770,11 +782,16 @@ static int create_model(mnistcu_ctx *ctx, cli_options *o, const mnistcu_dataset 
                 s = spec;
             }
         }
-        r = mnistcu_model_create_spec(ctx, s, net);
+        r = mnistcu_model_desc_parse(ctx, s, &desc);
+        if (r == MNISTCU_OK) {
+            desc.init = o->init;
+            r = mnistcu_model_create(ctx, &desc, net);
+        }
     } else {
         memset(&desc, 0, sizeof desc);
         memcpy(desc.sizes, o->sizes, sizeof desc.sizes);
         desc.hidden_act = o->act;
+        desc.init = o->init;
         r = mnistcu_model_create(ctx, &desc, net);
     }
     if (failed(ctx, r)) return 0;

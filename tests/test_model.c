@@ -400,7 +400,7 @@ TEST model_create_desc_info(void)
     d.hidden_act = (mnistcu_act)(MNISTCU_ACT_TANH + 1);
     MT_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "bad hidden_act");
     d.hidden_act = MNISTCU_ACT_DEFAULT;
-    d.init = (mnistcu_init)(MNISTCU_INIT_HE_UNIFORM + 1);
+    d.init = (mnistcu_init)(MNISTCU_INIT_HE_NORMAL + 1);
     MT_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "bad init");
     d.init = MNISTCU_INIT_DEFAULT;
     d.sizes[1] = 0;
@@ -535,6 +535,98 @@ TEST init_he_uniform(void)
     for (i = 0; i < 10; ++i) MT_REQUIRE(p[w2 + i] == 0.0f, "He b2[%lu] = %.9g, not 0", (unsigned long)i, (double)p[w2 + i]);
 done:
     free(p);
+    mnistcu_ctx_destroy(ctx);
+    MT_END();
+}
+
+/* Mean and standard deviation of n floats, in double. */
+static void mt_moments(const float *p, size_t n, double *mean, double *sd)
+{
+    double s1 = 0.0, s2 = 0.0;
+    size_t i;
+    for (i = 0; i < n; ++i) s1 += p[i];
+    *mean = s1 / (double)n;
+    for (i = 0; i < n; ++i) s2 += ((double)p[i] - *mean) * ((double)p[i] - *mean);
+    *sd = sqrt(s2 / (double)n);
+}
+
+/* Xavier and He, uniform and normal, with fan-out and a gain, per model and per layer (desc and spec):
+   the weights' spread as PyTorch's torch.nn.init functions define it, biases zero. */
+TEST init_schemes_match_torch_nn_init(void)
+{
+    mnistcu_ctx *ctx = mt_ctx();
+    mnistcu_model *m = NULL;
+    mnistcu_model_desc d;
+    float *w = NULL, *b = NULL;
+    double mean, sd, want, fi, fo;
+    int k, failed = 0;
+    char spec[256];
+    MT_REQUIRE(ctx != NULL, "no context");
+    w = (float *)malloc(64 * 3 * 5 * 5 * 40 * sizeof(float));
+    b = (float *)malloc(64 * sizeof(float));
+    MT_REQUIRE(w && b, "malloc");
+    for (k = 0; k < 8; ++k) {
+        /* a conv layer: fan_in = 40*5*5 = 1000, fan_out = 64*25 = 1600 */
+        static const mnistcu_init kinds[8] = {MNISTCU_INIT_XAVIER_UNIFORM, MNISTCU_INIT_XAVIER_NORMAL,
+                                              MNISTCU_INIT_HE_UNIFORM,     MNISTCU_INIT_HE_NORMAL,
+                                              MNISTCU_INIT_HE_NORMAL,      MNISTCU_INIT_XAVIER_UNIFORM,
+                                              MNISTCU_INIT_HE_UNIFORM,     MNISTCU_INIT_TORCH};
+        memset(&d, 0, sizeof d);
+        d.input_c = 40; d.input_h = 9; d.input_w = 9;
+        d.layers[0].kind = MNISTCU_LAYER_CONV2D;
+        d.layers[0].units = 64; d.layers[0].kernel_h = 5;
+        d.layers[1].kind = MNISTCU_LAYER_FLATTEN;
+        d.layers[2].kind = MNISTCU_LAYER_DENSE; d.layers[2].units = 10;
+        d.init = kinds[k];
+        if (k == 4) d.init_fan_out = 1;               /* He by fan_out */
+        if (k == 5) d.init_gain = 5.0f / 3.0f;        /* Xavier with tanh's gain */
+        if (k == 6) { d.init = MNISTCU_INIT_TORCH; d.layers[0].init = MNISTCU_INIT_HE_UNIFORM; } /* per layer */
+        if (k == 7) d.zero_bias = 1;
+        MT_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "case %d: create: %s", k, mnistcu_ctx_error(ctx));
+        MT_REQUIRE(mnistcu_model_get_tensor(m, "0.weight", w, 64000) == MNISTCU_OK, "case %d: weight", k);
+        MT_REQUIRE(mnistcu_model_get_tensor(m, "0.bias", b, 64) == MNISTCU_OK, "case %d: bias", k);
+        fi = 1000.0; fo = 1600.0;
+        mt_moments(w, 64000, &mean, &sd);
+        switch (k) {
+        case 0: want = sqrt(2.0 / (fi + fo)); break;               /* bound sqrt(6/(fi+fo)) -> sd bound/sqrt(3) */
+        case 1: want = sqrt(2.0 / (fi + fo)); break;
+        case 2: case 6: want = sqrt(2.0) / sqrt(fi); break;
+        case 3: want = sqrt(2.0) / sqrt(fi); break;
+        case 4: want = sqrt(2.0) / sqrt(fo); break;
+        case 5: want = 5.0 / 3.0 * sqrt(2.0 / (fi + fo)); break;
+        default: want = 1.0 / sqrt(fi) / sqrt(3.0); break;          /* PyTorch's default, +-1/sqrt(fan_in) */
+        }
+        MT_REQUIRE(fabs(mean) < 0.05 * want, "case %d: weight mean %.3g (sd %.3g)", k, mean, want);
+        MT_REQUIRE(fabs(sd / want - 1.0) < 0.03, "case %d: weight sd %.5g, want %.5g", k, sd, want);
+        if (kinds[k] == MNISTCU_INIT_XAVIER_UNIFORM || kinds[k] == MNISTCU_INIT_HE_UNIFORM || k >= 6) {
+            double bound = want * sqrt(3.0) * (1.0 + 1e-6);
+            size_t i;
+            for (i = 0; i < 64000; ++i) MT_REQUIRE(fabs(w[i]) <= bound, "case %d: w[%lu] = %g beyond %g", k, (unsigned long)i, w[i], bound);
+        }
+        {
+            size_t i;
+            /* zero biases for every scheme but TORCH, and for TORCH with zero_bias (case 7);
+               case 6 (TORCH with an HE_UNIFORM layer) draws them as version 0.1's He did: zero */
+            int all0 = 1;
+            for (i = 0; i < 64; ++i) all0 &= b[i] == 0.0f;
+            MT_REQUIRE(all0, "case %d: biases not zero", k);
+        }
+        mnistcu_model_destroy(m);
+        m = NULL;
+    }
+    /* the spec option, printed back */
+    MT_REQUIRE(mnistcu_model_create_spec(ctx, "1x8x8 conv3x3x4:init=xavier_normal flatten dense10:init=he", &m) == MNISTCU_OK,
+               "spec: %s", mnistcu_ctx_error(ctx));
+    MT_REQUIRE(mnistcu_model_spec(m, spec, sizeof spec) == MNISTCU_OK &&
+                   strcmp(spec, "1x8x8 conv3x3x4:init=xavier_normal flatten dense10:init=he") == 0,
+               "spec printed back as \"%s\"", spec);
+    mnistcu_model_destroy(m);
+    m = NULL;
+    MT_REQUIRE(mnistcu_model_create_spec(ctx, "10 dense5:init=glorot", &m) == MNISTCU_ERR_INVALID_ARGUMENT, "bad init name");
+    MT_REQUIRE(mnistcu_model_create_spec(ctx, "10 relu:init=he dense5", &m) == MNISTCU_ERR_INVALID_ARGUMENT, "init on relu");
+done:
+    free(w);
+    free(b);
     mnistcu_ctx_destroy(ctx);
     MT_END();
 }
@@ -849,6 +941,7 @@ SUITE(model_suite)
     RUN_TEST(model_create_desc_info);
     RUN_TEST(init_torch_statistics);
     RUN_TEST(init_he_uniform);
+    RUN_TEST(init_schemes_match_torch_nn_init);
     RUN_TEST(init_seed_determinism);
     greatest_set_test_suffix("relu");
     RUN_TEST1(forward_matches_reference, MNISTCU_ACT_RELU);
