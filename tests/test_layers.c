@@ -13,7 +13,7 @@
    the public API, so the same tests run on the GPU in the CUDA build: no
    check assumes the CPU's bits.
 
-   Tests free what they allocate also when a check fails: TL_REQUIRE jumps to
+   Tests free what they allocate also when a check fails: TU_REQUIRE jumps to
    the cleanup at the end of the test, which reports the failure. */
 #include <math.h>
 #include <stdarg.h>
@@ -25,51 +25,6 @@
 #include "harness.h"
 #include "asserts.h"
 #include "test_util.h"
-
-/* ---- failure messages and the cleanup jump -------------------------------- */
-#if defined(__GNUC__) || defined(__clang__)
-#define TL_PRINTF_(a, b) __attribute__((format(printf, a, b)))
-#else
-#define TL_PRINTF_(a, b)
-#endif
-
-static char tl_msg[2048];
-
-static TL_PRINTF_(2, 3) void tl_setf(int line, const char *fmt, ...)
-{
-    va_list ap;
-    int used = snprintf(tl_msg, sizeof tl_msg, "line %d: ", line);
-    if (used < 0 || (size_t)used >= sizeof tl_msg) return;
-    va_start(ap, fmt);
-    vsnprintf(tl_msg + used, sizeof tl_msg - (size_t)used, fmt, ap);
-    va_end(ap);
-}
-
-/* Needs a local `int failed` and a label `done:` (the cleanup). Every local is
-   declared at the top of its function, so that the jump is valid C++ too. */
-#define TL_REQUIRE(cond, ...)                 \
-    do {                                      \
-        if (!(cond)) {                        \
-            tl_setf(__LINE__, __VA_ARGS__);   \
-            failed = 1;                       \
-            goto done;                        \
-        }                                     \
-    } while (0)
-
-/* For a helper that has set tl_msg itself and returned 0. */
-#define TL_REQUIRE_OK(call)                   \
-    do {                                      \
-        if (!(call)) {                        \
-            failed = 1;                       \
-            goto done;                        \
-        }                                     \
-    } while (0)
-
-#define TL_END()                              \
-    do {                                      \
-        if (failed) FAILm(tl_msg);            \
-        PASS();                               \
-    } while (0)
 
 #define TL_SEED 1234u /* the seed of tu_ctx's contexts: dropout's Philox key */
 
@@ -342,7 +297,7 @@ static void tl_ref_free(tl_ref *r)
     memset(r, 0, sizeof *r);
 }
 
-/* Shapes and offsets from the definitions; 0 (with tl_msg set) when the
+/* Shapes and offsets from the definitions; 0 (with tu_msg set) when the
    architecture is impossible. */
 static int tl_ref_make(tl_ref *r, const mnistcu_model_desc *d, int line)
 {
@@ -370,7 +325,7 @@ static int tl_ref_make(tl_ref *r, const mnistcu_model_desc *d, int line)
         switch (ld->kind) {
         case MNISTCU_LAYER_DENSE:
             if (h != 1 || w != 1) {
-                tl_setf(line, "reference: dense layer %d on a %dx%dx%d map", i, c, h, w);
+                tu_setf(line, "reference: dense layer %d on a %dx%dx%d map", i, c, h, w);
                 return 0;
             }
             L->oc = ld->units;
@@ -388,7 +343,7 @@ static int tl_ref_make(tl_ref *r, const mnistcu_model_desc *d, int line)
             L->nw = (size_t)ld->units * (size_t)c * (size_t)L->kh * (size_t)L->kw;
             L->nb = ld->no_bias ? 0 : (size_t)ld->units;
             if (h + 2 * L->pad < L->kh || w + 2 * L->pad < L->kw) {
-                tl_setf(line, "reference: conv layer %d does not fit", i);
+                tu_setf(line, "reference: conv layer %d does not fit", i);
                 return 0;
             }
             break;
@@ -399,7 +354,7 @@ static int tl_ref_make(tl_ref *r, const mnistcu_model_desc *d, int line)
             L->sh = ld->stride ? ld->stride : L->kh;
             L->sw = ld->stride ? ld->stride : L->kw;
             if (h < L->kh || w < L->kw) {
-                tl_setf(line, "reference: pool layer %d does not fit", i);
+                tu_setf(line, "reference: pool layer %d does not fit", i);
                 return 0;
             }
             L->oh = (h - L->kh) / L->sh + 1;
@@ -413,7 +368,7 @@ static int tl_ref_make(tl_ref *r, const mnistcu_model_desc *d, int line)
             L->rvar = tl_dalloc((size_t)c);
             if (!L->rmean || !L->rvar) {
                 r->n = i + 1;
-                tl_setf(line, "malloc");
+                tu_setf(line, "malloc");
                 return 0;
             }
             for (k = 0; k < c; ++k) L->rvar[k] = 1.0; /* PyTorch's initial running statistics */
@@ -445,7 +400,7 @@ static int tl_ref_make(tl_ref *r, const mnistcu_model_desc *d, int line)
     r->np = off;
     r->classes = (size_t)c;
     if (h != 1 || w != 1 || r->n == 0) {
-        tl_setf(line, "reference: the last layer is not flat");
+        tu_setf(line, "reference: the last layer is not flat");
         return 0;
     }
     return 1;
@@ -767,7 +722,7 @@ static void tl_result_free(tl_result *r)
 /* Builds the case's model from tl_parse's desc, sets random parameters (and,
    in EVAL mode, random running statistics), draws inputs away from the kinks,
    and fills res with the library's logits, loss and gradients and the
-   reference's. Returns 0 with tl_msg set on a failure to run. */
+   reference's. Returns 0 with tu_msg set on a failure to run. */
 static int tl_case_run(const tl_case *c, tl_result *res, int line)
 {
     mnistcu_ctx *ctx = tl_ctx();
@@ -784,20 +739,20 @@ static int tl_case_run(const tl_case *c, tl_result *res, int line)
     memset(res, 0, sizeof *res);
     memset(&r, 0, sizeof r);
     if (!ctx) {
-        tl_setf(line, "%s: no context", c->spec);
+        tu_setf(line, "%s: no context", c->spec);
         goto done;
     }
     if (!tl_parse(c->spec, &d)) {
-        tl_setf(line, "%s: the test's parser rejects it", c->spec);
+        tu_setf(line, "%s: the test's parser rejects it", c->spec);
         goto done;
     }
     if (!tl_ref_make(&r, &d, line)) goto done;
     if (mnistcu_model_create(ctx, &d, &m) != MNISTCU_OK) {
-        tl_setf(line, "%s: create: %s", c->spec, mnistcu_ctx_error(ctx));
+        tu_setf(line, "%s: create: %s", c->spec, mnistcu_ctx_error(ctx));
         goto done;
     }
     if (mnistcu_model_num_params(m) != r.np) {
-        tl_setf(line, "%s: num_params %lu, reference %lu", c->spec, (unsigned long)mnistcu_model_num_params(m),
+        tu_setf(line, "%s: num_params %lu, reference %lu", c->spec, (unsigned long)mnistcu_model_num_params(m),
                 (unsigned long)r.np);
         goto done;
     }
@@ -816,12 +771,12 @@ static int tl_case_run(const tl_case *c, tl_result *res, int line)
     pd = tl_dalloc(r.np);
     if (!p || !gall || !y || !res->idx || !res->g || !res->fd || !res->logits || !res->ref_logits || !pd ||
         !tl_ref_reserve(&r, c->B)) {
-        tl_setf(line, "malloc");
+        tu_setf(line, "malloc");
         goto done;
     }
     tl_random_params(&r, &rng, p);
     if (mnistcu_model_set_params(m, p, r.np) != MNISTCU_OK) {
-        tl_setf(line, "%s: set_params: %s", c->spec, mnistcu_ctx_error(ctx));
+        tu_setf(line, "%s: set_params: %s", c->spec, mnistcu_ctx_error(ctx));
         goto done;
     }
     for (i = 0; i < r.np; ++i) pd[i] = (double)p[i];
@@ -837,7 +792,7 @@ static int tl_case_run(const tl_case *c, tl_result *res, int line)
             free(tmp);
             tmp = tl_falloc((size_t)L->c * 2);
             if (!tmp) {
-                tl_setf(line, "malloc");
+                tu_setf(line, "malloc");
                 goto done;
             }
             for (k = 0; k < (size_t)L->c; ++k) {
@@ -848,12 +803,12 @@ static int tl_case_run(const tl_case *c, tl_result *res, int line)
             }
             snprintf(name, sizeof name, "%d.running_mean", li);
             if (mnistcu_model_set_tensor(m, name, tmp, (size_t)L->c) != MNISTCU_OK) {
-                tl_setf(line, "%s: set_tensor %s: %s", c->spec, name, mnistcu_ctx_error(ctx));
+                tu_setf(line, "%s: set_tensor %s: %s", c->spec, name, mnistcu_ctx_error(ctx));
                 goto done;
             }
             snprintf(name, sizeof name, "%d.running_var", li);
             if (mnistcu_model_set_tensor(m, name, tmp + L->c, (size_t)L->c) != MNISTCU_OK) {
-                tl_setf(line, "%s: set_tensor %s: %s", c->spec, name, mnistcu_ctx_error(ctx));
+                tu_setf(line, "%s: set_tensor %s: %s", c->spec, name, mnistcu_ctx_error(ctx));
                 goto done;
             }
         }
@@ -862,7 +817,7 @@ static int tl_case_run(const tl_case *c, tl_result *res, int line)
         free(x);
         x = tu_random_floats(&rng, c->B * r.inputs, -1.0f, 1.0f);
         if (!x) {
-            tl_setf(line, "malloc");
+            tu_setf(line, "malloc");
             goto done;
         }
         tl_ref_input(&r, x, c->B);
@@ -870,19 +825,19 @@ static int tl_case_run(const tl_case *c, tl_result *res, int line)
         /* the forward pass is continuous at the kinks: only gradients need a margin */
         if (res->nchk == 0 || (res->mg.relu >= TL_MARGIN && res->mg.pool >= TL_MARGIN)) break;
         if (res->attempts == 500) {
-            tl_setf(line, "%s: no inputs found with every kink %g away (relu %.3g, pool %.3g)", c->spec, TL_MARGIN,
+            tu_setf(line, "%s: no inputs found with every kink %g away (relu %.3g, pool %.3g)", c->spec, TL_MARGIN,
                     res->mg.relu, res->mg.pool);
             goto done;
         }
     }
     memcpy(res->ref_logits, r.act[r.n], c->B * r.classes * sizeof(double));
     if (mnistcu_model_forward(m, x, c->B, res->logits) != MNISTCU_OK) {
-        tl_setf(line, "%s: forward: %s", c->spec, mnistcu_ctx_error(ctx));
+        tu_setf(line, "%s: forward: %s", c->spec, mnistcu_ctx_error(ctx));
         goto done;
     }
     if (mnistcu_model_compute_grads(m, x, y, c->B, &res->loss_lib) != MNISTCU_OK ||
         mnistcu_model_get_grads(m, gall, r.np) != MNISTCU_OK) {
-        tl_setf(line, "%s: compute_grads: %s", c->spec, mnistcu_ctx_error(ctx));
+        tu_setf(line, "%s: compute_grads: %s", c->spec, mnistcu_ctx_error(ctx));
         goto done;
     }
     for (k = 0; k < res->nchk; ++k) res->g[k] = gall[res->idx[k]];
@@ -922,7 +877,7 @@ static int tl_case_check(const tl_case *c, int line)
     if (!tl_case_run(c, &res, line)) goto done;
     lrel = fabs(res.loss_lib - res.loss_ref) / fabs(res.loss_ref);
     if (!tl_compare(res.logits, res.ref_logits, res.B * res.classes, TL_FWD_ATOL, TL_FWD_RTOL, &fs)) {
-        tl_setf(line, "%s (batch %lu%s): %lu of %lu logits off; worst [sample %lu, class %lu]: library %.9g, "
+        tu_setf(line, "%s (batch %lu%s): %lu of %lu logits off; worst [sample %lu, class %lu]: library %.9g, "
                       "reference %.9g",
                 c->spec, (unsigned long)c->B, c->eval ? ", eval" : "", (unsigned long)fs.nbad,
                 (unsigned long)(res.B * res.classes), (unsigned long)(fs.worst / res.classes),
@@ -930,7 +885,7 @@ static int tl_case_check(const tl_case *c, int line)
         goto done;
     }
     if (!(lrel <= TL_LOSS_RTOL)) {
-        tl_setf(line, "%s (batch %lu): loss %.9g, reference %.9g (rel err %.3g)", c->spec, (unsigned long)c->B,
+        tu_setf(line, "%s (batch %lu): loss %.9g, reference %.9g (rel err %.3g)", c->spec, (unsigned long)c->B,
                 res.loss_lib, res.loss_ref, lrel);
         goto done;
     }
@@ -949,7 +904,7 @@ static int tl_case_check(const tl_case *c, int line)
                c->spec, (unsigned long)c->B, c->eval ? " eval" : "", (unsigned long)res.nchk, (unsigned long)res.np,
                gs.max_ref, gs.max_abs, gs.max_rel, gs.worst_score, fs.max_abs, fs.worst_score, res.attempts);
     if (!ok)
-        tl_setf(line, "%s (batch %lu%s): %lu of %lu gradients off; worst: parameter %lu: library %.9g, finite "
+        tu_setf(line, "%s (batch %lu%s): %lu of %lu gradients off; worst: parameter %lu: library %.9g, finite "
                       "difference %.9g (|err| %.3g > %.3g + %.3g*|fd|)",
                 c->spec, (unsigned long)c->B, c->eval ? ", eval" : "", (unsigned long)gs.nbad,
                 (unsigned long)res.nchk, (unsigned long)res.idx[gs.worst], (double)res.g[gs.worst],
@@ -981,7 +936,7 @@ TEST kind_dense(void)
         {"9 dense4", 5, 0, 204, 0},
         {"1x1x6 dense5 relu dense2", 3, 0, 205, 0},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1000,7 +955,7 @@ TEST kind_conv2d(void)
         {"1x8x8 conv2x2x2 tanh conv3x3x3:s=2:p=1 flatten dense3", 3, 0, 220, 0}, /* dx through stride, padding */
         {"2x9x8 conv1x1x2 sigmoid conv3x2x2:s=3:p=2:bias=0 flatten dense3", 5, 0, 228, 0},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1017,7 +972,7 @@ TEST kind_maxpool2d(void)
         {"1x9x9 conv2x2x2 maxpool2:s=3 flatten dense3", 3, 0, 226, 0},      /* stride > kernel: gaps */
         {"1x7x7 conv2x2x2 tanh maxpool3 flatten dense3", 3, 0, 227, 0},     /* 6x6 -> 2x2 */
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1032,7 +987,7 @@ TEST kind_avgpool2d(void)
         {"1x9x9 conv2x2x2 avgpool2:s=3 flatten dense3", 3, 0, 236, 0},
         {"2x5x5 avgpool2 flatten dense3", 3, 0, 237, 0}, /* on the input: no gradient through it */
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1053,7 +1008,7 @@ TEST kind_batchnorm(void)
         {"6 dense5 batchnorm:eps=0.01 tanh dense3", 1, 1, 250, 0},        /* EVAL 1-D, batch 1 */
         {"6 dense5 batchnorm tanh dense3", 5, 1, 251, 0},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1069,7 +1024,7 @@ TEST kind_dropout(void)
         {"6 dense8 dropout0.3 dropout0.4 dense3", 3, 0, 265, 0},           /* two layers: two masks */
         {"6 dense8 dropout0.3 dense3", 3, 1, 266, 0},                      /* EVAL: the identity */
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1082,7 +1037,7 @@ TEST kind_flatten(void)
         {"5 flatten dense3", 3, 0, 273, 0}, /* flat input: nothing to do */
         {"2x4x3 conv2x2x2 flatten tanh dense3", 1, 0, 274, 0},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1098,7 +1053,7 @@ TEST kind_relu(void)
         {"6 relu dense3", 3, 0, 285, 0},
         {"6 dense7 relu relu dense3", 1, 0, 286, 0},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1111,7 +1066,7 @@ TEST kind_leaky_relu(void)
         {"6 dense7 leaky_relu-0.5 dense3", 1, 0, 294, 0},           /* negative slope */
         {"6 dense7 leaky_relu1.5 dense3", 3, 0, 295, 0},            /* slope above 1 */
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1123,7 +1078,7 @@ TEST kind_sigmoid(void)
         {"1x7x7 conv2x2x2 maxpool2 sigmoid flatten dense3", 5, 0, 303, 0},
         {"6 dense7 sigmoid sigmoid dense3", 1, 0, 304, 0},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1135,7 +1090,7 @@ TEST kind_tanh(void)
         {"1x7x7 conv2x2x2 avgpool2 tanh flatten dense3", 5, 0, 313, 0},
         {"6 dense7 batchnorm tanh dense3", 3, 0, 314, 0},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1151,7 +1106,7 @@ TEST kind_softmax(void)
         {"6 dense4 softmax", 5, 0, 324, 0},
         {"6 dense5 softmax dense3", 1, 0, 325, 0},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1177,11 +1132,11 @@ TEST maxpool_ties_route_to_first(void)
     size_t b, i, k;
     int failed = 0, o, wi, wj, first, last, at;
     memset(&r, 0, sizeof r);
-    TL_REQUIRE(ctx != NULL, "no context");
-    TL_REQUIRE(tl_parse("2x4x4 conv1x1x1 maxpool2 flatten dense3", &d), "parse");
-    TL_REQUIRE_OK(tl_ref_make(&r, &d, __LINE__));
-    TL_REQUIRE(r.np == 18 && tl_ref_reserve(&r, B), "reference");
-    TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(tl_parse("2x4x4 conv1x1x1 maxpool2 flatten dense3", &d), "parse");
+    TU_REQUIRE_OK(tl_ref_make(&r, &d, __LINE__));
+    TU_REQUIRE(r.np == 18 && tl_ref_reserve(&r, B), "reference");
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
     /* channel 0: every window has tied maxima; channel 1: distinct values */
     for (b = 0; b < B; ++b)
         for (o = 0; o < 4; ++o) {
@@ -1199,14 +1154,14 @@ TEST maxpool_ties_route_to_first(void)
     p[2] = 0.0f;
     for (i = 3; i < 18; ++i) p[i] = (float)tu_uniform(&rng, -1.0, 1.0);
     for (i = 0; i < 18; ++i) pd[i] = (double)p[i];
-    TL_REQUIRE(mnistcu_model_set_params(m, p, 18) == MNISTCU_OK, "set_params");
-    TL_REQUIRE(mnistcu_model_forward(m, x, B, logits) == MNISTCU_OK, "forward");
-    TL_REQUIRE(mnistcu_model_compute_grads(m, x, y, B, NULL) == MNISTCU_OK && mnistcu_model_get_grads(m, g, 18) == MNISTCU_OK,
+    TU_REQUIRE(mnistcu_model_set_params(m, p, 18) == MNISTCU_OK, "set_params");
+    TU_REQUIRE(mnistcu_model_forward(m, x, B, logits) == MNISTCU_OK, "forward");
+    TU_REQUIRE(mnistcu_model_compute_grads(m, x, y, B, NULL) == MNISTCU_OK && mnistcu_model_get_grads(m, g, 18) == MNISTCU_OK,
                "compute_grads");
     tl_ref_input(&r, x, B);
     tl_ref_run(&r, pd, B, y, NULL, 0);
     for (i = 0; i < B * 3; ++i)
-        TL_REQUIRE(fabs((double)logits[i] - r.act[r.n][i]) <= TL_FWD_ATOL + TL_FWD_RTOL * fabs(r.act[r.n][i]),
+        TU_REQUIRE(fabs((double)logits[i] - r.act[r.n][i]) <= TL_FWD_ATOL + TL_FWD_RTOL * fabs(r.act[r.n][i]),
                    "logit %lu: %.9g, reference %.9g", (unsigned long)i, (double)logits[i], r.act[r.n][i]);
     /* delta[b][o] = dL/d(pooled o): (softmax - onehot)/B through the dense weights (at 3, [3][4]) */
     for (b = 0; b < B; ++b) {
@@ -1239,17 +1194,17 @@ TEST maxpool_ties_route_to_first(void)
             glast += delta[b][o] * (double)x[b * 32 + 16 + (size_t)last];
         }
     }
-    TL_REQUIRE(fabs(gfirst - glast) > 100.0 * (TL_GRAD_ATOL + TL_GRAD_RTOL * fabs(gfirst)),
+    TU_REQUIRE(fabs(gfirst - glast) > 100.0 * (TL_GRAD_ATOL + TL_GRAD_RTOL * fabs(gfirst)),
                "the case cannot tell first from last (%.9g vs %.9g)", gfirst, glast);
-    TL_REQUIRE(fabs((double)g[1] - gfirst) <= TL_GRAD_ATOL + TL_GRAD_RTOL * fabs(gfirst),
+    TU_REQUIRE(fabs((double)g[1] - gfirst) <= TL_GRAD_ATOL + TL_GRAD_RTOL * fabs(gfirst),
                "the gradient went elsewhere than the first maximum: weight of channel 1: %.9g; first max %.9g, "
                "last max %.9g", (double)g[1], gfirst, glast);
-    TL_REQUIRE(fabs((double)g[2] - gsum) <= TL_GRAD_ATOL + TL_GRAD_RTOL * fabs(gsum),
+    TU_REQUIRE(fabs((double)g[2] - gsum) <= TL_GRAD_ATOL + TL_GRAD_RTOL * fabs(gsum),
                "conv bias gradient %.9g, expected %.9g (each window routes its gradient once)", (double)g[2], gsum);
 done:
     tl_ref_free(&r);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* ---- the table of per-kind tests, indexed by kind ----------------------- */
@@ -1308,7 +1263,7 @@ TEST cnn_mini_lenet(void)
         {TL_MINI_LENET, 5, 0, 403, 0},
         {"1x12x12 conv5x5x6:p=2 relu maxpool2 conv5x5x16 relu maxpool2 flatten dense32 relu dense10", 3, 0, 404, 600},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1320,7 +1275,7 @@ TEST cnn_every_kind(void)
         {TL_EVERY_KIND, 1, 1, 413, 0}, /* EVAL: running statistics, no dropout; batch 1 */
         {TL_EVERY_KIND, 3, 1, 414, 0},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1333,7 +1288,7 @@ TEST cnn_presets(void)
         {TL_FASHION_CNN, 2, 0, 422, TL_FORWARD_ONLY},
         {TL_FASHION_CNN, 3, 1, 423, TL_FORWARD_ONLY},
     };
-    if (!TL_CASES(cases)) FAILm(tl_msg);
+    if (!TL_CASES(cases)) FAILm(tu_msg);
     PASS();
 }
 
@@ -1354,41 +1309,41 @@ TEST checks_detect_errors(void)
     c.seed = 402;
     c.subset = 0;
     memset(&r, 0, sizeof r);
-    TL_REQUIRE_OK(tl_case_run(&c, &r, __LINE__));
+    TU_REQUIRE_OK(tl_case_run(&c, &r, __LINE__));
     bad = tl_falloc(r.nchk + r.B * r.classes);
-    TL_REQUIRE(bad != NULL, "malloc");
-    TL_REQUIRE(tl_compare(r.g, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st),
+    TU_REQUIRE(bad != NULL, "malloc");
+    TU_REQUIRE(tl_compare(r.g, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st),
                "the unmodified gradients fail (worst %.3g)", st.worst_score);
     for (i = 0; i < r.nchk; ++i)
         if (fabs(r.fd[i]) > fabs(r.fd[big])) big = i;
     for (i = 0; i < r.nchk; ++i) bad[i] = r.g[i] * 1.001f;
-    TL_REQUIRE(!tl_compare(bad, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st), "gradients * 1.001 pass");
+    TU_REQUIRE(!tl_compare(bad, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st), "gradients * 1.001 pass");
     for (i = 0; i < r.nchk; ++i) bad[i] = r.g[i];
     bad[r.nchk / 2] += (float)(1e-3 * fabs(r.fd[big]));
-    TL_REQUIRE(!tl_compare(bad, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st), "one perturbed element passes");
-    TL_REQUIRE(st.nbad == 1 && st.worst == r.nchk / 2, "the perturbed element not singled out (%lu bad, worst %lu)",
+    TU_REQUIRE(!tl_compare(bad, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st), "one perturbed element passes");
+    TU_REQUIRE(st.nbad == 1 && st.worst == r.nchk / 2, "the perturbed element not singled out (%lu bad, worst %lu)",
                (unsigned long)st.nbad, (unsigned long)st.worst);
     /* the first conv's 3x3 kernels transposed ([out][in][kw][kh]): a layout error */
     for (i = 0; i < r.nchk; ++i) bad[i] = r.g[i];
     for (i = 0; i < 4; ++i)
         for (kh = 0; kh < 3; ++kh)
             for (kw = 0; kw < 3; ++kw) bad[i * 9 + kh * 3 + kw] = r.g[i * 9 + kw * 3 + kh];
-    TL_REQUIRE(!tl_compare(bad, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st), "transposed kernels pass");
+    TU_REQUIRE(!tl_compare(bad, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st), "transposed kernels pass");
     for (i = 0; i < r.nchk; ++i) bad[i] = r.g[i];
     bad[0] = tu_nan();
-    TL_REQUIRE(!tl_compare(bad, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st), "NaN passes");
+    TU_REQUIRE(!tl_compare(bad, r.fd, r.nchk, TL_GRAD_ATOL, TL_GRAD_RTOL, &st), "NaN passes");
     /* logits */
-    TL_REQUIRE(tl_compare(r.logits, r.ref_logits, r.B * r.classes, TL_FWD_ATOL, TL_FWD_RTOL, &st),
+    TU_REQUIRE(tl_compare(r.logits, r.ref_logits, r.B * r.classes, TL_FWD_ATOL, TL_FWD_RTOL, &st),
                "the unmodified logits fail");
     for (i = 0; i < r.B * r.classes; ++i) bad[i] = r.logits[i];
     bad[r.classes + 1] += (float)(1e-4 * (1.0 + fabs(r.ref_logits[r.classes + 1])));
-    TL_REQUIRE(!tl_compare(bad, r.ref_logits, r.B * r.classes, TL_FWD_ATOL, TL_FWD_RTOL, &st),
+    TU_REQUIRE(!tl_compare(bad, r.ref_logits, r.B * r.classes, TL_FWD_ATOL, TL_FWD_RTOL, &st),
                "a logit off by 1e-4 passes");
-    TL_REQUIRE(st.nbad == 1 && st.worst == r.classes + 1, "the perturbed logit not singled out");
+    TU_REQUIRE(st.nbad == 1 && st.worst == r.classes + 1, "the perturbed logit not singled out");
 done:
     free(bad);
     tl_result_free(&r);
-    TL_END();
+    TU_END();
 }
 
 /* ========================================================================== */
@@ -1406,34 +1361,34 @@ static int tl_check_running(mnistcu_model *m, const tl_ref *r, int64_t batches, 
         const tl_rl *L = &r->L[i];
         if (L->kind != MNISTCU_LAYER_BATCHNORM) continue;
         if (L->c > 64) {
-            tl_setf(line, "tl_check_running: %d channels, at most 64", L->c);
+            tu_setf(line, "tl_check_running: %d channels, at most 64", L->c);
             return 0;
         }
         snprintf(name, sizeof name, "%d.running_mean", i);
         if (mnistcu_model_get_tensor(m, name, got, (size_t)L->c) != MNISTCU_OK) {
-            tl_setf(line, "%s: get_tensor %s failed", when, name);
+            tu_setf(line, "%s: get_tensor %s failed", when, name);
             return 0;
         }
         for (k = 0; k < (size_t)L->c; ++k)
             if (!(fabs((double)got[k] - L->rmean[k]) <= 1e-6 + 1e-5 * fabs(L->rmean[k]))) {
-                tl_setf(line, "%s: %s[%lu] = %.9g, reference %.9g", when, name, (unsigned long)k, (double)got[k],
+                tu_setf(line, "%s: %s[%lu] = %.9g, reference %.9g", when, name, (unsigned long)k, (double)got[k],
                         L->rmean[k]);
                 return 0;
             }
         snprintf(name, sizeof name, "%d.running_var", i);
         if (mnistcu_model_get_tensor(m, name, got, (size_t)L->c) != MNISTCU_OK) {
-            tl_setf(line, "%s: get_tensor %s failed", when, name);
+            tu_setf(line, "%s: get_tensor %s failed", when, name);
             return 0;
         }
         for (k = 0; k < (size_t)L->c; ++k)
             if (!(fabs((double)got[k] - L->rvar[k]) <= 1e-6 + 1e-5 * fabs(L->rvar[k]))) {
-                tl_setf(line, "%s: %s[%lu] = %.9g, reference %.9g", when, name, (unsigned long)k, (double)got[k],
+                tu_setf(line, "%s: %s[%lu] = %.9g, reference %.9g", when, name, (unsigned long)k, (double)got[k],
                         L->rvar[k]);
                 return 0;
             }
         snprintf(name, sizeof name, "%d.num_batches_tracked", i);
         if (mnistcu_model_get_tensor(m, name, &nbt, 1) != MNISTCU_OK || nbt != (float)batches) {
-            tl_setf(line, "%s: %s = %g, expected %ld", when, name, (double)nbt, (long)batches);
+            tu_setf(line, "%s: %s = %g, expected %ld", when, name, (double)nbt, (long)batches);
             return 0;
         }
     }
@@ -1460,74 +1415,74 @@ TEST batchnorm_running_statistics(void)
     int failed = 0;
     tl_gstat st;
     memset(&r, 0, sizeof r);
-    TL_REQUIRE(ctx != NULL, "no context");
-    TL_REQUIRE(tl_parse(spec, &d), "parse");
-    TL_REQUIRE_OK(tl_ref_make(&r, &d, __LINE__));
-    TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create: %s", mnistcu_ctx_error(ctx));
-    TL_REQUIRE(mnistcu_model_num_params(m) == r.np, "num_params");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(tl_parse(spec, &d), "parse");
+    TU_REQUIRE_OK(tl_ref_make(&r, &d, __LINE__));
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(mnistcu_model_num_params(m) == r.np, "num_params");
     /* PyTorch's initial values */
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "1.weight", val, 3) == MNISTCU_OK && val[0] == 1.0f && val[1] == 1.0f &&
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "1.weight", val, 3) == MNISTCU_OK && val[0] == 1.0f && val[1] == 1.0f &&
                    val[2] == 1.0f, "1.weight not initialised to 1");
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "1.bias", val, 3) == MNISTCU_OK && val[0] == 0.0f && val[1] == 0.0f &&
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "1.bias", val, 3) == MNISTCU_OK && val[0] == 0.0f && val[1] == 0.0f &&
                    val[2] == 0.0f, "1.bias not initialised to 0");
-    TL_REQUIRE_OK(tl_check_running(m, &r, 0, "fresh model", __LINE__));
+    TU_REQUIRE_OK(tl_check_running(m, &r, 0, "fresh model", __LINE__));
     p = tl_falloc(r.np);
     pd = tl_dalloc(r.np);
     logits = tl_falloc(8 * r.classes);
     before = tl_falloc(64);
     after = tl_falloc(64);
-    TL_REQUIRE(p && pd && logits && before && after && tl_ref_reserve(&r, 8), "malloc");
+    TU_REQUIRE(p && pd && logits && before && after && tl_ref_reserve(&r, 8), "malloc");
     tl_random_params(&r, &rng, p);
     for (i = 0; i < r.np; ++i) pd[i] = (double)p[i];
-    TL_REQUIRE(mnistcu_model_set_params(m, p, r.np) == MNISTCU_OK, "set_params");
+    TU_REQUIRE(mnistcu_model_set_params(m, p, r.np) == MNISTCU_OK, "set_params");
     for (k = 0; k < 4; ++k) {
         B = batches[k];
         free(x);
         x = tu_random_floats(&rng, B * r.inputs, -1.0f, 2.0f); /* mean away from 0 */
-        TL_REQUIRE(x != NULL, "malloc");
+        TU_REQUIRE(x != NULL, "malloc");
         for (i = 0; i < B; ++i) y[i] = (int32_t)(tu_next(&rng) % 3);
-        TL_REQUIRE(mnistcu_model_compute_grads(m, x, y, B, NULL) == MNISTCU_OK, "compute_grads: %s",
+        TU_REQUIRE(mnistcu_model_compute_grads(m, x, y, B, NULL) == MNISTCU_OK, "compute_grads: %s",
                    mnistcu_ctx_error(ctx));
         tl_ref_input(&r, x, B);
         tl_ref_run(&r, pd, B, NULL, NULL, 1);
-        TL_REQUIRE_OK(tl_check_running(m, &r, (int64_t)(k + 1), "after compute_grads", __LINE__));
+        TU_REQUIRE_OK(tl_check_running(m, &r, (int64_t)(k + 1), "after compute_grads", __LINE__));
     }
     /* a TRAIN-mode forward pass updates them too */
-    TL_REQUIRE(mnistcu_model_forward(m, x, B, logits) == MNISTCU_OK, "forward");
+    TU_REQUIRE(mnistcu_model_forward(m, x, B, logits) == MNISTCU_OK, "forward");
     tl_ref_run(&r, pd, B, NULL, NULL, 1);
-    TL_REQUIRE_OK(tl_check_running(m, &r, 5, "after a TRAIN forward", __LINE__));
+    TU_REQUIRE_OK(tl_check_running(m, &r, 5, "after a TRAIN forward", __LINE__));
     /* EVAL: no update, and the output uses the running statistics */
     mnistcu_model_set_mode(m, MNISTCU_MODE_EVAL);
-    TL_REQUIRE(mnistcu_model_mode(m) == MNISTCU_MODE_EVAL, "mode not EVAL");
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "5.running_var", before, 6) == MNISTCU_OK, "get");
-    TL_REQUIRE(mnistcu_model_compute_grads(m, x, y, B, NULL) == MNISTCU_OK, "EVAL compute_grads");
-    TL_REQUIRE(mnistcu_model_forward(m, x, 1, logits) == MNISTCU_OK, "EVAL forward of 1 sample");
-    TL_REQUIRE(mnistcu_model_forward(m, x, B, logits) == MNISTCU_OK, "EVAL forward");
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "5.running_var", after, 6) == MNISTCU_OK, "get");
-    TL_REQUIRE(memcmp(before, after, 6 * sizeof(float)) == 0, "EVAL passes changed running_var");
-    TL_REQUIRE_OK(tl_check_running(m, &r, 5, "after EVAL passes", __LINE__));
+    TU_REQUIRE(mnistcu_model_mode(m) == MNISTCU_MODE_EVAL, "mode not EVAL");
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "5.running_var", before, 6) == MNISTCU_OK, "get");
+    TU_REQUIRE(mnistcu_model_compute_grads(m, x, y, B, NULL) == MNISTCU_OK, "EVAL compute_grads");
+    TU_REQUIRE(mnistcu_model_forward(m, x, 1, logits) == MNISTCU_OK, "EVAL forward of 1 sample");
+    TU_REQUIRE(mnistcu_model_forward(m, x, B, logits) == MNISTCU_OK, "EVAL forward");
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "5.running_var", after, 6) == MNISTCU_OK, "get");
+    TU_REQUIRE(memcmp(before, after, 6 * sizeof(float)) == 0, "EVAL passes changed running_var");
+    TU_REQUIRE_OK(tl_check_running(m, &r, 5, "after EVAL passes", __LINE__));
     r.train = 0;
     tl_ref_run(&r, pd, B, NULL, NULL, 0);
-    TL_REQUIRE(tl_compare(logits, r.act[r.n], B * r.classes, TL_FWD_ATOL, TL_FWD_RTOL, &st),
+    TU_REQUIRE(tl_compare(logits, r.act[r.n], B * r.classes, TL_FWD_ATOL, TL_FWD_RTOL, &st),
                "EVAL logits: %lu off, worst [%lu] %.9g vs reference %.9g", (unsigned long)st.nbad,
                (unsigned long)st.worst, (double)logits[st.worst], r.act[r.n][st.worst]);
     /* num_batches_tracked: a whole number, set and read as float */
     val[0] = 7.0f;
-    TL_REQUIRE(mnistcu_model_set_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_OK, "set nbt 7");
+    TU_REQUIRE(mnistcu_model_set_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_OK, "set nbt 7");
     val[0] = 0.0f;
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_OK && val[0] == 7.0f,
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_OK && val[0] == 7.0f,
                "nbt read back %g", (double)val[0]);
     val[0] = 1.5f;
-    TL_REQUIRE(mnistcu_model_set_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_ERR_INVALID_ARGUMENT,
+    TU_REQUIRE(mnistcu_model_set_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_ERR_INVALID_ARGUMENT,
                "nbt 1.5 accepted");
     val[0] = -1.0f;
-    TL_REQUIRE(mnistcu_model_set_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_ERR_INVALID_ARGUMENT,
+    TU_REQUIRE(mnistcu_model_set_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_ERR_INVALID_ARGUMENT,
                "nbt -1 accepted");
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_OK && val[0] == 7.0f,
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "1.num_batches_tracked", val, 1) == MNISTCU_OK && val[0] == 7.0f,
                "a refused set changed nbt to %g", (double)val[0]);
-    TL_REQUIRE(mnistcu_model_get_tensor_grad(m, "1.running_mean", val, 3) == MNISTCU_ERR_INVALID_ARGUMENT,
+    TU_REQUIRE(mnistcu_model_get_tensor_grad(m, "1.running_mean", val, 3) == MNISTCU_ERR_INVALID_ARGUMENT,
                "a buffer has a gradient");
-    TL_REQUIRE(mnistcu_model_get_tensor_grad(m, "1.num_batches_tracked", val, 1) == MNISTCU_ERR_INVALID_ARGUMENT,
+    TU_REQUIRE(mnistcu_model_get_tensor_grad(m, "1.num_batches_tracked", val, 1) == MNISTCU_ERR_INVALID_ARGUMENT,
                "num_batches_tracked has a gradient");
 done:
     free(p);
@@ -1538,7 +1493,7 @@ done:
     free(after);
     tl_ref_free(&r);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* TRAIN mode needs two values per channel (PyTorch raises): BatchNorm1d with
@@ -1551,20 +1506,20 @@ TEST batchnorm_batch1_flat(void)
     int32_t y[1] = {1};
     mnistcu_result res;
     int failed = 0;
-    TL_REQUIRE(ctx != NULL, "no context");
-    TL_REQUIRE(mnistcu_model_create_spec(ctx, "6 dense5 batchnorm dense3", &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, "6 dense5 batchnorm dense3", &m) == MNISTCU_OK, "create");
     res = mnistcu_model_compute_grads(m, x, y, 1, NULL);
-    TL_REQUIRE(res == MNISTCU_ERR_INVALID_ARGUMENT, "batch 1 in TRAIN mode gave %s", mnistcu_result_name(res));
-    TL_REQUIRE(mnistcu_ctx_error(ctx)[0] != '\0', "no message");
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "1.num_batches_tracked", &nbt, 1) == MNISTCU_OK && nbt == 0.0f,
+    TU_REQUIRE(res == MNISTCU_ERR_INVALID_ARGUMENT, "batch 1 in TRAIN mode gave %s", mnistcu_result_name(res));
+    TU_REQUIRE(mnistcu_ctx_error(ctx)[0] != '\0', "no message");
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "1.num_batches_tracked", &nbt, 1) == MNISTCU_OK && nbt == 0.0f,
                "a refused pass counted a batch (%g)", (double)nbt);
     mnistcu_model_set_mode(m, MNISTCU_MODE_EVAL);
-    TL_REQUIRE(mnistcu_model_compute_grads(m, x, y, 1, NULL) == MNISTCU_OK, "EVAL batch 1: %s",
+    TU_REQUIRE(mnistcu_model_compute_grads(m, x, y, 1, NULL) == MNISTCU_OK, "EVAL batch 1: %s",
                mnistcu_ctx_error(ctx));
-    TL_REQUIRE(mnistcu_model_forward(m, x, 1, logits) == MNISTCU_OK, "EVAL forward batch 1");
+    TU_REQUIRE(mnistcu_model_forward(m, x, 1, logits) == MNISTCU_OK, "EVAL forward batch 1");
 done:
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* ========================================================================== */
@@ -1582,7 +1537,7 @@ static int tl_set_identity(mnistcu_model *m, int line)
     size_t i;
     int ok;
     if (!w) {
-        tl_setf(line, "malloc");
+        tu_setf(line, "malloc");
         return 0;
     }
     memset(zero, 0, sizeof zero);
@@ -1592,7 +1547,7 @@ static int tl_set_identity(mnistcu_model *m, int line)
          mnistcu_model_set_tensor(m, ti.name, w, (size_t)TL_DN * TL_DN) == MNISTCU_OK &&
          mnistcu_model_tensor_info(m, 1, &ti) == MNISTCU_OK && mnistcu_model_set_tensor(m, ti.name, zero, TL_DN) == MNISTCU_OK;
     free(w);
-    if (!ok) tl_setf(line, "could not make the dense layer the identity");
+    if (!ok) tu_setf(line, "could not make the dense layer the identity");
     return ok;
 }
 
@@ -1605,7 +1560,7 @@ static int tl_check_mask(mnistcu_model *m, const float *x, size_t B, uint64_t se
     size_t e, n = B * TL_DN, bad = 0, first = 0;
     float scale = 1.0f / (1.0f - p);
     if (mnistcu_model_forward(m, x, B, out) != MNISTCU_OK) {
-        tl_setf(line, "%s: forward failed", what);
+        tu_setf(line, "%s: forward failed", what);
         return 0;
     }
     *kept = 0;
@@ -1619,7 +1574,7 @@ static int tl_check_mask(mnistcu_model *m, const float *x, size_t B, uint64_t se
         }
     }
     if (bad) {
-        tl_setf(line, "%s (seed %#llx, layer %d, step %llu, p %g): %lu of %lu elements differ from the Philox "
+        tu_setf(line, "%s (seed %#llx, layer %d, step %llu, p %g): %lu of %lu elements differ from the Philox "
                       "mask; first: element %lu: library %.9g, expected %.9g (%s)",
                 what, (unsigned long long)seed, layer, (unsigned long long)step, (double)p, (unsigned long)bad,
                 (unsigned long)n, (unsigned long)first, (double)out[first],
@@ -1661,21 +1616,21 @@ TEST dropout_mask_is_philox(void)
     int failed = 0;
     x = tl_ones(n);
     out = tl_falloc(n);
-    TL_REQUIRE(x && out, "malloc");
+    TU_REQUIRE(x && out, "malloc");
     for (c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
         mnistcu_ctx_destroy(ctx);
         ctx = tl_ctx_seed(cases[c].seed);
-        TL_REQUIRE(ctx != NULL, "no context");
-        TL_REQUIRE(tl_parse(cases[c].spec, &d), "parse %s", cases[c].spec);
-        TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "%s: %s", cases[c].spec, mnistcu_ctx_error(ctx));
-        TL_REQUIRE_OK(tl_set_identity(m, __LINE__));
-        TL_REQUIRE(mnistcu_model_steps(m) == 0, "a fresh model at step %llu", (unsigned long long)mnistcu_model_steps(m));
+        TU_REQUIRE(ctx != NULL, "no context");
+        TU_REQUIRE(tl_parse(cases[c].spec, &d), "parse %s", cases[c].spec);
+        TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "%s: %s", cases[c].spec, mnistcu_ctx_error(ctx));
+        TU_REQUIRE_OK(tl_set_identity(m, __LINE__));
+        TU_REQUIRE(mnistcu_model_steps(m) == 0, "a fresh model at step %llu", (unsigned long long)mnistcu_model_steps(m));
         if (!strstr(cases[c].spec, "tanh")) {
-            TL_REQUIRE_OK(tl_check_mask(m, x, B, cases[c].seed, cases[c].layer, 0, cases[c].p, out, &kept,
+            TU_REQUIRE_OK(tl_check_mask(m, x, B, cases[c].seed, cases[c].layer, 0, cases[c].p, out, &kept,
                                         cases[c].spec, __LINE__));
         } else { /* the dropout sees relu(tanh(relu(1))), which the library computes in float */
             size_t e, bad = 0;
-            TL_REQUIRE(mnistcu_model_forward(m, x, B, out) == MNISTCU_OK, "forward");
+            TU_REQUIRE(mnistcu_model_forward(m, x, B, out) == MNISTCU_OK, "forward");
             kept = 0;
             for (e = 0; e < n; ++e) {
                 int keep = tl_keep(cases[c].seed, cases[c].layer, 0, e, cases[c].p);
@@ -1684,11 +1639,11 @@ TEST dropout_mask_is_philox(void)
                 if (keep && !(fabs((double)out[e] - tanh(1.0) / (1.0 - (double)cases[c].p)) <= 1e-5))
                     bad++;
             }
-            TL_REQUIRE(bad == 0, "%s: %lu elements differ from the Philox mask", cases[c].spec, (unsigned long)bad);
+            TU_REQUIRE(bad == 0, "%s: %lu elements differ from the Philox mask", cases[c].spec, (unsigned long)bad);
         }
         frac = (double)kept / (double)n;
         sd = sqrt((double)cases[c].p * (1.0 - (double)cases[c].p) / (double)n);
-        TL_REQUIRE(fabs(frac - (1.0 - (double)cases[c].p)) <= 5.0 * sd, "%s: kept %.5f, expected %.5f +- %.5f",
+        TU_REQUIRE(fabs(frac - (1.0 - (double)cases[c].p)) <= 5.0 * sd, "%s: kept %.5f, expected %.5f +- %.5f",
                    cases[c].spec, frac, 1.0 - (double)cases[c].p, 5.0 * sd);
         mnistcu_model_destroy(m);
         m = NULL;
@@ -1697,7 +1652,7 @@ done:
     free(x);
     free(out);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* The step counter: compute_grads and forward do not advance it (the same
@@ -1717,33 +1672,33 @@ TEST dropout_mask_follows_the_step(void)
     int failed = 0;
     memset(&o, 0, sizeof o);
     o.learning_rate = 0.01f;
-    TL_REQUIRE(ctx != NULL, "no context");
-    TL_REQUIRE(tl_parse("200 dropout0.3 dense200", &d), "parse");
-    TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
-    TL_REQUIRE_OK(tl_set_identity(m, __LINE__));
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(tl_parse("200 dropout0.3 dense200", &d), "parse");
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
+    TU_REQUIRE_OK(tl_set_identity(m, __LINE__));
     x = tu_random_floats(&rng, n, 0.5f, 1.5f);
     m0 = tl_falloc(n);
     m1 = tl_falloc(n);
     w = tl_falloc(mnistcu_model_num_params(m));
     y = (int32_t *)calloc(B, sizeof(int32_t));
-    TL_REQUIRE(x && m0 && m1 && w && y, "malloc");
-    TL_REQUIRE(mnistcu_model_get_params(m, w, mnistcu_model_num_params(m)) == MNISTCU_OK, "get_params");
-    TL_REQUIRE_OK(tl_check_mask(m, x, B, TL_SEED, 0, 0, 0.3f, m0, &kept, "step 0", __LINE__));
-    TL_REQUIRE(mnistcu_model_compute_grads(m, x, y, B, NULL) == MNISTCU_OK, "compute_grads");
-    TL_REQUIRE(mnistcu_model_steps(m) == 0, "compute_grads advanced the step to %llu",
+    TU_REQUIRE(x && m0 && m1 && w && y, "malloc");
+    TU_REQUIRE(mnistcu_model_get_params(m, w, mnistcu_model_num_params(m)) == MNISTCU_OK, "get_params");
+    TU_REQUIRE_OK(tl_check_mask(m, x, B, TL_SEED, 0, 0, 0.3f, m0, &kept, "step 0", __LINE__));
+    TU_REQUIRE(mnistcu_model_compute_grads(m, x, y, B, NULL) == MNISTCU_OK, "compute_grads");
+    TU_REQUIRE(mnistcu_model_steps(m) == 0, "compute_grads advanced the step to %llu",
                (unsigned long long)mnistcu_model_steps(m));
-    TL_REQUIRE_OK(tl_check_mask(m, x, B, TL_SEED, 0, 0, 0.3f, m1, &kept, "step 0 again", __LINE__));
-    TL_REQUIRE(memcmp(m0, m1, n * sizeof(float)) == 0, "two passes at step 0 differ");
+    TU_REQUIRE_OK(tl_check_mask(m, x, B, TL_SEED, 0, 0, 0.3f, m1, &kept, "step 0 again", __LINE__));
+    TU_REQUIRE(memcmp(m0, m1, n * sizeof(float)) == 0, "two passes at step 0 differ");
     for (step = 1; step <= 3; ++step) {
-        TL_REQUIRE(mnistcu_model_apply_grads(m, &o) == MNISTCU_OK, "apply_grads");
-        TL_REQUIRE(mnistcu_model_steps(m) == step, "steps %llu after %llu apply_grads",
+        TU_REQUIRE(mnistcu_model_apply_grads(m, &o) == MNISTCU_OK, "apply_grads");
+        TU_REQUIRE(mnistcu_model_steps(m) == step, "steps %llu after %llu apply_grads",
                    (unsigned long long)mnistcu_model_steps(m), (unsigned long long)step);
-        TL_REQUIRE(mnistcu_model_set_params(m, w, mnistcu_model_num_params(m)) == MNISTCU_OK, "set_params");
-        TL_REQUIRE_OK(tl_check_mask(m, x, B, TL_SEED, 0, step, 0.3f, m1, &kept, "after apply_grads", __LINE__));
+        TU_REQUIRE(mnistcu_model_set_params(m, w, mnistcu_model_num_params(m)) == MNISTCU_OK, "set_params");
+        TU_REQUIRE_OK(tl_check_mask(m, x, B, TL_SEED, 0, step, 0.3f, m1, &kept, "after apply_grads", __LINE__));
     }
     for (i = 0; i < n; ++i) differ += (m0[i] != 0.0f) != (m1[i] != 0.0f);
     /* independent masks with p 0.3 disagree on 2 p (1-p) = 42% of the elements */
-    TL_REQUIRE(differ > n / 3, "the masks of steps 0 and 3 differ in only %lu of %lu elements", (unsigned long)differ,
+    TU_REQUIRE(differ > n / 3, "the masks of steps 0 and 3 differ in only %lu of %lu elements", (unsigned long)differ,
                (unsigned long)n);
 done:
     free(x);
@@ -1752,7 +1707,7 @@ done:
     free(w);
     free(y);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* Same seed and step: the same mask (another context, another model); another
@@ -1769,35 +1724,35 @@ TEST dropout_masks_by_layer_and_seed(void)
     size_t i, k, kept, diff_layer = 0, diff_seed = 0;
     int failed = 0;
     x = tl_ones(n);
-    TL_REQUIRE(x != NULL, "malloc");
+    TU_REQUIRE(x != NULL, "malloc");
     for (k = 0; k < 4; ++k) {
         out[k] = tl_falloc(n);
-        TL_REQUIRE(out[k] != NULL, "malloc");
+        TU_REQUIRE(out[k] != NULL, "malloc");
         mnistcu_ctx_destroy(ctx);
         ctx = tl_ctx_seed(seeds[k]);
-        TL_REQUIRE(ctx != NULL, "no context");
-        TL_REQUIRE(tl_parse(specs[k < 3 ? k : 0], &d), "parse");
-        TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
-        TL_REQUIRE_OK(tl_set_identity(m, __LINE__));
-        TL_REQUIRE_OK(tl_check_mask(m, x, B, seeds[k], k == 2 ? 1 : 0, 0, 0.5f, out[k], &kept, specs[k < 3 ? k : 0],
+        TU_REQUIRE(ctx != NULL, "no context");
+        TU_REQUIRE(tl_parse(specs[k < 3 ? k : 0], &d), "parse");
+        TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
+        TU_REQUIRE_OK(tl_set_identity(m, __LINE__));
+        TU_REQUIRE_OK(tl_check_mask(m, x, B, seeds[k], k == 2 ? 1 : 0, 0, 0.5f, out[k], &kept, specs[k < 3 ? k : 0],
                                     __LINE__));
         mnistcu_model_destroy(m);
         m = NULL;
     }
-    TL_REQUIRE(memcmp(out[0], out[1], n * sizeof(float)) == 0, "the same seed, layer and step gave different masks");
+    TU_REQUIRE(memcmp(out[0], out[1], n * sizeof(float)) == 0, "the same seed, layer and step gave different masks");
     for (i = 0; i < n; ++i) {
         diff_layer += out[0][i] != out[2][i];
         diff_seed += out[0][i] != out[3][i];
     }
-    TL_REQUIRE(diff_layer > n / 3, "layers 0 and 1 share their mask (%lu of %lu differ)", (unsigned long)diff_layer,
+    TU_REQUIRE(diff_layer > n / 3, "layers 0 and 1 share their mask (%lu of %lu differ)", (unsigned long)diff_layer,
                (unsigned long)n);
-    TL_REQUIRE(diff_seed > n / 3, "seeds 1234 and 99 share their mask (%lu of %lu differ)", (unsigned long)diff_seed,
+    TU_REQUIRE(diff_seed > n / 3, "seeds 1234 and 99 share their mask (%lu of %lu differ)", (unsigned long)diff_seed,
                (unsigned long)n);
 done:
     free(x);
     for (k = 0; k < 4; ++k) free(out[k]);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* EVAL mode: dropout is the identity, exactly. */
@@ -1811,22 +1766,22 @@ TEST dropout_eval_is_identity(void)
     float *x = NULL, *out = NULL;
     size_t i;
     int failed = 0;
-    TL_REQUIRE(ctx != NULL, "no context");
-    TL_REQUIRE(tl_parse("200 dropout0.6 dense200", &d), "parse");
-    TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
-    TL_REQUIRE_OK(tl_set_identity(m, __LINE__));
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(tl_parse("200 dropout0.6 dense200", &d), "parse");
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
+    TU_REQUIRE_OK(tl_set_identity(m, __LINE__));
     x = tu_random_floats(&rng, n, -2.0f, 2.0f);
     out = tl_falloc(n);
-    TL_REQUIRE(x && out, "malloc");
+    TU_REQUIRE(x && out, "malloc");
     mnistcu_model_set_mode(m, MNISTCU_MODE_EVAL);
-    TL_REQUIRE(mnistcu_model_forward(m, x, B, out) == MNISTCU_OK, "forward");
+    TU_REQUIRE(mnistcu_model_forward(m, x, B, out) == MNISTCU_OK, "forward");
     for (i = 0; i < n; ++i)
-        TL_REQUIRE(out[i] == x[i], "EVAL: element %lu: %.9g, input %.9g", (unsigned long)i, (double)out[i], (double)x[i]);
+        TU_REQUIRE(out[i] == x[i], "EVAL: element %lu: %.9g, input %.9g", (unsigned long)i, (double)out[i], (double)x[i]);
 done:
     free(x);
     free(out);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* ========================================================================== */
@@ -1857,32 +1812,32 @@ TEST mode_changes_only_batchnorm_and_dropout(void)
     int32_t labels[6];
     size_t c, i, C, differ;
     int failed = 0, j;
-    TL_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     for (c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
-        TL_REQUIRE(tl_parse(cases[c].spec, &d), "parse");
-        TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "%s: create", cases[c].spec);
-        TL_REQUIRE(mnistcu_model_mode(m) == MNISTCU_MODE_TRAIN, "%s: a new model is not in TRAIN mode", cases[c].spec);
+        TU_REQUIRE(tl_parse(cases[c].spec, &d), "parse");
+        TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "%s: create", cases[c].spec);
+        TU_REQUIRE(mnistcu_model_mode(m) == MNISTCU_MODE_TRAIN, "%s: a new model is not in TRAIN mode", cases[c].spec);
         C = strstr(cases[c].spec, "dense4") ? 4 : 3;
         free(x);
         x = tu_random_floats(&rng, B * 72, -1.0f, 1.0f);
-        TL_REQUIRE(x != NULL, "malloc");
-        TL_REQUIRE(tl_forward_mode(m, MNISTCU_MODE_TRAIN, x, B, train) && tl_forward_mode(m, MNISTCU_MODE_EVAL, x, B, eval),
+        TU_REQUIRE(x != NULL, "malloc");
+        TU_REQUIRE(tl_forward_mode(m, MNISTCU_MODE_TRAIN, x, B, train) && tl_forward_mode(m, MNISTCU_MODE_EVAL, x, B, eval),
                    "%s: forward", cases[c].spec);
         for (differ = 0, i = 0; i < B * C; ++i) differ += fabs((double)train[i] - (double)eval[i]) > 1e-3;
         if (cases[c].moded)
-            TL_REQUIRE(differ > 0, "%s: TRAIN and EVAL give the same logits", cases[c].spec);
+            TU_REQUIRE(differ > 0, "%s: TRAIN and EVAL give the same logits", cases[c].spec);
         else
-            TL_REQUIRE(memcmp(train, eval, B * C * sizeof(float)) == 0, "%s: the mode changed the logits",
+            TU_REQUIRE(memcmp(train, eval, B * C * sizeof(float)) == 0, "%s: the mode changed the logits",
                        cases[c].spec);
         /* predict: EVAL probabilities, the mode (TRAIN) kept, no batch counted */
         mnistcu_model_set_mode(m, MNISTCU_MODE_TRAIN);
         if (strstr(cases[c].spec, "batchnorm"))
-            TL_REQUIRE(mnistcu_model_get_tensor(m, d.layers[1].kind == MNISTCU_LAYER_BATCHNORM ? "1.num_batches_tracked"
+            TU_REQUIRE(mnistcu_model_get_tensor(m, d.layers[1].kind == MNISTCU_LAYER_BATCHNORM ? "1.num_batches_tracked"
                                                                                                 : "2.num_batches_tracked",
                                                 &nbt, 1) == MNISTCU_OK, "get nbt");
-        TL_REQUIRE(mnistcu_predict(m, x, B, labels, probs) == MNISTCU_OK, "%s: predict: %s", cases[c].spec,
+        TU_REQUIRE(mnistcu_predict(m, x, B, labels, probs) == MNISTCU_OK, "%s: predict: %s", cases[c].spec,
                    mnistcu_ctx_error(ctx));
-        TL_REQUIRE(mnistcu_model_mode(m) == MNISTCU_MODE_TRAIN, "%s: predict left the model in EVAL mode",
+        TU_REQUIRE(mnistcu_model_mode(m) == MNISTCU_MODE_TRAIN, "%s: predict left the model in EVAL mode",
                    cases[c].spec);
         for (i = 0; i < B; ++i) {
             double mx = eval[i * C], sum = 0.0;
@@ -1891,14 +1846,14 @@ TEST mode_changes_only_batchnorm_and_dropout(void)
             for (j = 0; j < (int)C; ++j) sum += exp((double)eval[i * C + (size_t)j] - mx);
             for (j = 0; j < (int)C; ++j) {
                 double want = exp((double)eval[i * C + (size_t)j] - mx) / sum;
-                TL_REQUIRE(fabs((double)probs[i * C + (size_t)j] - want) <= 1e-6 + 1e-5 * want,
+                TU_REQUIRE(fabs((double)probs[i * C + (size_t)j] - want) <= 1e-6 + 1e-5 * want,
                            "%s: predict's probability [%lu][%d] = %.9g, softmax of the EVAL logits %.9g",
                            cases[c].spec, (unsigned long)i, j, (double)probs[i * C + (size_t)j], want);
             }
         }
         if (strstr(cases[c].spec, "batchnorm")) {
             float after = -1.0f;
-            TL_REQUIRE(mnistcu_model_get_tensor(m, d.layers[1].kind == MNISTCU_LAYER_BATCHNORM ? "1.num_batches_tracked"
+            TU_REQUIRE(mnistcu_model_get_tensor(m, d.layers[1].kind == MNISTCU_LAYER_BATCHNORM ? "1.num_batches_tracked"
                                                                                                 : "2.num_batches_tracked",
                                                 &after, 1) == MNISTCU_OK && after == nbt,
                        "%s: predict counted a batch (%g -> %g)", cases[c].spec, (double)nbt, (double)after);
@@ -1909,7 +1864,7 @@ TEST mode_changes_only_batchnorm_and_dropout(void)
 done:
     free(x);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* mnistcu_model_forward in TRAIN mode over more samples than its internal
@@ -1927,19 +1882,19 @@ TEST train_forward_dropout_is_one_batch(void)
     float *x = NULL, *out = NULL;
     size_t kept;
     int failed = 0;
-    TL_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     x = tl_ones(n);
     out = tl_falloc(n);
-    TL_REQUIRE(x && out, "malloc");
-    TL_REQUIRE(tl_parse("200 dropout0.3 dense200", &d), "parse");
-    TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
-    TL_REQUIRE_OK(tl_set_identity(m, __LINE__));
-    TL_REQUIRE_OK(tl_check_mask(m, x, B, TL_SEED, 0, 0, 0.3f, out, &kept, "a TRAIN forward of 1500 samples", __LINE__));
+    TU_REQUIRE(x && out, "malloc");
+    TU_REQUIRE(tl_parse("200 dropout0.3 dense200", &d), "parse");
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
+    TU_REQUIRE_OK(tl_set_identity(m, __LINE__));
+    TU_REQUIRE_OK(tl_check_mask(m, x, B, TL_SEED, 0, 0, 0.3f, out, &kept, "a TRAIN forward of 1500 samples", __LINE__));
 done:
     free(x);
     free(out);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 TEST train_forward_batchnorm_is_one_batch(void)
@@ -1956,29 +1911,29 @@ TEST train_forward_batchnorm_is_one_batch(void)
     int failed = 0;
     tl_gstat st;
     memset(&r, 0, sizeof r);
-    TL_REQUIRE(ctx != NULL, "no context");
-    TL_REQUIRE(tl_parse("4 dense3 batchnorm dense3", &d), "parse");
-    TL_REQUIRE_OK(tl_ref_make(&r, &d, __LINE__));
-    TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(tl_parse("4 dense3 batchnorm dense3", &d), "parse");
+    TU_REQUIRE_OK(tl_ref_make(&r, &d, __LINE__));
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "create");
     p = tl_falloc(r.np);
     pd = tl_dalloc(r.np);
     out = tl_falloc(B * 3);
     x = tu_random_floats(&rng, B * 4, -1.0f, 1.0f);
-    TL_REQUIRE(p && pd && x && out && tl_ref_reserve(&r, B), "malloc");
+    TU_REQUIRE(p && pd && x && out && tl_ref_reserve(&r, B), "malloc");
     tl_random_params(&r, &rng, p);
     for (i = 0; i < r.np; ++i) pd[i] = (double)p[i];
     for (i = 0; i < B; ++i) x[i * 4] += 2.0f * (float)i / (float)B; /* a trend: parts of the batch differ */
-    TL_REQUIRE(mnistcu_model_set_params(m, p, r.np) == MNISTCU_OK, "set_params");
-    TL_REQUIRE(mnistcu_model_forward(m, x, B, out) == MNISTCU_OK, "forward");
+    TU_REQUIRE(mnistcu_model_set_params(m, p, r.np) == MNISTCU_OK, "set_params");
+    TU_REQUIRE(mnistcu_model_forward(m, x, B, out) == MNISTCU_OK, "forward");
     tl_ref_input(&r, x, B);
     tl_ref_run(&r, pd, B, NULL, NULL, 1);
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "1.num_batches_tracked", &nbt, 1) == MNISTCU_OK && nbt == 1.0f,
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "1.num_batches_tracked", &nbt, 1) == MNISTCU_OK && nbt == 1.0f,
                "one TRAIN forward pass of 1500 samples counted %g batches", (double)nbt);
-    TL_REQUIRE(tl_compare(out, r.act[r.n], B * 3, TL_FWD_ATOL, TL_FWD_RTOL, &st),
+    TU_REQUIRE(tl_compare(out, r.act[r.n], B * 3, TL_FWD_ATOL, TL_FWD_RTOL, &st),
                "a TRAIN forward of 1500 samples: %lu of %lu logits off, worst [sample %lu]: %.9g vs reference %.9g",
                (unsigned long)st.nbad, (unsigned long)(B * 3), (unsigned long)(st.worst / 3), (double)out[st.worst],
                r.act[r.n][st.worst]);
-    TL_REQUIRE_OK(tl_check_running(m, &r, 1, "after a TRAIN forward of 1500 samples", __LINE__));
+    TU_REQUIRE_OK(tl_check_running(m, &r, 1, "after a TRAIN forward of 1500 samples", __LINE__));
 done:
     free(x);
     free(out);
@@ -1986,7 +1941,7 @@ done:
     free(pd);
     tl_ref_free(&r);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* ========================================================================== */
@@ -2061,20 +2016,20 @@ TEST spec_parse_valid(void)
     size_t s;
     int failed = 0, i;
     memset(&r, 0, sizeof r);
-    TL_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     for (s = 0; s < TL_VALID_SPECS; ++s) {
         const char *spec = tl_valid_specs[s];
-        TL_REQUIRE(tl_parse(spec, &mine), "the test's parser rejects \"%s\"", spec);
-        TL_REQUIRE(mnistcu_model_desc_parse(ctx, spec, &lib) == MNISTCU_OK, "\"%s\": %s", spec, mnistcu_ctx_error(ctx));
+        TU_REQUIRE(tl_parse(spec, &mine), "the test's parser rejects \"%s\"", spec);
+        TU_REQUIRE(mnistcu_model_desc_parse(ctx, spec, &lib) == MNISTCU_OK, "\"%s\": %s", spec, mnistcu_ctx_error(ctx));
         tl_desc_diff(&lib, &mine, diff, sizeof diff);
-        TL_REQUIRE(tl_same_desc(&lib, &mine), "\"%s\": the parsed desc differs from the definition: %s (library/test)",
+        TU_REQUIRE(tl_same_desc(&lib, &mine), "\"%s\": the parsed desc differs from the definition: %s (library/test)",
                    spec, diff);
         tl_ref_free(&r);
-        TL_REQUIRE_OK(tl_ref_make(&r, &mine, __LINE__));
-        TL_REQUIRE(mnistcu_model_create_spec(ctx, spec, &m) == MNISTCU_OK, "\"%s\": create_spec: %s", spec,
+        TU_REQUIRE_OK(tl_ref_make(&r, &mine, __LINE__));
+        TU_REQUIRE(mnistcu_model_create_spec(ctx, spec, &m) == MNISTCU_OK, "\"%s\": create_spec: %s", spec,
                    mnistcu_ctx_error(ctx));
         mnistcu_model_info_get(m, &info);
-        TL_REQUIRE(info.num_params == r.np && info.layer_count == r.n && info.classes == r.classes &&
+        TU_REQUIRE(info.num_params == r.np && info.layer_count == r.n && info.classes == r.classes &&
                        info.inputs == r.inputs,
                    "\"%s\": %lu params, %d layers, %lu classes, %lu inputs; reference %lu, %d, %lu, %lu", spec,
                    (unsigned long)info.num_params, info.layer_count, (unsigned long)info.classes,
@@ -2082,8 +2037,8 @@ TEST spec_parse_valid(void)
                    (unsigned long)r.inputs);
         for (i = 0; i < r.n; ++i) {
             const tl_rl *L = &r.L[i];
-            TL_REQUIRE(mnistcu_model_layer_info(m, i, &li) == MNISTCU_OK, "layer_info");
-            TL_REQUIRE(li.desc.kind == L->kind && li.in_shape[0] == L->c && li.in_shape[1] == L->h &&
+            TU_REQUIRE(mnistcu_model_layer_info(m, i, &li) == MNISTCU_OK, "layer_info");
+            TU_REQUIRE(li.desc.kind == L->kind && li.in_shape[0] == L->c && li.in_shape[1] == L->h &&
                            li.in_shape[2] == L->w && li.out_shape[0] == L->oc && li.out_shape[1] == L->oh &&
                            li.out_shape[2] == L->ow && li.num_params == L->nw + L->nb,
                        "\"%s\" layer %d: kind %d, %dx%dx%d -> %dx%dx%d, %lu params; reference %d, %dx%dx%d -> "
@@ -2108,17 +2063,17 @@ TEST spec_parse_valid(void)
         size_t k;
         for (k = 0; k < sizeof same / sizeof same[0]; ++k) {
             mnistcu_model_desc a, b;
-            TL_REQUIRE(mnistcu_model_desc_parse(ctx, same[k][0], &a) == MNISTCU_OK &&
+            TU_REQUIRE(mnistcu_model_desc_parse(ctx, same[k][0], &a) == MNISTCU_OK &&
                            mnistcu_model_desc_parse(ctx, same[k][1], &b) == MNISTCU_OK,
                        "\"%s\" or \"%s\": %s", same[k][0], same[k][1], mnistcu_ctx_error(ctx));
             tl_desc_diff(&a, &b, diff, sizeof diff);
-            TL_REQUIRE(tl_same_desc(&a, &b), "\"%s\" and \"%s\" parse differently: %s", same[k][0], same[k][1], diff);
+            TU_REQUIRE(tl_same_desc(&a, &b), "\"%s\" and \"%s\" parse differently: %s", same[k][0], same[k][1], diff);
         }
     }
 done:
     tl_ref_free(&r);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* The presets are their documented specs, with the documented parameter
@@ -2141,51 +2096,51 @@ TEST spec_presets_and_mlp(void)
     size_t k, np;
     int failed = 0, i;
     memset(&r, 0, sizeof r);
-    TL_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     for (k = 0; k < 2; ++k) {
-        TL_REQUIRE(mnistcu_model_desc_parse(ctx, presets[k].name, &d1) == MNISTCU_OK, "%s: %s", presets[k].name,
+        TU_REQUIRE(mnistcu_model_desc_parse(ctx, presets[k].name, &d1) == MNISTCU_OK, "%s: %s", presets[k].name,
                    mnistcu_ctx_error(ctx));
-        TL_REQUIRE(tl_parse(presets[k].spec, &d2), "parse");
+        TU_REQUIRE(tl_parse(presets[k].spec, &d2), "parse");
         tl_desc_diff(&d1, &d2, diff, sizeof diff);
-        TL_REQUIRE(tl_same_desc(&d1, &d2), "%s is not \"%s\": %s", presets[k].name, presets[k].spec, diff);
+        TU_REQUIRE(tl_same_desc(&d1, &d2), "%s is not \"%s\": %s", presets[k].name, presets[k].spec, diff);
         tl_ref_free(&r);
-        TL_REQUIRE_OK(tl_ref_make(&r, &d2, __LINE__));
-        TL_REQUIRE(r.np == presets[k].params, "%s: the reference counts %lu parameters, documented %lu",
+        TU_REQUIRE_OK(tl_ref_make(&r, &d2, __LINE__));
+        TU_REQUIRE(r.np == presets[k].params, "%s: the reference counts %lu parameters, documented %lu",
                    presets[k].name, (unsigned long)r.np, (unsigned long)presets[k].params);
-        TL_REQUIRE(mnistcu_model_create_spec(ctx, presets[k].name, &m) == MNISTCU_OK, "%s: %s", presets[k].name,
+        TU_REQUIRE(mnistcu_model_create_spec(ctx, presets[k].name, &m) == MNISTCU_OK, "%s: %s", presets[k].name,
                    mnistcu_ctx_error(ctx));
-        TL_REQUIRE(mnistcu_model_num_params(m) == presets[k].params, "%s: %lu parameters", presets[k].name,
+        TU_REQUIRE(mnistcu_model_num_params(m) == presets[k].params, "%s: %lu parameters", presets[k].name,
                    (unsigned long)mnistcu_model_num_params(m));
-        TL_REQUIRE(mnistcu_model_spec(m, buf, sizeof buf) == MNISTCU_OK && strcmp(buf, presets[k].spec) == 0,
+        TU_REQUIRE(mnistcu_model_spec(m, buf, sizeof buf) == MNISTCU_OK && strcmp(buf, presets[k].spec) == 0,
                    "%s: the model's spec is \"%s\"", presets[k].name, buf);
         mnistcu_model_destroy(m);
         m = NULL;
     }
     /* "784-128-10" = mnistcu_model_create_mlp("784-128-10") = dense, relu, dense */
-    TL_REQUIRE(mnistcu_model_desc_parse(ctx, "784-128-10", &d1) == MNISTCU_OK, "parse widths: %s", mnistcu_ctx_error(ctx));
-    TL_REQUIRE(tl_parse("784 dense128 relu dense10", &d2), "parse");
+    TU_REQUIRE(mnistcu_model_desc_parse(ctx, "784-128-10", &d1) == MNISTCU_OK, "parse widths: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(tl_parse("784 dense128 relu dense10", &d2), "parse");
     tl_desc_diff(&d1, &d2, diff, sizeof diff);
-    TL_REQUIRE(tl_same_desc(&d1, &d2), "784-128-10 is not \"784 dense128 relu dense10\": %s", diff);
+    TU_REQUIRE(tl_same_desc(&d1, &d2), "784-128-10 is not \"784 dense128 relu dense10\": %s", diff);
     c1 = tl_ctx();
     c2 = tl_ctx();
-    TL_REQUIRE(c1 && c2, "no context");
-    TL_REQUIRE(mnistcu_model_create_spec(c1, "784-128-10", &a) == MNISTCU_OK, "create_spec: %s", mnistcu_ctx_error(c1));
-    TL_REQUIRE(mnistcu_model_create_mlp(c2, "784-128-10", &b) == MNISTCU_OK, "create_mlp: %s", mnistcu_ctx_error(c2));
+    TU_REQUIRE(c1 && c2, "no context");
+    TU_REQUIRE(mnistcu_model_create_spec(c1, "784-128-10", &a) == MNISTCU_OK, "create_spec: %s", mnistcu_ctx_error(c1));
+    TU_REQUIRE(mnistcu_model_create_mlp(c2, "784-128-10", &b) == MNISTCU_OK, "create_mlp: %s", mnistcu_ctx_error(c2));
     mnistcu_model_info_get(a, &ia);
     mnistcu_model_info_get(b, &ib);
-    TL_REQUIRE(ia.num_layers == 2 && ib.num_layers == 2 && ia.sizes[0] == 784 && ia.sizes[1] == 128 &&
+    TU_REQUIRE(ia.num_layers == 2 && ib.num_layers == 2 && ia.sizes[0] == 784 && ia.sizes[1] == 128 &&
                    ia.sizes[2] == 10 && memcmp(ia.sizes, ib.sizes, sizeof ia.sizes) == 0 &&
                    ia.hidden_act == MNISTCU_ACT_RELU && ib.hidden_act == MNISTCU_ACT_RELU &&
                    ia.layer_count == 3 && ib.layer_count == 3 && ia.num_params == 101770 && ib.num_params == 101770,
                "model info differs (dense layers %d/%d, layers %d/%d, params %lu/%lu)", ia.num_layers, ib.num_layers,
                ia.layer_count, ib.layer_count, (unsigned long)ia.num_params, (unsigned long)ib.num_params);
-    TL_REQUIRE(mnistcu_model_num_tensors(a) == 4 && mnistcu_model_num_tensors(b) == 4, "tensor counts %d, %d",
+    TU_REQUIRE(mnistcu_model_num_tensors(a) == 4 && mnistcu_model_num_tensors(b) == 4, "tensor counts %d, %d",
                mnistcu_model_num_tensors(a), mnistcu_model_num_tensors(b));
     for (i = 0; i < 4; ++i) {
         static const char *const names[4] = {"0.weight", "0.bias", "2.weight", "2.bias"};
-        TL_REQUIRE(mnistcu_model_tensor_info(a, i, &ta) == MNISTCU_OK && mnistcu_model_tensor_info(b, i, &tb) == MNISTCU_OK,
+        TU_REQUIRE(mnistcu_model_tensor_info(a, i, &ta) == MNISTCU_OK && mnistcu_model_tensor_info(b, i, &tb) == MNISTCU_OK,
                    "tensor_info");
-        TL_REQUIRE(strcmp(ta.name, names[i]) == 0 && strcmp(tb.name, names[i]) == 0 && ta.ndim == tb.ndim &&
+        TU_REQUIRE(strcmp(ta.name, names[i]) == 0 && strcmp(tb.name, names[i]) == 0 && ta.ndim == tb.ndim &&
                        memcmp(ta.shape, tb.shape, sizeof ta.shape) == 0 && ta.count == tb.count,
                    "tensor %d: \"%s\" / \"%s\", expected \"%s\"", i, ta.name, tb.name, names[i]);
     }
@@ -2193,11 +2148,11 @@ TEST spec_presets_and_mlp(void)
     np = ia.num_params;
     pa = tl_falloc(np);
     pb = tl_falloc(np);
-    TL_REQUIRE(pa && pb, "malloc");
-    TL_REQUIRE(mnistcu_model_get_params(a, pa, np) == MNISTCU_OK && mnistcu_model_get_params(b, pb, np) == MNISTCU_OK,
+    TU_REQUIRE(pa && pb, "malloc");
+    TU_REQUIRE(mnistcu_model_get_params(a, pa, np) == MNISTCU_OK && mnistcu_model_get_params(b, pb, np) == MNISTCU_OK,
                "get_params");
-    TL_REQUIRE(memcmp(pa, pb, np * sizeof(float)) == 0, "create_spec and create_mlp drew different parameters");
-    TL_REQUIRE(mnistcu_model_spec(a, buf, sizeof buf) == MNISTCU_OK && strcmp(buf, "784 dense128 relu dense10") == 0,
+    TU_REQUIRE(memcmp(pa, pb, np * sizeof(float)) == 0, "create_spec and create_mlp drew different parameters");
+    TU_REQUIRE(mnistcu_model_spec(a, buf, sizeof buf) == MNISTCU_OK && strcmp(buf, "784 dense128 relu dense10") == 0,
                "the MLP's spec is \"%s\"", buf);
 done:
     free(pa);
@@ -2206,7 +2161,7 @@ done:
     mnistcu_ctx_destroy(ctx);
     mnistcu_ctx_destroy(c1);
     mnistcu_ctx_destroy(c2);
-    TL_END();
+    TU_END();
 }
 
 /* parse -> desc_spec -> parse is the identity; a model's spec makes the same
@@ -2222,53 +2177,53 @@ TEST spec_round_trips(void)
     const char *spec;
     size_t s;
     int failed = 0, i;
-    TL_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     for (s = 0; s < TL_VALID_SPECS + 4; ++s) {
         spec = s < TL_VALID_SPECS ? tl_valid_specs[s] : extra[s - TL_VALID_SPECS];
-        TL_REQUIRE(mnistcu_model_desc_parse(ctx, spec, &d1) == MNISTCU_OK, "\"%s\": %s", spec, mnistcu_ctx_error(ctx));
-        TL_REQUIRE(mnistcu_model_desc_spec(&d1, buf, sizeof buf) == MNISTCU_OK, "\"%s\": desc_spec", spec);
-        TL_REQUIRE(mnistcu_model_desc_parse(ctx, buf, &d2) == MNISTCU_OK, "\"%s\" printed as \"%s\", which fails: %s",
+        TU_REQUIRE(mnistcu_model_desc_parse(ctx, spec, &d1) == MNISTCU_OK, "\"%s\": %s", spec, mnistcu_ctx_error(ctx));
+        TU_REQUIRE(mnistcu_model_desc_spec(&d1, buf, sizeof buf) == MNISTCU_OK, "\"%s\": desc_spec", spec);
+        TU_REQUIRE(mnistcu_model_desc_parse(ctx, buf, &d2) == MNISTCU_OK, "\"%s\" printed as \"%s\", which fails: %s",
                    spec, buf, mnistcu_ctx_error(ctx));
         tl_desc_diff(&d1, &d2, diff, sizeof diff);
-        TL_REQUIRE(memcmp(d1.layers, d2.layers, sizeof d1.layers) == 0 && tl_same_desc(&d1, &d2),
+        TU_REQUIRE(memcmp(d1.layers, d2.layers, sizeof d1.layers) == 0 && tl_same_desc(&d1, &d2),
                    "\"%s\" -> \"%s\" parses to another desc: %s", spec, buf, diff);
         /* the model's spec */
-        TL_REQUIRE(mnistcu_model_create(ctx, &d1, &m) == MNISTCU_OK, "\"%s\": create: %s", spec, mnistcu_ctx_error(ctx));
-        TL_REQUIRE(mnistcu_model_spec(m, buf2, sizeof buf2) == MNISTCU_OK, "\"%s\": model_spec", spec);
-        TL_REQUIRE(strcmp(buf, buf2) == 0, "\"%s\": desc_spec \"%s\", model_spec \"%s\"", spec, buf, buf2);
-        TL_REQUIRE(mnistcu_model_desc_parse(ctx, buf2, &d3) == MNISTCU_OK &&
+        TU_REQUIRE(mnistcu_model_create(ctx, &d1, &m) == MNISTCU_OK, "\"%s\": create: %s", spec, mnistcu_ctx_error(ctx));
+        TU_REQUIRE(mnistcu_model_spec(m, buf2, sizeof buf2) == MNISTCU_OK, "\"%s\": model_spec", spec);
+        TU_REQUIRE(strcmp(buf, buf2) == 0, "\"%s\": desc_spec \"%s\", model_spec \"%s\"", spec, buf, buf2);
+        TU_REQUIRE(mnistcu_model_desc_parse(ctx, buf2, &d3) == MNISTCU_OK &&
                        mnistcu_model_create(ctx, &d3, &m2) == MNISTCU_OK,
                    "\"%s\": the model's spec \"%s\" fails: %s", spec, buf2, mnistcu_ctx_error(ctx));
-        TL_REQUIRE(mnistcu_model_spec(m2, buf3, sizeof buf3) == MNISTCU_OK && strcmp(buf2, buf3) == 0,
+        TU_REQUIRE(mnistcu_model_spec(m2, buf3, sizeof buf3) == MNISTCU_OK && strcmp(buf2, buf3) == 0,
                    "\"%s\": spec \"%s\" remade gives \"%s\"", spec, buf2, buf3);
-        TL_REQUIRE(mnistcu_model_num_params(m) == mnistcu_model_num_params(m2) &&
+        TU_REQUIRE(mnistcu_model_num_params(m) == mnistcu_model_num_params(m2) &&
                        mnistcu_model_num_tensors(m) == mnistcu_model_num_tensors(m2),
                    "\"%s\": the remade model differs in size", spec);
         for (i = 0; mnistcu_model_layer_info(m, i, &l1) == MNISTCU_OK; ++i) {
-            TL_REQUIRE(mnistcu_model_layer_info(m2, i, &l2) == MNISTCU_OK, "\"%s\": the remade model lacks layer %d",
+            TU_REQUIRE(mnistcu_model_layer_info(m2, i, &l2) == MNISTCU_OK, "\"%s\": the remade model lacks layer %d",
                        spec, i);
-            TL_REQUIRE(memcmp(&l1.desc, &l2.desc, sizeof l1.desc) == 0 &&
+            TU_REQUIRE(memcmp(&l1.desc, &l2.desc, sizeof l1.desc) == 0 &&
                            memcmp(l1.out_shape, l2.out_shape, sizeof l1.out_shape) == 0 && strcmp(l1.spec, l2.spec) == 0,
                        "\"%s\": layer %d differs in the remade model (%s / %s)", spec, i, l1.spec, l2.spec);
         }
-        TL_REQUIRE(mnistcu_model_layer_info(m2, i, &l2) != MNISTCU_OK, "\"%s\": the remade model has more layers", spec);
+        TU_REQUIRE(mnistcu_model_layer_info(m2, i, &l2) != MNISTCU_OK, "\"%s\": the remade model has more layers", spec);
         mnistcu_model_destroy(m);
         mnistcu_model_destroy(m2);
         m = m2 = NULL;
     }
     /* too small a buffer: an error and an empty string */
-    TL_REQUIRE(mnistcu_model_desc_parse(ctx, TL_LENET5, &d1) == MNISTCU_OK, "parse");
+    TU_REQUIRE(mnistcu_model_desc_parse(ctx, TL_LENET5, &d1) == MNISTCU_OK, "parse");
     strcpy(buf, "junk");
-    TL_REQUIRE(mnistcu_model_desc_spec(&d1, buf, 20) == MNISTCU_ERR_INVALID_ARGUMENT && buf[0] == 0,
+    TU_REQUIRE(mnistcu_model_desc_spec(&d1, buf, 20) == MNISTCU_ERR_INVALID_ARGUMENT && buf[0] == 0,
                "a 20-byte buffer: \"%s\"", buf);
-    TL_REQUIRE(mnistcu_model_desc_spec(&d1, buf, strlen(TL_LENET5)) == MNISTCU_ERR_INVALID_ARGUMENT && buf[0] == 0,
+    TU_REQUIRE(mnistcu_model_desc_spec(&d1, buf, strlen(TL_LENET5)) == MNISTCU_ERR_INVALID_ARGUMENT && buf[0] == 0,
                "a buffer one byte short");
-    TL_REQUIRE(mnistcu_model_desc_spec(&d1, buf, strlen(TL_LENET5) + 1) == MNISTCU_OK && strcmp(buf, TL_LENET5) == 0,
+    TU_REQUIRE(mnistcu_model_desc_spec(&d1, buf, strlen(TL_LENET5) + 1) == MNISTCU_OK && strcmp(buf, TL_LENET5) == 0,
                "an exact buffer: \"%s\"", buf);
-    TL_REQUIRE(mnistcu_model_spec(NULL, buf, sizeof buf) == MNISTCU_ERR_INVALID_ARGUMENT, "model_spec(NULL)");
+    TU_REQUIRE(mnistcu_model_spec(NULL, buf, sizeof buf) == MNISTCU_ERR_INVALID_ARGUMENT, "model_spec(NULL)");
 done:
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* msg holds v as a whole decimal number. */
@@ -2349,29 +2304,29 @@ TEST spec_invalid(void)
     const char *msg;
     size_t k, len;
     int failed = 0;
-    TL_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     for (k = 0; k < sizeof bad / sizeof bad[0]; ++k) {
         m = (mnistcu_model *)&d; /* not NULL: the call must clear it */
         r = mnistcu_model_create_spec(ctx, bad[k].spec, &m);
         msg = mnistcu_ctx_error(ctx);
-        TL_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "\"%s\" gave %s (%s)", bad[k].spec,
+        TU_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "\"%s\" gave %s (%s)", bad[k].spec,
                    mnistcu_result_name(r), msg);
-        TL_REQUIRE(strstr(msg, bad[k].token) != NULL, "\"%s\": the message does not name \"%s\": %s", bad[k].spec,
+        TU_REQUIRE(strstr(msg, bad[k].token) != NULL, "\"%s\": the message does not name \"%s\": %s", bad[k].spec,
                    bad[k].token, msg);
-        TL_REQUIRE(tl_has_number(msg, bad[k].pos) || tl_has_number(msg, bad[k].pos + 1),
+        TU_REQUIRE(tl_has_number(msg, bad[k].pos) || tl_has_number(msg, bad[k].pos + 1),
                    "\"%s\": the message does not give the position %d of \"%s\": %s", bad[k].spec, bad[k].pos,
                    bad[k].token, msg);
-        TL_REQUIRE(mnistcu_model_desc_parse(ctx, bad[k].spec, &d) == MNISTCU_ERR_INVALID_ARGUMENT,
+        TU_REQUIRE(mnistcu_model_desc_parse(ctx, bad[k].spec, &d) == MNISTCU_ERR_INVALID_ARGUMENT,
                    "desc_parse accepts \"%s\"", bad[k].spec);
     }
     /* 64 layers are the most; the 65th is named */
     len = strlen("10") + 64 * strlen(" tanh") + strlen(" dense2") + 1;
     many = (char *)malloc(len);
-    TL_REQUIRE(many != NULL, "malloc");
+    TU_REQUIRE(many != NULL, "malloc");
     strcpy(many, "10");
     for (k = 0; k < 63; ++k) strcat(many, " tanh");
     strcat(many, " dense2");
-    TL_REQUIRE(mnistcu_model_create_spec(ctx, many, &m) == MNISTCU_OK, "64 layers: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, many, &m) == MNISTCU_OK, "64 layers: %s", mnistcu_ctx_error(ctx));
     mnistcu_model_destroy(m);
     m = NULL;
     strcpy(many, "10");
@@ -2379,8 +2334,8 @@ TEST spec_invalid(void)
     strcat(many, " dense2");
     r = mnistcu_model_create_spec(ctx, many, &m);
     msg = mnistcu_ctx_error(ctx);
-    TL_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "65 layers gave %s", mnistcu_result_name(r));
-    TL_REQUIRE(strstr(msg, "dense2") != NULL && (tl_has_number(msg, 322) || tl_has_number(msg, 323)),
+    TU_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "65 layers gave %s", mnistcu_result_name(r));
+    TU_REQUIRE(strstr(msg, "dense2") != NULL && (tl_has_number(msg, 322) || tl_has_number(msg, 323)),
                "65 layers: the message does not name \"dense2\" at 322: %s", msg);
     /* nothing to name */
     {
@@ -2388,18 +2343,18 @@ TEST spec_invalid(void)
         for (k = 0; k < sizeof empty / sizeof empty[0]; ++k) {
             mnistcu_ctx_clear_error(ctx);
             r = mnistcu_model_create_spec(ctx, empty[k], &m);
-            TL_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL && mnistcu_ctx_error(ctx)[0] != '\0',
+            TU_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL && mnistcu_ctx_error(ctx)[0] != '\0',
                        "\"%s\" gave %s with message \"%s\"", empty[k], mnistcu_result_name(r), mnistcu_ctx_error(ctx));
         }
     }
-    TL_REQUIRE(mnistcu_model_create_spec(ctx, NULL, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "NULL spec");
-    TL_REQUIRE(mnistcu_model_desc_parse(ctx, TL_LENET5, NULL) == MNISTCU_ERR_INVALID_ARGUMENT, "NULL desc");
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, NULL, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "NULL spec");
+    TU_REQUIRE(mnistcu_model_desc_parse(ctx, TL_LENET5, NULL) == MNISTCU_ERR_INVALID_ARGUMENT, "NULL desc");
     /* the context still works */
-    TL_REQUIRE(mnistcu_model_create_spec(ctx, "10 dense2", &m) == MNISTCU_OK, "context unusable after errors");
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, "10 dense2", &m) == MNISTCU_OK, "context unusable after errors");
 done:
     free(many);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* Impossible shapes: ERR_SHAPE at creation, no model, a message naming the
@@ -2427,19 +2382,19 @@ TEST spec_shape_errors(void)
     const char *msg;
     size_t k;
     int failed = 0;
-    TL_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     for (k = 0; k < sizeof bad / sizeof bad[0]; ++k) {
-        TL_REQUIRE(tl_parse(bad[k].spec, &d), "parse");
-        TL_REQUIRE(mnistcu_model_desc_parse(ctx, bad[k].spec, &d) == MNISTCU_OK, "\"%s\" does not parse: %s",
+        TU_REQUIRE(tl_parse(bad[k].spec, &d), "parse");
+        TU_REQUIRE(mnistcu_model_desc_parse(ctx, bad[k].spec, &d) == MNISTCU_OK, "\"%s\" does not parse: %s",
                    bad[k].spec, mnistcu_ctx_error(ctx));
         m = (mnistcu_model *)&d;
         r = mnistcu_model_create_spec(ctx, bad[k].spec, &m);
         msg = mnistcu_ctx_error(ctx);
-        TL_REQUIRE(r == MNISTCU_ERR_SHAPE && m == NULL, "\"%s\" gave %s (%s)", bad[k].spec, mnistcu_result_name(r), msg);
-        TL_REQUIRE(tl_names_layer(msg, bad[k].layer), "\"%s\": the message does not name layer %d: %s", bad[k].spec,
+        TU_REQUIRE(r == MNISTCU_ERR_SHAPE && m == NULL, "\"%s\" gave %s (%s)", bad[k].spec, mnistcu_result_name(r), msg);
+        TU_REQUIRE(tl_names_layer(msg, bad[k].layer), "\"%s\": the message does not name layer %d: %s", bad[k].spec,
                    bad[k].layer, msg);
         m = (mnistcu_model *)&d;
-        TL_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_SHAPE && m == NULL, "create from desc");
+        TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_SHAPE && m == NULL, "create from desc");
     }
     /* descs the grammar cannot write */
     {
@@ -2449,22 +2404,22 @@ TEST spec_shape_errors(void)
         e.layers[0].kind = MNISTCU_LAYER_DENSE;
         e.layers[0].units = 2;
         e.layers[0].stride = 2; /* a field dense does not use */
-        TL_REQUIRE(mnistcu_model_create(ctx, &e, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "dense with a stride");
+        TU_REQUIRE(mnistcu_model_create(ctx, &e, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "dense with a stride");
         e.layers[0].stride = 0;
         e.layers[0].units = 0;
-        TL_REQUIRE(mnistcu_model_create(ctx, &e, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "dense0");
+        TU_REQUIRE(mnistcu_model_create(ctx, &e, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "dense0");
         e.layers[0].kind = MNISTCU_LAYER_DROPOUT;
         e.layers[0].p = 1.0f;
         e.layers[1].kind = MNISTCU_LAYER_DENSE;
         e.layers[1].units = 2;
-        TL_REQUIRE(mnistcu_model_create(ctx, &e, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "dropout p = 1");
+        TU_REQUIRE(mnistcu_model_create(ctx, &e, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "dropout p = 1");
         e.layers[0].kind = (mnistcu_layer_kind)MNISTCU_LAYER_KIND_COUNT;
         e.layers[0].p = 0.0f;
-        TL_REQUIRE(mnistcu_model_create(ctx, &e, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "unknown kind");
+        TU_REQUIRE(mnistcu_model_create(ctx, &e, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "unknown kind");
     }
 done:
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* ========================================================================== */
@@ -2489,31 +2444,31 @@ static int tl_check_tensors(const mnistcu_model *m, const tl_tensor_want *want, 
     mnistcu_tensor_info ti;
     int i, k;
     if (mnistcu_model_num_tensors(m) != n) {
-        tl_setf(line, "%d tensors, expected %d", mnistcu_model_num_tensors(m), n);
+        tu_setf(line, "%d tensors, expected %d", mnistcu_model_num_tensors(m), n);
         return 0;
     }
     for (i = 0; i < n; ++i) {
         if (mnistcu_model_tensor_info(m, i, &ti) != MNISTCU_OK) {
-            tl_setf(line, "tensor_info %d failed", i);
+            tu_setf(line, "tensor_info %d failed", i);
             return 0;
         }
         if (strcmp(ti.name, want[i].name) != 0 || ti.ndim != want[i].ndim || ti.count != want[i].count ||
             ti.is_buffer != want[i].is_buffer || ti.is_int != want[i].is_int || ti.layer != atoi(want[i].name)) {
-            tl_setf(line, "tensor %d: \"%s\" ndim %d count %lu buffer %d int %d layer %d; expected \"%s\" %d %lu %d %d",
+            tu_setf(line, "tensor %d: \"%s\" ndim %d count %lu buffer %d int %d layer %d; expected \"%s\" %d %lu %d %d",
                     i, ti.name, ti.ndim, (unsigned long)ti.count, ti.is_buffer, ti.is_int, ti.layer, want[i].name,
                     want[i].ndim, (unsigned long)want[i].count, want[i].is_buffer, want[i].is_int);
             return 0;
         }
         for (k = 0; k < want[i].ndim; ++k)
             if (ti.shape[k] != want[i].shape[k]) {
-                tl_setf(line, "tensor \"%s\": shape[%d] = %lld, expected %lld", ti.name, k, (long long)ti.shape[k],
+                tu_setf(line, "tensor \"%s\": shape[%d] = %lld, expected %lld", ti.name, k, (long long)ti.shape[k],
                         (long long)want[i].shape[k]);
                 return 0;
             }
     }
     if (mnistcu_model_tensor_info(m, n, &ti) != MNISTCU_ERR_INVALID_ARGUMENT ||
         mnistcu_model_tensor_info(m, -1, &ti) != MNISTCU_ERR_INVALID_ARGUMENT) {
-        tl_setf(line, "tensor_info out of range accepted");
+        tu_setf(line, "tensor_info out of range accepted");
         return 0;
     }
     return 1;
@@ -2527,20 +2482,20 @@ static int tl_check_layers(const mnistcu_model *m, const tl_layer_want *want, in
     int i;
     mnistcu_model_info_get(m, &info);
     if (info.layer_count != n) {
-        tl_setf(line, "layer_count %d, expected %d", info.layer_count, n);
+        tu_setf(line, "layer_count %d, expected %d", info.layer_count, n);
         return 0;
     }
     for (i = 0; i < n; ++i) {
         const tl_layer_want *w = &want[i];
         if (mnistcu_model_layer_info(m, i, &li) != MNISTCU_OK) {
-            tl_setf(line, "layer_info %d failed", i);
+            tu_setf(line, "layer_info %d failed", i);
             return 0;
         }
         if (strcmp(li.keyword, w->keyword) != 0 || strcmp(li.torch_name, w->torch) != 0 ||
             strcmp(li.spec, w->token) != 0 || memcmp(li.in_shape, w->in, sizeof w->in) != 0 ||
             memcmp(li.out_shape, w->out, sizeof w->out) != 0 || li.num_params != w->params ||
             li.num_buffers != w->buffers) {
-            tl_setf(line, "layer %d: %s %s \"%s\" %dx%dx%d -> %dx%dx%d, %lu params, %lu buffers; expected %s %s \"%s\" "
+            tu_setf(line, "layer %d: %s %s \"%s\" %dx%dx%d -> %dx%dx%d, %lu params, %lu buffers; expected %s %s \"%s\" "
                           "%dx%dx%d -> %dx%dx%d, %lu, %lu",
                     i, li.keyword, li.torch_name, li.spec, li.in_shape[0], li.in_shape[1], li.in_shape[2],
                     li.out_shape[0], li.out_shape[1], li.out_shape[2], (unsigned long)li.num_params,
@@ -2551,12 +2506,12 @@ static int tl_check_layers(const mnistcu_model *m, const tl_layer_want *want, in
         buffers += w->buffers;
     }
     if (info.num_buffers != buffers) {
-        tl_setf(line, "info.num_buffers %lu, expected %lu", (unsigned long)info.num_buffers, (unsigned long)buffers);
+        tu_setf(line, "info.num_buffers %lu, expected %lu", (unsigned long)info.num_buffers, (unsigned long)buffers);
         return 0;
     }
     if (mnistcu_model_layer_info(m, n, &li) != MNISTCU_ERR_INVALID_ARGUMENT ||
         mnistcu_model_layer_info(m, -1, &li) != MNISTCU_ERR_INVALID_ARGUMENT) {
-        tl_setf(line, "layer_info out of range accepted");
+        tu_setf(line, "layer_info out of range accepted");
         return 0;
     }
     return 1;
@@ -2596,30 +2551,30 @@ TEST names_lenet5(void)
     size_t k;
     int failed = 0, i;
     double bound, mx;
-    TL_REQUIRE(ctx != NULL, "no context");
-    TL_REQUIRE(mnistcu_model_create_spec(ctx, "lenet5", &m) == MNISTCU_OK, "create");
-    TL_REQUIRE_OK(tl_check_tensors(m, tensors, 10, __LINE__));
-    TL_REQUIRE_OK(tl_check_layers(m, layers, 12, __LINE__));
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, "lenet5", &m) == MNISTCU_OK, "create");
+    TU_REQUIRE_OK(tl_check_tensors(m, tensors, 10, __LINE__));
+    TU_REQUIRE_OK(tl_check_layers(m, layers, 12, __LINE__));
     mnistcu_model_info_get(m, &info);
-    TL_REQUIRE(info.input_shape[0] == 1 && info.input_shape[1] == 28 && info.input_shape[2] == 28 &&
+    TU_REQUIRE(info.input_shape[0] == 1 && info.input_shape[1] == 28 && info.input_shape[2] == 28 &&
                    info.inputs == 784 && info.classes == 10 && info.num_params == 44426 && info.num_buffers == 0,
                "model info: input %dx%dx%d, %lu inputs, %lu classes, %lu params", info.input_shape[0],
                info.input_shape[1], info.input_shape[2], (unsigned long)info.inputs, (unsigned long)info.classes,
                (unsigned long)info.num_params);
     t = tl_falloc(30720);
-    TL_REQUIRE(t != NULL, "malloc");
+    TU_REQUIRE(t != NULL, "malloc");
     for (i = 0; i < 10; ++i) {
-        TL_REQUIRE(mnistcu_model_get_tensor(m, tensors[i].name, t, tensors[i].count) == MNISTCU_OK, "get %s",
+        TU_REQUIRE(mnistcu_model_get_tensor(m, tensors[i].name, t, tensors[i].count) == MNISTCU_OK, "get %s",
                    tensors[i].name);
         bound = 1.0 / sqrt((double)fan_in[i]);
         for (mx = 0.0, k = 0; k < tensors[i].count; ++k) mx = fabs((double)t[k]) > mx ? fabs((double)t[k]) : mx;
-        TL_REQUIRE(mx <= bound * (1.0 + 1e-6) && mx >= bound * (tensors[i].count >= 84 ? 0.9 : 0.3),
+        TU_REQUIRE(mx <= bound * (1.0 + 1e-6) && mx >= bound * (tensors[i].count >= 84 ? 0.9 : 0.3),
                    "%s: max |value| %.6g, PyTorch's bound 1/sqrt(%d) = %.6g", tensors[i].name, mx, fan_in[i], bound);
     }
 done:
     free(t);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 #define TL_BN_MODEL "1x6x6 conv3x3x4 batchnorm relu flatten dense8 batchnorm dense3"
@@ -2652,19 +2607,19 @@ TEST names_batchnorm(void)
     mnistcu_ctx *ctx = tl_ctx();
     mnistcu_model *m = NULL;
     int failed = 0;
-    TL_REQUIRE(ctx != NULL, "no context");
-    TL_REQUIRE(mnistcu_model_create_spec(ctx, TL_BN_MODEL, &m) == MNISTCU_OK, "create");
-    TL_REQUIRE_OK(tl_check_tensors(m, tensors, 16, __LINE__));
-    TL_REQUIRE_OK(tl_check_layers(m, layers, 7, __LINE__));
-    TL_REQUIRE(mnistcu_model_num_params(m) == 40 + 8 + 520 + 16 + 27, "num_params %lu",
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, TL_BN_MODEL, &m) == MNISTCU_OK, "create");
+    TU_REQUIRE_OK(tl_check_tensors(m, tensors, 16, __LINE__));
+    TU_REQUIRE_OK(tl_check_layers(m, layers, 7, __LINE__));
+    TU_REQUIRE(mnistcu_model_num_params(m) == 40 + 8 + 520 + 16 + 27, "num_params %lu",
                (unsigned long)mnistcu_model_num_params(m));
     mnistcu_model_destroy(m);
     /* options show in the layer's token and resolved desc */
-    TL_REQUIRE(mnistcu_model_create_spec(ctx, "2x4x4 batchnorm:eps=0.001:momentum=0.3 flatten dense2", &m) == MNISTCU_OK,
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, "2x4x4 batchnorm:eps=0.001:momentum=0.3 flatten dense2", &m) == MNISTCU_OK,
                "create");
     {
         mnistcu_layer_info li;
-        TL_REQUIRE(mnistcu_model_layer_info(m, 0, &li) == MNISTCU_OK && li.desc.eps == 0.001f &&
+        TU_REQUIRE(mnistcu_model_layer_info(m, 0, &li) == MNISTCU_OK && li.desc.eps == 0.001f &&
                        li.desc.momentum == 0.3f && strcmp(li.spec, "batchnorm:eps=0.001:momentum=0.3") == 0 &&
                        strcmp(li.torch_name, "BatchNorm2d") == 0,
                    "batch norm options: eps %g momentum %g token \"%s\"", (double)li.desc.eps, (double)li.desc.momentum,
@@ -2672,7 +2627,7 @@ TEST names_batchnorm(void)
     }
 done:
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 /* The parameter arena is the trainable tensors in name order: set_params and
@@ -2688,68 +2643,68 @@ TEST names_layout_agrees(void)
     int32_t y[4] = {0, 1, 2, 1};
     size_t np, off, k;
     int failed = 0, i, nt;
-    TL_REQUIRE(ctx != NULL, "no context");
-    TL_REQUIRE(mnistcu_model_create_spec(ctx, TL_BN_MODEL, &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, TL_BN_MODEL, &m) == MNISTCU_OK, "create");
     np = mnistcu_model_num_params(m);
     nt = mnistcu_model_num_tensors(m);
     p = tl_falloc(np);
     q = tl_falloc(np);
     t = tl_falloc(np);
     x = tu_random_floats(&rng, 4 * 36, -1.0f, 1.0f);
-    TL_REQUIRE(p && q && t && x, "malloc");
+    TU_REQUIRE(p && q && t && x, "malloc");
     for (k = 0; k < np; ++k) p[k] = (float)k * 0.001f - 0.3f;
-    TL_REQUIRE(mnistcu_model_set_params(m, p, np) == MNISTCU_OK, "set_params");
+    TU_REQUIRE(mnistcu_model_set_params(m, p, np) == MNISTCU_OK, "set_params");
     for (off = 0, i = 0; i < nt; ++i) {
-        TL_REQUIRE(mnistcu_model_tensor_info(m, i, &ti) == MNISTCU_OK, "tensor_info");
-        TL_REQUIRE(mnistcu_model_get_tensor(m, ti.name, t, ti.count) == MNISTCU_OK, "get %s", ti.name);
+        TU_REQUIRE(mnistcu_model_tensor_info(m, i, &ti) == MNISTCU_OK, "tensor_info");
+        TU_REQUIRE(mnistcu_model_get_tensor(m, ti.name, t, ti.count) == MNISTCU_OK, "get %s", ti.name);
         if (ti.is_buffer) {
             if (!ti.is_int)
                 for (k = 0; k < ti.count; ++k)
-                    TL_REQUIRE(t[k] == (strstr(ti.name, "running_var") ? 1.0f : 0.0f),
+                    TU_REQUIRE(t[k] == (strstr(ti.name, "running_var") ? 1.0f : 0.0f),
                                "%s[%lu] = %g: set_params reached a buffer", ti.name, (unsigned long)k, (double)t[k]);
             continue;
         }
-        TL_REQUIRE(memcmp(t, p + off, ti.count * sizeof(float)) == 0, "%s is not arena slice %lu..%lu", ti.name,
+        TU_REQUIRE(memcmp(t, p + off, ti.count * sizeof(float)) == 0, "%s is not arena slice %lu..%lu", ti.name,
                    (unsigned long)off, (unsigned long)(off + ti.count));
         off += ti.count;
     }
-    TL_REQUIRE(off == np, "the trainable tensors hold %lu floats, the arena %lu", (unsigned long)off, (unsigned long)np);
+    TU_REQUIRE(off == np, "the trainable tensors hold %lu floats, the arena %lu", (unsigned long)off, (unsigned long)np);
     /* set by name, read the arena */
     for (k = 0; k < np; ++k) q[k] = (float)tu_uniform(&rng, -1.0, 1.0);
     for (off = 0, i = 0; i < nt; ++i) {
-        TL_REQUIRE(mnistcu_model_tensor_info(m, i, &ti) == MNISTCU_OK, "tensor_info");
+        TU_REQUIRE(mnistcu_model_tensor_info(m, i, &ti) == MNISTCU_OK, "tensor_info");
         if (ti.is_buffer) continue;
-        TL_REQUIRE(mnistcu_model_set_tensor(m, ti.name, q + off, ti.count) == MNISTCU_OK, "set %s", ti.name);
+        TU_REQUIRE(mnistcu_model_set_tensor(m, ti.name, q + off, ti.count) == MNISTCU_OK, "set %s", ti.name);
         off += ti.count;
     }
-    TL_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK && memcmp(p, q, np * sizeof(float)) == 0,
+    TU_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK && memcmp(p, q, np * sizeof(float)) == 0,
                "set_tensor by name and get_params disagree");
     /* buffers by name */
     for (k = 0; k < 8; ++k) rm[k] = (float)k - 3.5f;
-    TL_REQUIRE(mnistcu_model_set_tensor(m, "5.running_mean", rm, 8) == MNISTCU_OK, "set running_mean");
+    TU_REQUIRE(mnistcu_model_set_tensor(m, "5.running_mean", rm, 8) == MNISTCU_OK, "set running_mean");
     memset(rm, 0, sizeof rm);
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "5.running_mean", rm, 8) == MNISTCU_OK && rm[0] == -3.5f && rm[7] == 3.5f,
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "5.running_mean", rm, 8) == MNISTCU_OK && rm[0] == -3.5f && rm[7] == 3.5f,
                "running_mean round trip");
-    TL_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK && memcmp(p, q, np * sizeof(float)) == 0,
+    TU_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK && memcmp(p, q, np * sizeof(float)) == 0,
                "setting a buffer changed the parameters");
     /* gradients by name */
-    TL_REQUIRE(mnistcu_model_compute_grads(m, x, y, 4, NULL) == MNISTCU_OK, "compute_grads: %s", mnistcu_ctx_error(ctx));
-    TL_REQUIRE(mnistcu_model_get_grads(m, p, np) == MNISTCU_OK, "get_grads");
+    TU_REQUIRE(mnistcu_model_compute_grads(m, x, y, 4, NULL) == MNISTCU_OK, "compute_grads: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(mnistcu_model_get_grads(m, p, np) == MNISTCU_OK, "get_grads");
     for (off = 0, i = 0; i < nt; ++i) {
-        TL_REQUIRE(mnistcu_model_tensor_info(m, i, &ti) == MNISTCU_OK, "tensor_info");
+        TU_REQUIRE(mnistcu_model_tensor_info(m, i, &ti) == MNISTCU_OK, "tensor_info");
         if (ti.is_buffer) continue;
-        TL_REQUIRE(mnistcu_model_get_tensor_grad(m, ti.name, t, ti.count) == MNISTCU_OK &&
+        TU_REQUIRE(mnistcu_model_get_tensor_grad(m, ti.name, t, ti.count) == MNISTCU_OK &&
                        memcmp(t, p + off, ti.count * sizeof(float)) == 0,
                    "get_tensor_grad(%s) is not the slice of get_grads", ti.name);
         off += ti.count;
     }
     /* refusals */
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "2.weight", t, 1) == MNISTCU_ERR_NOT_FOUND, "a relu has a weight");
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "0.weight", t, 35) == MNISTCU_ERR_SHAPE, "a wrong count");
-    TL_REQUIRE(mnistcu_model_set_tensor(m, "0.weight", t, 37) == MNISTCU_ERR_SHAPE, "a wrong count");
-    TL_REQUIRE(mnistcu_model_get_tensor(m, NULL, t, 1) == MNISTCU_ERR_INVALID_ARGUMENT, "NULL name");
-    TL_REQUIRE(mnistcu_model_get_tensor(m, "0.bias", NULL, 4) == MNISTCU_ERR_INVALID_ARGUMENT, "NULL array");
-    TL_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK && memcmp(p, q, np * sizeof(float)) == 0,
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "2.weight", t, 1) == MNISTCU_ERR_NOT_FOUND, "a relu has a weight");
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "0.weight", t, 35) == MNISTCU_ERR_SHAPE, "a wrong count");
+    TU_REQUIRE(mnistcu_model_set_tensor(m, "0.weight", t, 37) == MNISTCU_ERR_SHAPE, "a wrong count");
+    TU_REQUIRE(mnistcu_model_get_tensor(m, NULL, t, 1) == MNISTCU_ERR_INVALID_ARGUMENT, "NULL name");
+    TU_REQUIRE(mnistcu_model_get_tensor(m, "0.bias", NULL, 4) == MNISTCU_ERR_INVALID_ARGUMENT, "NULL array");
+    TU_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK && memcmp(p, q, np * sizeof(float)) == 0,
                "refused calls changed the parameters");
 done:
     free(p);
@@ -2757,7 +2712,7 @@ done:
     free(t);
     free(x);
     mnistcu_ctx_destroy(ctx);
-    TL_END();
+    TU_END();
 }
 
 SUITE(layers_suite)

@@ -8,7 +8,7 @@
    (tests/test_main.c holds it) and uses only the public API.
 
    Tests free what they allocate also when a check fails: checks inside a test
-   jump to the cleanup at its end (MT_REQUIRE) and the failure is reported
+   jump to the cleanup at its end (TU_REQUIRE) and the failure is reported
    from there, so that valgrind and ASan stay quiet on failing runs too. */
 #include <math.h>
 #include <stdarg.h>
@@ -20,51 +20,6 @@
 #include "harness.h"
 #include "asserts.h"
 #include "test_util.h"
-
-/* ---- failure messages and the cleanup jump -------------------------------- */
-#if defined(__GNUC__) || defined(__clang__)
-#define MT_PRINTF_(a, b) __attribute__((format(printf, a, b)))
-#else
-#define MT_PRINTF_(a, b)
-#endif
-
-static char mt_msg[1024];
-
-static MT_PRINTF_(2, 3) void mt_setf(int line, const char *fmt, ...)
-{
-    va_list ap;
-    int used = snprintf(mt_msg, sizeof mt_msg, "line %d: ", line);
-    if (used < 0 || (size_t)used >= sizeof mt_msg) return;
-    va_start(ap, fmt);
-    vsnprintf(mt_msg + used, sizeof mt_msg - (size_t)used, fmt, ap);
-    va_end(ap);
-}
-
-/* Needs a local `int failed` and a label `done:` (the cleanup). Every local is
-   declared at the top of its function, so that the jump is valid C++ too. */
-#define MT_REQUIRE(cond, ...)                 \
-    do {                                      \
-        if (!(cond)) {                        \
-            mt_setf(__LINE__, __VA_ARGS__);   \
-            failed = 1;                       \
-            goto done;                        \
-        }                                     \
-    } while (0)
-
-/* For a helper that has set mt_msg itself. */
-#define MT_REQUIRE_OK(call)                   \
-    do {                                      \
-        if (!(call)) {                        \
-            failed = 1;                       \
-            goto done;                        \
-        }                                     \
-    } while (0)
-
-#define MT_END()                              \
-    do {                                      \
-        if (failed) FAILm(mt_msg);            \
-        PASS();                               \
-    } while (0)
 
 static mnistcu_ctx *mt_ctx(void) { return tu_ctx(MNISTCU_DEVICE_AUTO, 0); }
 
@@ -293,36 +248,36 @@ TEST mlp_spec_valid(void)
     mnistcu_result r;
     size_t s, expect;
     int failed = 0, l;
-    MT_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     for (s = 0; s < sizeof specs / sizeof specs[0]; ++s) {
         const mt_spec *t = &specs[s];
         m = NULL;
         r = mnistcu_model_create_mlp(ctx, t->spec, &m);
-        MT_REQUIRE(r == MNISTCU_OK && m != NULL, "\"%s\": %s (%s)", t->spec, mnistcu_result_name(r),
+        TU_REQUIRE(r == MNISTCU_OK && m != NULL, "\"%s\": %s (%s)", t->spec, mnistcu_result_name(r),
                    mnistcu_ctx_error(ctx));
         expect = 0;
         for (l = 0; l + 1 < t->count; ++l) expect += (size_t)t->sizes[l + 1] * ((size_t)t->sizes[l] + 1);
-        MT_REQUIRE(mnistcu_model_num_params(m) == expect, "\"%s\": num_params %lu, expected %lu", t->spec,
+        TU_REQUIRE(mnistcu_model_num_params(m) == expect, "\"%s\": num_params %lu, expected %lu", t->spec,
                    (unsigned long)mnistcu_model_num_params(m), (unsigned long)expect);
         mnistcu_model_info_get(m, &info);
-        MT_REQUIRE(info.num_layers == t->count - 1, "\"%s\": num_layers %d", t->spec, info.num_layers);
+        TU_REQUIRE(info.num_layers == t->count - 1, "\"%s\": num_layers %d", t->spec, info.num_layers);
         for (l = 0; l < t->count; ++l)
-            MT_REQUIRE(info.sizes[l] == t->sizes[l], "\"%s\": sizes[%d] = %d", t->spec, l, info.sizes[l]);
+            TU_REQUIRE(info.sizes[l] == t->sizes[l], "\"%s\": sizes[%d] = %d", t->spec, l, info.sizes[l]);
         if (t->count <= MNISTCU_MAX_LAYERS)
-            MT_REQUIRE(info.sizes[t->count] == 0, "\"%s\": sizes not zero-terminated", t->spec);
-        MT_REQUIRE(info.num_params == expect, "\"%s\": info.num_params %lu", t->spec, (unsigned long)info.num_params);
-        MT_REQUIRE(info.inputs == (size_t)t->sizes[0], "\"%s\": inputs %lu", t->spec, (unsigned long)info.inputs);
-        MT_REQUIRE(info.classes == (size_t)t->sizes[t->count - 1], "\"%s\": classes %lu", t->spec,
+            TU_REQUIRE(info.sizes[t->count] == 0, "\"%s\": sizes not zero-terminated", t->spec);
+        TU_REQUIRE(info.num_params == expect, "\"%s\": info.num_params %lu", t->spec, (unsigned long)info.num_params);
+        TU_REQUIRE(info.inputs == (size_t)t->sizes[0], "\"%s\": inputs %lu", t->spec, (unsigned long)info.inputs);
+        TU_REQUIRE(info.classes == (size_t)t->sizes[t->count - 1], "\"%s\": classes %lu", t->spec,
                    (unsigned long)info.classes);
-        MT_REQUIRE(info.hidden_act == MNISTCU_ACT_RELU, "\"%s\": hidden_act %d, expected RELU", t->spec,
+        TU_REQUIRE(info.hidden_act == MNISTCU_ACT_RELU, "\"%s\": hidden_act %d, expected RELU", t->spec,
                    (int)info.hidden_act);
-        MT_REQUIRE(info.device == mnistcu_ctx_device(ctx), "\"%s\": device %d", t->spec, (int)info.device);
+        TU_REQUIRE(info.device == mnistcu_ctx_device(ctx), "\"%s\": device %d", t->spec, (int)info.device);
         mnistcu_model_destroy(m);
         m = NULL;
     }
 done:
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 TEST mlp_spec_invalid(void)
@@ -339,29 +294,29 @@ TEST mlp_spec_invalid(void)
     mnistcu_result r;
     size_t s;
     int failed = 0;
-    MT_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     for (s = 0; s < sizeof bad / sizeof bad[0]; ++s) {
         mnistcu_ctx_clear_error(ctx);
         m = (mnistcu_model *)&s; /* a non-NULL sentinel that the call must overwrite */
         r = mnistcu_model_create_mlp(ctx, bad[s], &m);
-        MT_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT || r == MNISTCU_ERR_OVERFLOW, "\"%s\" gave %s", bad[s],
+        TU_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT || r == MNISTCU_ERR_OVERFLOW, "\"%s\" gave %s", bad[s],
                    mnistcu_result_name(r));
-        MT_REQUIRE(m == NULL, "\"%s\": *out not NULL after an error", bad[s]);
-        MT_REQUIRE(mnistcu_ctx_error(ctx) != NULL && mnistcu_ctx_error(ctx)[0] != '\0', "\"%s\": empty error message",
+        TU_REQUIRE(m == NULL, "\"%s\": *out not NULL after an error", bad[s]);
+        TU_REQUIRE(mnistcu_ctx_error(ctx) != NULL && mnistcu_ctx_error(ctx)[0] != '\0', "\"%s\": empty error message",
                    bad[s]);
     }
     m = NULL;
     /* NULL arguments */
     r = mnistcu_model_create_mlp(ctx, NULL, &m);
-    MT_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "NULL spec gave %s", mnistcu_result_name(r));
+    TU_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "NULL spec gave %s", mnistcu_result_name(r));
     r = mnistcu_model_create_mlp(ctx, "784-10", NULL);
-    MT_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT, "NULL out gave %s", mnistcu_result_name(r));
+    TU_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT, "NULL out gave %s", mnistcu_result_name(r));
     /* the context stays usable */
     r = mnistcu_model_create_mlp(ctx, "4-3", &m);
-    MT_REQUIRE(r == MNISTCU_OK && m != NULL, "context unusable after errors: %s", mnistcu_result_name(r));
+    TU_REQUIRE(r == MNISTCU_OK && m != NULL, "context unusable after errors: %s", mnistcu_result_name(r));
 done:
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 TEST model_create_desc_info(void)
@@ -376,20 +331,20 @@ TEST model_create_desc_info(void)
     mnistcu_result r;
     size_t a;
     int failed = 0;
-    MT_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     for (a = 0; a < sizeof acts / sizeof acts[0]; ++a) {
         mnistcu_act want = acts[a] == MNISTCU_ACT_DEFAULT ? MNISTCU_ACT_RELU : acts[a];
         r = mt_model(ctx, sizes, 3, acts[a], MNISTCU_INIT_DEFAULT, &m);
-        MT_REQUIRE(r == MNISTCU_OK, "create: %s", mnistcu_result_name(r));
+        TU_REQUIRE(r == MNISTCU_OK, "create: %s", mnistcu_result_name(r));
         mnistcu_model_info_get(m, &info);
-        MT_REQUIRE(info.num_layers == 2 && info.sizes[0] == 5 && info.sizes[1] == 4 && info.sizes[2] == 3 &&
+        TU_REQUIRE(info.num_layers == 2 && info.sizes[0] == 5 && info.sizes[1] == 4 && info.sizes[2] == 3 &&
                        info.sizes[3] == 0,
                    "info sizes");
-        MT_REQUIRE(info.num_params == 4 * 6 + 3 * 5, "info.num_params %lu", (unsigned long)info.num_params);
-        MT_REQUIRE(info.inputs == 5 && info.classes == 3, "inputs %lu classes %lu", (unsigned long)info.inputs,
+        TU_REQUIRE(info.num_params == 4 * 6 + 3 * 5, "info.num_params %lu", (unsigned long)info.num_params);
+        TU_REQUIRE(info.inputs == 5 && info.classes == 3, "inputs %lu classes %lu", (unsigned long)info.inputs,
                    (unsigned long)info.classes);
-        MT_REQUIRE(info.hidden_act == want, "hidden_act %d, expected %d", (int)info.hidden_act, (int)want);
-        MT_REQUIRE(info.device == mnistcu_ctx_device(ctx), "device");
+        TU_REQUIRE(info.hidden_act == want, "hidden_act %d, expected %d", (int)info.hidden_act, (int)want);
+        TU_REQUIRE(info.device == mnistcu_ctx_device(ctx), "device");
         mnistcu_model_destroy(m);
         m = NULL;
     }
@@ -398,23 +353,23 @@ TEST model_create_desc_info(void)
     d.sizes[0] = 5;
     d.sizes[1] = 3;
     d.hidden_act = (mnistcu_act)(MNISTCU_ACT_TANH + 1);
-    MT_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "bad hidden_act");
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "bad hidden_act");
     d.hidden_act = MNISTCU_ACT_DEFAULT;
     d.init = (mnistcu_init)(MNISTCU_INIT_HE_NORMAL + 1);
-    MT_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "bad init");
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "bad init");
     d.init = MNISTCU_INIT_DEFAULT;
     d.sizes[1] = 0;
-    MT_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "one width");
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "one width");
     d.sizes[1] = -3;
-    MT_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "negative width");
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_ERR_INVALID_ARGUMENT && m == NULL, "negative width");
     /* NULL model: zeroed info, 0 parameters */
     memset(&info, 0xAB, sizeof info);
     mnistcu_model_info_get(NULL, &info);
-    MT_REQUIRE(info.num_layers == 0 && info.num_params == 0, "info of NULL not zeroed");
-    MT_REQUIRE(mnistcu_model_num_params(NULL) == 0, "num_params(NULL)");
+    TU_REQUIRE(info.num_layers == 0 && info.num_params == 0, "info of NULL not zeroed");
+    TU_REQUIRE(mnistcu_model_num_params(NULL) == 0, "num_params(NULL)");
 done:
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 /* Statistics of values p[0..n): all within +-bound (float rounding of the
@@ -449,24 +404,24 @@ static int mt_check_uniform(const char *what, const float *p, size_t n, double b
     mt_stats s;
     mt_stats_of(p, n, bound, &s);
     if (s.outside) {
-        mt_setf(line, "%s: %lu of %lu values outside +-%.9g (max |v| %.9g)", what, (unsigned long)s.outside,
+        tu_setf(line, "%s: %lu of %lu values outside +-%.9g (max |v| %.9g)", what, (unsigned long)s.outside,
                 (unsigned long)n, bound, s.maxabs);
         return 0;
     }
     /* n uniform draws all stay below (1 - 30/n) * bound with probability
        about e^-30: a bound off by 0.01% fails on a 784-512 layer */
     if (s.maxabs < (1.0 - 30.0 / (double)n) * bound) {
-        mt_setf(line, "%s: max |v| %.9g covers too little of +-%.9g", what, s.maxabs, bound);
+        tu_setf(line, "%s: max |v| %.9g covers too little of +-%.9g", what, s.maxabs, bound);
         return 0;
     }
     if (check_var) {
         double mean_tol = 6.0 * bound / sqrt(3.0 * (double)n), var_ref = bound * bound / 3.0;
         if (fabs(s.mean) > mean_tol) {
-            mt_setf(line, "%s: mean %.6g, |mean| should be below %.3g", what, s.mean, mean_tol);
+            tu_setf(line, "%s: mean %.6g, |mean| should be below %.3g", what, s.mean, mean_tol);
             return 0;
         }
         if (fabs(s.var - var_ref) > 0.01 * var_ref) {
-            mt_setf(line, "%s: variance %.6g, expected %.6g (bound^2/3) within 1%%", what, s.var, var_ref);
+            tu_setf(line, "%s: variance %.6g, expected %.6g (bound^2/3) within 1%%", what, s.var, var_ref);
             return 0;
         }
     }
@@ -481,17 +436,17 @@ TEST init_torch_statistics(void)
     float *p = NULL, *p2 = NULL;
     size_t np = 0, w1 = 784 * 512, b1 = w1 + 512, w2 = b1 + 512 * 10; /* ends of W1, b1, W2 */
     int failed = 0;
-    MT_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     /* the default (create_mlp, zeroed desc) is TORCH */
-    MT_REQUIRE(mnistcu_model_create_mlp(ctx, "784-512-10", &m) == MNISTCU_OK, "create");
-    MT_REQUIRE(mt_model(ctx, sizes, 3, MNISTCU_ACT_DEFAULT, MNISTCU_INIT_TORCH, &m2) == MNISTCU_OK, "create torch");
+    TU_REQUIRE(mnistcu_model_create_mlp(ctx, "784-512-10", &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(mt_model(ctx, sizes, 3, MNISTCU_ACT_DEFAULT, MNISTCU_INIT_TORCH, &m2) == MNISTCU_OK, "create torch");
     np = mnistcu_model_num_params(m);
-    MT_REQUIRE(np == w2 + 10, "num_params %lu", (unsigned long)np);
+    TU_REQUIRE(np == w2 + 10, "num_params %lu", (unsigned long)np);
     p = (float *)malloc(np * sizeof(float));
     p2 = (float *)malloc(np * sizeof(float));
-    MT_REQUIRE(p && p2, "malloc");
-    MT_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK, "get_params");
-    MT_REQUIRE(mnistcu_model_get_params(m2, p2, np) == MNISTCU_OK, "get_params");
+    TU_REQUIRE(p && p2, "malloc");
+    TU_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK, "get_params");
+    TU_REQUIRE(mnistcu_model_get_params(m2, p2, np) == MNISTCU_OK, "get_params");
     if (!mt_check_uniform("W1", p, w1, 1.0 / sqrt(784.0), 1, __LINE__) ||
         !mt_check_uniform("b1", p + w1, 512, 1.0 / sqrt(784.0), 0, __LINE__) ||
         !mt_check_uniform("W2", p + b1, 5120, 1.0 / sqrt(512.0), 0, __LINE__) ||
@@ -502,14 +457,14 @@ TEST init_torch_statistics(void)
     {
         mt_stats s;
         mt_stats_of(p + w2, 10, 1.0 / sqrt(512.0), &s);
-        MT_REQUIRE(s.outside == 0 && s.maxabs > 0.0, "b2: %lu outside +-1/sqrt(512), max %.6g",
+        TU_REQUIRE(s.outside == 0 && s.maxabs > 0.0, "b2: %lu outside +-1/sqrt(512), max %.6g",
                    (unsigned long)s.outside, s.maxabs);
     }
 done:
     free(p);
     free(p2);
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 TEST init_he_uniform(void)
@@ -520,23 +475,23 @@ TEST init_he_uniform(void)
     float *p = NULL;
     size_t np = 0, i, w1 = 784 * 512, b1 = w1 + 512, w2 = b1 + 512 * 10; /* ends of W1, b1, W2 */
     int failed = 0;
-    MT_REQUIRE(ctx != NULL, "no context");
-    MT_REQUIRE(mt_model(ctx, sizes, 3, MNISTCU_ACT_RELU, MNISTCU_INIT_HE_UNIFORM, &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(mt_model(ctx, sizes, 3, MNISTCU_ACT_RELU, MNISTCU_INIT_HE_UNIFORM, &m) == MNISTCU_OK, "create");
     np = mnistcu_model_num_params(m);
     p = (float *)malloc(np * sizeof(float));
-    MT_REQUIRE(p != NULL, "malloc");
-    MT_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK, "get_params");
+    TU_REQUIRE(p != NULL, "malloc");
+    TU_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK, "get_params");
     if (!mt_check_uniform("He W1", p, w1, sqrt(6.0 / 784.0), 1, __LINE__) ||
         !mt_check_uniform("He W2", p + b1, 5120, sqrt(6.0 / 512.0), 0, __LINE__)) {
         failed = 1;
         goto done;
     }
-    for (i = 0; i < 512; ++i) MT_REQUIRE(p[w1 + i] == 0.0f, "He b1[%lu] = %.9g, not 0", (unsigned long)i, (double)p[w1 + i]);
-    for (i = 0; i < 10; ++i) MT_REQUIRE(p[w2 + i] == 0.0f, "He b2[%lu] = %.9g, not 0", (unsigned long)i, (double)p[w2 + i]);
+    for (i = 0; i < 512; ++i) TU_REQUIRE(p[w1 + i] == 0.0f, "He b1[%lu] = %.9g, not 0", (unsigned long)i, (double)p[w1 + i]);
+    for (i = 0; i < 10; ++i) TU_REQUIRE(p[w2 + i] == 0.0f, "He b2[%lu] = %.9g, not 0", (unsigned long)i, (double)p[w2 + i]);
 done:
     free(p);
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 /* Mean and standard deviation of n floats, in double. */
@@ -561,10 +516,10 @@ TEST init_schemes_match_torch_nn_init(void)
     double mean, sd, want, fi, fo;
     int k, failed = 0;
     char spec[256];
-    MT_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(ctx != NULL, "no context");
     w = (float *)malloc(64 * 3 * 5 * 5 * 40 * sizeof(float));
     b = (float *)malloc(64 * sizeof(float));
-    MT_REQUIRE(w && b, "malloc");
+    TU_REQUIRE(w && b, "malloc");
     for (k = 0; k < 8; ++k) {
         /* a conv layer: fan_in = 40*5*5 = 1000, fan_out = 64*25 = 1600 */
         static const mnistcu_init kinds[8] = {MNISTCU_INIT_XAVIER_UNIFORM, MNISTCU_INIT_XAVIER_NORMAL,
@@ -582,9 +537,9 @@ TEST init_schemes_match_torch_nn_init(void)
         if (k == 5) d.init_gain = 5.0f / 3.0f;        /* Xavier with tanh's gain */
         if (k == 6) { d.init = MNISTCU_INIT_TORCH; d.layers[0].init = MNISTCU_INIT_HE_UNIFORM; } /* per layer */
         if (k == 7) d.zero_bias = 1;
-        MT_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "case %d: create: %s", k, mnistcu_ctx_error(ctx));
-        MT_REQUIRE(mnistcu_model_get_tensor(m, "0.weight", w, 64000) == MNISTCU_OK, "case %d: weight", k);
-        MT_REQUIRE(mnistcu_model_get_tensor(m, "0.bias", b, 64) == MNISTCU_OK, "case %d: bias", k);
+        TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "case %d: create: %s", k, mnistcu_ctx_error(ctx));
+        TU_REQUIRE(mnistcu_model_get_tensor(m, "0.weight", w, 64000) == MNISTCU_OK, "case %d: weight", k);
+        TU_REQUIRE(mnistcu_model_get_tensor(m, "0.bias", b, 64) == MNISTCU_OK, "case %d: bias", k);
         fi = 1000.0; fo = 1600.0;
         mt_moments(w, 64000, &mean, &sd);
         switch (k) {
@@ -596,12 +551,12 @@ TEST init_schemes_match_torch_nn_init(void)
         case 5: want = 5.0 / 3.0 * sqrt(2.0 / (fi + fo)); break;
         default: want = 1.0 / sqrt(fi) / sqrt(3.0); break;          /* PyTorch's default, +-1/sqrt(fan_in) */
         }
-        MT_REQUIRE(fabs(mean) < 0.05 * want, "case %d: weight mean %.3g (sd %.3g)", k, mean, want);
-        MT_REQUIRE(fabs(sd / want - 1.0) < 0.03, "case %d: weight sd %.5g, want %.5g", k, sd, want);
+        TU_REQUIRE(fabs(mean) < 0.05 * want, "case %d: weight mean %.3g (sd %.3g)", k, mean, want);
+        TU_REQUIRE(fabs(sd / want - 1.0) < 0.03, "case %d: weight sd %.5g, want %.5g", k, sd, want);
         if (kinds[k] == MNISTCU_INIT_XAVIER_UNIFORM || kinds[k] == MNISTCU_INIT_HE_UNIFORM || k >= 6) {
             double bound = want * sqrt(3.0) * (1.0 + 1e-6);
             size_t i;
-            for (i = 0; i < 64000; ++i) MT_REQUIRE(fabs(w[i]) <= bound, "case %d: w[%lu] = %g beyond %g", k, (unsigned long)i, w[i], bound);
+            for (i = 0; i < 64000; ++i) TU_REQUIRE(fabs(w[i]) <= bound, "case %d: w[%lu] = %g beyond %g", k, (unsigned long)i, w[i], bound);
         }
         {
             size_t i;
@@ -609,26 +564,26 @@ TEST init_schemes_match_torch_nn_init(void)
                case 6 (TORCH with an HE_UNIFORM layer) draws them as version 0.1's He did: zero */
             int all0 = 1;
             for (i = 0; i < 64; ++i) all0 &= b[i] == 0.0f;
-            MT_REQUIRE(all0, "case %d: biases not zero", k);
+            TU_REQUIRE(all0, "case %d: biases not zero", k);
         }
         mnistcu_model_destroy(m);
         m = NULL;
     }
     /* the spec option, printed back */
-    MT_REQUIRE(mnistcu_model_create_spec(ctx, "1x8x8 conv3x3x4:init=xavier_normal flatten dense10:init=he", &m) == MNISTCU_OK,
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, "1x8x8 conv3x3x4:init=xavier_normal flatten dense10:init=he", &m) == MNISTCU_OK,
                "spec: %s", mnistcu_ctx_error(ctx));
-    MT_REQUIRE(mnistcu_model_spec(m, spec, sizeof spec) == MNISTCU_OK &&
+    TU_REQUIRE(mnistcu_model_spec(m, spec, sizeof spec) == MNISTCU_OK &&
                    strcmp(spec, "1x8x8 conv3x3x4:init=xavier_normal flatten dense10:init=he") == 0,
                "spec printed back as \"%s\"", spec);
     mnistcu_model_destroy(m);
     m = NULL;
-    MT_REQUIRE(mnistcu_model_create_spec(ctx, "10 dense5:init=glorot", &m) == MNISTCU_ERR_INVALID_ARGUMENT, "bad init name");
-    MT_REQUIRE(mnistcu_model_create_spec(ctx, "10 relu:init=he dense5", &m) == MNISTCU_ERR_INVALID_ARGUMENT, "init on relu");
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, "10 dense5:init=glorot", &m) == MNISTCU_ERR_INVALID_ARGUMENT, "bad init name");
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, "10 relu:init=he dense5", &m) == MNISTCU_ERR_INVALID_ARGUMENT, "init on relu");
 done:
     free(w);
     free(b);
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 TEST init_seed_determinism(void)
@@ -643,22 +598,22 @@ TEST init_seed_determinism(void)
     d.device = MNISTCU_DEVICE_AUTO;
     d.log_level = MNISTCU_LOG_SILENT;
     d.seed = 99;
-    MT_REQUIRE(a && b, "no context");
-    MT_REQUIRE(mnistcu_ctx_create(&c, &d) == MNISTCU_OK, "ctx with seed 99");
-    MT_REQUIRE(mnistcu_model_create_mlp(a, "20-16-10", &ma) == MNISTCU_OK, "create a");
-    MT_REQUIRE(mnistcu_model_create_mlp(b, "20-16-10", &mb) == MNISTCU_OK, "create b");
-    MT_REQUIRE(mnistcu_model_create_mlp(c, "20-16-10", &mc) == MNISTCU_OK, "create c");
+    TU_REQUIRE(a && b, "no context");
+    TU_REQUIRE(mnistcu_ctx_create(&c, &d) == MNISTCU_OK, "ctx with seed 99");
+    TU_REQUIRE(mnistcu_model_create_mlp(a, "20-16-10", &ma) == MNISTCU_OK, "create a");
+    TU_REQUIRE(mnistcu_model_create_mlp(b, "20-16-10", &mb) == MNISTCU_OK, "create b");
+    TU_REQUIRE(mnistcu_model_create_mlp(c, "20-16-10", &mc) == MNISTCU_OK, "create c");
     np = mnistcu_model_num_params(ma);
     pa = (float *)malloc(np * sizeof(float));
     pb = (float *)malloc(np * sizeof(float));
     pc = (float *)malloc(np * sizeof(float));
-    MT_REQUIRE(pa && pb && pc, "malloc");
-    MT_REQUIRE(mnistcu_model_get_params(ma, pa, np) == MNISTCU_OK && mnistcu_model_get_params(mb, pb, np) == MNISTCU_OK &&
+    TU_REQUIRE(pa && pb && pc, "malloc");
+    TU_REQUIRE(mnistcu_model_get_params(ma, pa, np) == MNISTCU_OK && mnistcu_model_get_params(mb, pb, np) == MNISTCU_OK &&
                    mnistcu_model_get_params(mc, pc, np) == MNISTCU_OK,
                "get_params");
-    MT_REQUIRE(memcmp(pa, pb, np * sizeof(float)) == 0, "same seed (1234) gave different initial parameters");
+    TU_REQUIRE(memcmp(pa, pb, np * sizeof(float)) == 0, "same seed (1234) gave different initial parameters");
     for (i = 0; i < np; ++i) same += pa[i] == pc[i];
-    MT_REQUIRE(same < np / 10, "seeds 1234 and 99 share %lu of %lu initial parameters", (unsigned long)same,
+    TU_REQUIRE(same < np / 10, "seeds 1234 and 99 share %lu of %lu initial parameters", (unsigned long)same,
                (unsigned long)np);
 done:
     free(pa);
@@ -667,7 +622,7 @@ done:
     mnistcu_ctx_destroy(a);
     mnistcu_ctx_destroy(b);
     mnistcu_ctx_destroy(c);
-    MT_END();
+    TU_END();
 }
 
 /* set_params / get_params round trip, and the documented layout: logits of
@@ -687,11 +642,11 @@ static int mt_forward_case(const int *sizes, int count, mnistcu_act act, size_t 
     rnet_make(&n, sizes, count, act);
     C = (size_t)sizes[count - 1];
     if (!ctx || mt_model(ctx, sizes, count, act, MNISTCU_INIT_DEFAULT, &m) != MNISTCU_OK) {
-        mt_setf(line, "create (%s)", mt_act_name(act));
+        tu_setf(line, "create (%s)", mt_act_name(act));
         goto done;
     }
     if (mnistcu_model_num_params(m) != n.np) {
-        mt_setf(line, "num_params %lu, expected %lu", (unsigned long)mnistcu_model_num_params(m), (unsigned long)n.np);
+        tu_setf(line, "num_params %lu, expected %lu", (unsigned long)mnistcu_model_num_params(m), (unsigned long)n.np);
         goto done;
     }
     /* known values, different from the library's initialisation: weights
@@ -708,15 +663,15 @@ static int mt_forward_case(const int *sizes, int count, mnistcu_act act, size_t 
         for (i = n.b[l]; i < n.b[l] + (size_t)sizes[l + 1]; ++i) p[i] = (float)tu_uniform(&rng, -0.5, 0.5);
     }
     if (mnistcu_model_set_params(m, p, n.np) != MNISTCU_OK || mnistcu_model_get_params(m, back, n.np) != MNISTCU_OK) {
-        mt_setf(line, "set/get params failed: %s", mnistcu_ctx_error(ctx));
+        tu_setf(line, "set/get params failed: %s", mnistcu_ctx_error(ctx));
         goto done;
     }
     if (memcmp(p, back, n.np * sizeof(float)) != 0) {
-        mt_setf(line, "get_params after set_params differs");
+        tu_setf(line, "get_params after set_params differs");
         goto done;
     }
     if (mnistcu_model_forward(m, x, B, logits) != MNISTCU_OK) {
-        mt_setf(line, "forward: %s", mnistcu_ctx_error(ctx));
+        tu_setf(line, "forward: %s", mnistcu_ctx_error(ctx));
         goto done;
     }
     pd = mt_to_double(p, n.np);
@@ -730,14 +685,14 @@ static int mt_forward_case(const int *sizes, int count, mnistcu_act act, size_t 
     for (i = 0; i < B * C; ++i) {
         /* float forward vs double: measured max |err| 3.2e-7 (784 inputs), 8e-8 (13) on logits up to ~3 */
         if (!(fabs((double)logits[i] - ref[i]) <= 2e-6 + 2e-6 * fabs(ref[i]))) {
-            mt_setf(line, "%s: logit [%lu][%lu] = %.9g, double reference %.9g", mt_act_name(act),
+            tu_setf(line, "%s: logit [%lu][%lu] = %.9g, double reference %.9g", mt_act_name(act),
                     (unsigned long)(i / C), (unsigned long)(i % C), (double)logits[i], ref[i]);
             goto done;
         }
     }
     ok = 1;
 done:
-    if (!ok && mt_msg[0] == '\0') mt_setf(line, "out of memory");
+    if (!ok && tu_msg[0] == '\0') tu_setf(line, "out of memory");
     free(p);
     free(back);
     free(x);
@@ -754,12 +709,12 @@ TEST forward_matches_reference(mnistcu_act act)
     static const int small[] = {13, 11, 7, 5};
     static const int wide[] = {784, 64, 10}; /* K above the CPU product's 256 block */
     int failed = 0;
-    mt_msg[0] = '\0';
-    MT_REQUIRE_OK(mt_forward_case(small, 4, act, 9, 11 + (uint64_t)act, __LINE__));
-    mt_msg[0] = '\0';
-    MT_REQUIRE_OK(mt_forward_case(wide, 3, act, 3, 21 + (uint64_t)act, __LINE__));
+    tu_msg[0] = '\0';
+    TU_REQUIRE_OK(mt_forward_case(small, 4, act, 9, 11 + (uint64_t)act, __LINE__));
+    tu_msg[0] = '\0';
+    TU_REQUIRE_OK(mt_forward_case(wide, 3, act, 3, 21 + (uint64_t)act, __LINE__));
 done:
-    MT_END();
+    TU_END();
 }
 
 TEST params_wrong_count(void)
@@ -769,37 +724,37 @@ TEST params_wrong_count(void)
     float *buf = NULL, *before = NULL, *after = NULL;
     size_t np = 0, i;
     int failed = 0;
-    MT_REQUIRE(ctx != NULL, "no context");
-    MT_REQUIRE(mnistcu_model_create_mlp(ctx, "7-5-3", &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(mnistcu_model_create_mlp(ctx, "7-5-3", &m) == MNISTCU_OK, "create");
     np = mnistcu_model_num_params(m);
     buf = (float *)malloc((np + 1) * sizeof(float));
     before = (float *)malloc(np * sizeof(float));
     after = (float *)malloc(np * sizeof(float));
-    MT_REQUIRE(buf && before && after, "malloc");
+    TU_REQUIRE(buf && before && after, "malloc");
     for (i = 0; i <= np; ++i) buf[i] = 7.0f;
-    MT_REQUIRE(mnistcu_model_get_params(m, before, np) == MNISTCU_OK, "get_params");
-    MT_REQUIRE(mnistcu_model_get_params(m, buf, np - 1) == MNISTCU_ERR_SHAPE, "get_params(np-1)");
-    MT_REQUIRE(mnistcu_model_get_params(m, buf, np + 1) == MNISTCU_ERR_SHAPE, "get_params(np+1)");
-    MT_REQUIRE(mnistcu_model_get_params(m, buf, 0) == MNISTCU_ERR_SHAPE, "get_params(0)");
-    MT_REQUIRE(mnistcu_model_set_params(m, buf, np - 1) == MNISTCU_ERR_SHAPE, "set_params(np-1)");
-    MT_REQUIRE(mnistcu_model_set_params(m, buf, np + 1) == MNISTCU_ERR_SHAPE, "set_params(np+1)");
-    MT_REQUIRE(mnistcu_model_get_grads(m, buf, np - 1) == MNISTCU_ERR_SHAPE, "get_grads(np-1)");
-    MT_REQUIRE(mnistcu_model_get_grads(m, buf, np + 1) == MNISTCU_ERR_SHAPE, "get_grads(np+1)");
-    MT_REQUIRE(mnistcu_ctx_error(ctx)[0] != '\0', "no error message");
-    MT_REQUIRE(mnistcu_model_get_params(m, NULL, np) == MNISTCU_ERR_INVALID_ARGUMENT, "get_params(NULL)");
-    MT_REQUIRE(mnistcu_model_set_params(m, NULL, np) == MNISTCU_ERR_INVALID_ARGUMENT, "set_params(NULL)");
-    MT_REQUIRE(mnistcu_model_get_params(m, after, np) == MNISTCU_OK, "get_params");
-    MT_REQUIRE(memcmp(before, after, np * sizeof(float)) == 0, "a refused set_params changed the parameters");
-    for (i = 0; i <= np; ++i) MT_REQUIRE(buf[i] == 7.0f, "a refused get wrote element %lu", (unsigned long)i);
+    TU_REQUIRE(mnistcu_model_get_params(m, before, np) == MNISTCU_OK, "get_params");
+    TU_REQUIRE(mnistcu_model_get_params(m, buf, np - 1) == MNISTCU_ERR_SHAPE, "get_params(np-1)");
+    TU_REQUIRE(mnistcu_model_get_params(m, buf, np + 1) == MNISTCU_ERR_SHAPE, "get_params(np+1)");
+    TU_REQUIRE(mnistcu_model_get_params(m, buf, 0) == MNISTCU_ERR_SHAPE, "get_params(0)");
+    TU_REQUIRE(mnistcu_model_set_params(m, buf, np - 1) == MNISTCU_ERR_SHAPE, "set_params(np-1)");
+    TU_REQUIRE(mnistcu_model_set_params(m, buf, np + 1) == MNISTCU_ERR_SHAPE, "set_params(np+1)");
+    TU_REQUIRE(mnistcu_model_get_grads(m, buf, np - 1) == MNISTCU_ERR_SHAPE, "get_grads(np-1)");
+    TU_REQUIRE(mnistcu_model_get_grads(m, buf, np + 1) == MNISTCU_ERR_SHAPE, "get_grads(np+1)");
+    TU_REQUIRE(mnistcu_ctx_error(ctx)[0] != '\0', "no error message");
+    TU_REQUIRE(mnistcu_model_get_params(m, NULL, np) == MNISTCU_ERR_INVALID_ARGUMENT, "get_params(NULL)");
+    TU_REQUIRE(mnistcu_model_set_params(m, NULL, np) == MNISTCU_ERR_INVALID_ARGUMENT, "set_params(NULL)");
+    TU_REQUIRE(mnistcu_model_get_params(m, after, np) == MNISTCU_OK, "get_params");
+    TU_REQUIRE(memcmp(before, after, np * sizeof(float)) == 0, "a refused set_params changed the parameters");
+    for (i = 0; i <= np; ++i) TU_REQUIRE(buf[i] == 7.0f, "a refused get wrote element %lu", (unsigned long)i);
     /* gradients of a fresh model are zero */
-    MT_REQUIRE(mnistcu_model_get_grads(m, after, np) == MNISTCU_OK, "get_grads");
-    for (i = 0; i < np; ++i) MT_REQUIRE(after[i] == 0.0f, "fresh gradient %lu = %g", (unsigned long)i, (double)after[i]);
+    TU_REQUIRE(mnistcu_model_get_grads(m, after, np) == MNISTCU_OK, "get_grads");
+    for (i = 0; i < np; ++i) TU_REQUIRE(after[i] == 0.0f, "fresh gradient %lu = %g", (unsigned long)i, (double)after[i]);
 done:
     free(buf);
     free(before);
     free(after);
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 TEST predict_probabilities(void)
@@ -818,8 +773,8 @@ TEST predict_probabilities(void)
     int failed = 0;
     memset(&w, 0, sizeof w);
     rnet_make(&n, sizes, 3, MNISTCU_ACT_RELU);
-    MT_REQUIRE(ctx != NULL, "no context");
-    MT_REQUIRE(mt_model(ctx, sizes, 3, MNISTCU_ACT_RELU, MNISTCU_INIT_DEFAULT, &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(mt_model(ctx, sizes, 3, MNISTCU_ACT_RELU, MNISTCU_INIT_DEFAULT, &m) == MNISTCU_OK, "create");
     np = mnistcu_model_num_params(m);
     /* larger weights than the initialisation, so the probabilities spread out */
     p = tu_random_floats(&rng, np, -1.0f, 1.0f);
@@ -827,31 +782,31 @@ TEST predict_probabilities(void)
     logits = (float *)malloc((size_t)N * C * sizeof(float));
     probs = (float *)malloc((size_t)N * C * sizeof(float));
     pd = mt_to_double(p, np);
-    MT_REQUIRE(p && x && logits && probs && pd && rws_make(&w, &n, N, x), "malloc");
-    MT_REQUIRE(mnistcu_model_set_params(m, p, np) == MNISTCU_OK, "set_params");
-    MT_REQUIRE(mnistcu_model_forward(m, x, N, logits) == MNISTCU_OK, "forward");
+    TU_REQUIRE(p && x && logits && probs && pd && rws_make(&w, &n, N, x), "malloc");
+    TU_REQUIRE(mnistcu_model_set_params(m, p, np) == MNISTCU_OK, "set_params");
+    TU_REQUIRE(mnistcu_model_forward(m, x, N, logits) == MNISTCU_OK, "forward");
     for (i = 0; i < N; ++i) labels[i] = labels2[i] = -1;
-    MT_REQUIRE(mnistcu_predict(m, x, N, labels, probs) == MNISTCU_OK, "predict: %s", mnistcu_ctx_error(ctx));
-    MT_REQUIRE(mnistcu_predict(m, x, N, labels2, NULL) == MNISTCU_OK, "predict (labels only)");
+    TU_REQUIRE(mnistcu_predict(m, x, N, labels, probs) == MNISTCU_OK, "predict: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(mnistcu_predict(m, x, N, labels2, NULL) == MNISTCU_OK, "predict (labels only)");
     (void)ref_forward(&n, pd, &w, N, NULL, NULL);
     for (i = 0; i < N; ++i) {
         const double *z = w.acts[2] + i * C;
         double sum = 0.0, mx = z[0], se = 0.0;
         size_t arg = 0;
         for (j = 0; j < C; ++j) sum += (double)probs[i * C + j];
-        MT_REQUIRE(fabs(sum - 1.0) <= 1e-5, "row %lu: probabilities sum to %.9g", (unsigned long)i, sum);
+        TU_REQUIRE(fabs(sum - 1.0) <= 1e-5, "row %lu: probabilities sum to %.9g", (unsigned long)i, sum);
         for (j = 1; j < C; ++j)
             if (logits[i * C + j] > logits[i * C + arg]) arg = j;
-        MT_REQUIRE(labels[i] == (int32_t)arg, "row %lu: label %d, arg-max of the logits %lu", (unsigned long)i,
+        TU_REQUIRE(labels[i] == (int32_t)arg, "row %lu: label %d, arg-max of the logits %lu", (unsigned long)i,
                    (int)labels[i], (unsigned long)arg);
-        MT_REQUIRE(labels2[i] == labels[i], "row %lu: labels-only predict gave %d, not %d", (unsigned long)i,
+        TU_REQUIRE(labels2[i] == labels[i], "row %lu: labels-only predict gave %d, not %d", (unsigned long)i,
                    (int)labels2[i], (int)labels[i]);
         for (j = 1; j < C; ++j)
             if (z[j] > mx) mx = z[j];
         for (j = 0; j < C; ++j) se += exp(z[j] - mx);
         for (j = 0; j < C; ++j) {
             double ref = exp(z[j] - mx) / se;
-            MT_REQUIRE(fabs((double)probs[i * C + j] - ref) <= 1e-6 + 1e-5 * ref,
+            TU_REQUIRE(fabs((double)probs[i * C + j] - ref) <= 1e-6 + 1e-5 * ref,
                        "prob [%lu][%lu] = %.9g, double softmax %.9g", (unsigned long)i, (unsigned long)j,
                        (double)probs[i * C + j], ref);
         }
@@ -864,7 +819,7 @@ done:
     free(pd);
     free(w.mem);
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 TEST predict_u8_untrained(void)
@@ -884,40 +839,40 @@ TEST predict_u8_untrained(void)
     int failed = 0;
     memset(&w, 0, sizeof w);
     rnet_make(&n, sizes, 3, MNISTCU_ACT_RELU);
-    MT_REQUIRE(ctx != NULL, "no context");
-    MT_REQUIRE(mnistcu_model_create_mlp(ctx, "784-32-10", &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(mnistcu_model_create_mlp(ctx, "784-32-10", &m) == MNISTCU_OK, "create");
     np = mnistcu_model_num_params(m);
     pix = (uint8_t *)malloc((size_t)N * IN);
     x = (float *)malloc((size_t)N * IN * sizeof(float));
     p1 = (float *)malloc((size_t)N * C * sizeof(float));
     p2 = (float *)malloc((size_t)N * C * sizeof(float));
     p = (float *)malloc(np * sizeof(float));
-    MT_REQUIRE(pix && x && p1 && p2 && p, "malloc");
+    TU_REQUIRE(pix && x && p1 && p2 && p, "malloc");
     for (i = 0; i < (size_t)N * IN; ++i) {
         pix[i] = (uint8_t)(tu_next(&rng) & 0xFF);
         x[i] = (float)pix[i] / 255.0f;
     }
-    MT_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK, "get_params");
+    TU_REQUIRE(mnistcu_model_get_params(m, p, np) == MNISTCU_OK, "get_params");
     pd = mt_to_double(p, np);
-    MT_REQUIRE(pd && rws_make(&w, &n, N, x), "malloc");
+    TU_REQUIRE(pd && rws_make(&w, &n, N, x), "malloc");
     for (i = 0; i < (size_t)N * IN; ++i) w.acts[0][i] = (double)pix[i] / 255.0; /* exact pixels / 255 */
-    MT_REQUIRE(mnistcu_predict(m, x, N, l1, p1) == MNISTCU_OK, "predict");
-    MT_REQUIRE(mnistcu_predict_u8(m, pix, N, l2, p2) == MNISTCU_OK, "predict_u8: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(mnistcu_predict(m, x, N, l1, p1) == MNISTCU_OK, "predict");
+    TU_REQUIRE(mnistcu_predict_u8(m, pix, N, l2, p2) == MNISTCU_OK, "predict_u8: %s", mnistcu_ctx_error(ctx));
     (void)ref_forward(&n, pd, &w, N, NULL, NULL);
     for (i = 0; i < N; ++i) {
         const double *z = w.acts[2] + i * C;
         double mx = z[0], se = 0.0;
-        MT_REQUIRE(l1[i] == l2[i], "sample %lu: predict_u8 label %d, predict on pixels/255 %d", (unsigned long)i,
+        TU_REQUIRE(l1[i] == l2[i], "sample %lu: predict_u8 label %d, predict on pixels/255 %d", (unsigned long)i,
                    (int)l2[i], (int)l1[i]);
         for (j = 1; j < C; ++j)
             if (z[j] > mx) mx = z[j];
         for (j = 0; j < C; ++j) se += exp(z[j] - mx);
         for (j = 0; j < C; ++j) {
             double ref = exp(z[j] - mx) / se;
-            MT_REQUIRE(fabs((double)p2[i * C + j] - (double)p1[i * C + j]) <= 1e-6 + 1e-5 * fabs((double)p1[i * C + j]),
+            TU_REQUIRE(fabs((double)p2[i * C + j] - (double)p1[i * C + j]) <= 1e-6 + 1e-5 * fabs((double)p1[i * C + j]),
                        "prob [%lu][%lu]: predict_u8 %.9g, predict on pixels/255 %.9g", (unsigned long)i,
                        (unsigned long)j, (double)p2[i * C + j], (double)p1[i * C + j]);
-            MT_REQUIRE(fabs((double)p2[i * C + j] - ref) <= 1e-6 + 1e-5 * ref,
+            TU_REQUIRE(fabs((double)p2[i * C + j] - ref) <= 1e-6 + 1e-5 * ref,
                        "prob [%lu][%lu]: predict_u8 %.9g, double reference %.9g", (unsigned long)i, (unsigned long)j,
                        (double)p2[i * C + j], ref);
         }
@@ -931,7 +886,7 @@ done:
     free(pd);
     free(w.mem);
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 SUITE(model_suite)
@@ -1049,12 +1004,12 @@ static int grad_case_run(const gcase *c, gres *res, int line)
     memset(&w, 0, sizeof w);
     rnet_make(&n, c->sizes, c->count, c->act);
     if (!ctx || mt_model(ctx, c->sizes, c->count, c->act, MNISTCU_INIT_DEFAULT, &m) != MNISTCU_OK) {
-        mt_setf(line, "create failed");
+        tu_setf(line, "create failed");
         goto done;
     }
     res->np = n.np;
     if (mnistcu_model_num_params(m) != n.np) {
-        mt_setf(line, "num_params %lu, expected %lu", (unsigned long)mnistcu_model_num_params(m), (unsigned long)n.np);
+        tu_setf(line, "num_params %lu, expected %lu", (unsigned long)mnistcu_model_num_params(m), (unsigned long)n.np);
         goto done;
     }
     p = (float *)malloc(n.np * sizeof(float));
@@ -1062,7 +1017,7 @@ static int grad_case_run(const gcase *c, gres *res, int line)
     res->g = (float *)malloc(n.np * sizeof(float));
     res->fd = (double *)malloc(n.np * sizeof(double));
     if (!p || !y || !res->g || !res->fd) {
-        mt_setf(line, "malloc");
+        tu_setf(line, "malloc");
         goto done;
     }
     for (l = 0; l < n.L; ++l) {
@@ -1072,7 +1027,7 @@ static int grad_case_run(const gcase *c, gres *res, int line)
     }
     for (i = 0; i < c->B; ++i) y[i] = (int32_t)(tu_next(&rng) % (uint64_t)c->sizes[c->count - 1]);
     if (mnistcu_model_set_params(m, p, n.np) != MNISTCU_OK || mnistcu_model_get_params(m, p, n.np) != MNISTCU_OK) {
-        mt_setf(line, "set/get params: %s", mnistcu_ctx_error(ctx));
+        tu_setf(line, "set/get params: %s", mnistcu_ctx_error(ctx));
         goto done;
     }
     pd = mt_to_double(p, n.np);
@@ -1083,20 +1038,20 @@ static int grad_case_run(const gcase *c, gres *res, int line)
         w.mem = NULL;
         x = tu_random_floats(&rng, c->B * in0, c->xlo, c->xhi);
         if (!x || !rws_make(&w, &n, c->B, x)) {
-            mt_setf(line, "malloc");
+            tu_setf(line, "malloc");
             goto done;
         }
         res->zmin = HUGE_VAL;
         res->loss_ref = ref_forward(&n, pd, &w, c->B, y, &res->zmin);
         if (!relu || res->zmin > 1e-3) break;
         if (attempt == 1000) {
-            mt_setf(line, "no inputs found with every relu pre-activation away from 0");
+            tu_setf(line, "no inputs found with every relu pre-activation away from 0");
             goto done;
         }
     }
     if (mnistcu_model_compute_grads(m, x, y, c->B, &res->loss_lib) != MNISTCU_OK ||
         mnistcu_model_get_grads(m, res->g, n.np) != MNISTCU_OK) {
-        mt_setf(line, "compute_grads: %s", mnistcu_ctx_error(ctx));
+        tu_setf(line, "compute_grads: %s", mnistcu_ctx_error(ctx));
         goto done;
     }
     ref_fd(&n, pd, &w, c->B, y, GRAD_FD_STEP, res->fd);
@@ -1119,7 +1074,7 @@ static int grad_case_check(const gcase *c, const char *name, int line)
     int ok = 0;
     if (!grad_case_run(c, &r, line)) goto done;
     if (!(fabs(r.loss_lib - r.loss_ref) <= LOSS_RTOL * fabs(r.loss_ref))) {
-        mt_setf(line, "%s: loss %.9g, double reference %.9g (rel err %.3g)", name, r.loss_lib, r.loss_ref,
+        tu_setf(line, "%s: loss %.9g, double reference %.9g (rel err %.3g)", name, r.loss_lib, r.loss_ref,
                 fabs(r.loss_lib - r.loss_ref) / fabs(r.loss_ref));
         goto done;
     }
@@ -1130,7 +1085,7 @@ static int grad_case_check(const gcase *c, const char *name, int line)
                name, (unsigned long)r.np, st.max_fd, st.max_abs, st.max_rel, st.worst_score,
                fabs(r.loss_lib - r.loss_ref) / fabs(r.loss_ref), r.zmin);
     if (!ok)
-        mt_setf(line, "%s: %lu of %lu gradients off; worst [%lu]: library %.9g, finite difference %.9g "
+        tu_setf(line, "%s: %lu of %lu gradients off; worst [%lu]: library %.9g, finite difference %.9g "
                       "(|err| %.3g > %.3g + %.3g*|fd|)",
                 name, (unsigned long)st.nbad, (unsigned long)r.np, (unsigned long)st.worst, (double)r.g[st.worst],
                 r.fd[st.worst], fabs((double)r.g[st.worst] - r.fd[st.worst]), GRAD_ATOL, GRAD_RTOL);
@@ -1152,7 +1107,7 @@ static const int g_small[] = {7, 5, 4, 3};
         c.xlo = XLO;                                                                     \
         c.xhi = XHI;                                                                     \
         c.seed = SEED;                                                                   \
-        if (!grad_case_check(&c, #NAME, __LINE__)) FAILm(mt_msg);                        \
+        if (!grad_case_check(&c, #NAME, __LINE__)) FAILm(tu_msg);                        \
         PASS();                                                                          \
     }
 
@@ -1195,39 +1150,39 @@ TEST grad_check_detects_errors(void)
     c.xhi = 1.0f;
     c.seed = 104;
     memset(&r, 0, sizeof r);
-    MT_REQUIRE_OK(grad_case_run(&c, &r, __LINE__));
+    TU_REQUIRE_OK(grad_case_run(&c, &r, __LINE__));
     bad = (float *)calloc(r.np, sizeof(float));
-    MT_REQUIRE(bad != NULL, "malloc");
-    MT_REQUIRE(grad_compare(r.g, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "the unmodified gradients fail (worst %.3g)",
+    TU_REQUIRE(bad != NULL, "malloc");
+    TU_REQUIRE(grad_compare(r.g, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "the unmodified gradients fail (worst %.3g)",
                st.worst_score);
     for (i = 0; i < r.np; ++i)
         if (fabs(r.fd[i]) > fabs(r.fd[big])) big = i;
     /* every element scaled by 1.001 */
     for (i = 0; i < r.np; ++i) bad[i] = r.g[i] * 1.001f;
-    MT_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "gradients * 1.001 pass");
+    TU_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "gradients * 1.001 pass");
     /* one element off by 0.1% of the largest gradient */
     for (i = 0; i < r.np; ++i) bad[i] = r.g[i];
     bad[r.np / 2] += (float)(1e-3 * fabs(r.fd[big]));
-    MT_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "one perturbed element passes");
-    MT_REQUIRE(st.nbad == 1 && st.worst == r.np / 2, "the perturbed element not singled out (%lu bad, worst %lu)",
+    TU_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "one perturbed element passes");
+    TU_REQUIRE(st.nbad == 1 && st.worst == r.np / 2, "the perturbed element not singled out (%lu bad, worst %lu)",
                (unsigned long)st.nbad, (unsigned long)st.worst);
     /* the largest element with its sign flipped */
     for (i = 0; i < r.np; ++i) bad[i] = r.g[i];
     bad[big] = -bad[big];
-    MT_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "a sign flip passes");
+    TU_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "a sign flip passes");
     /* last layer's bias gradients rotated by one (a layout error) */
     last_b = r.np - 3;
     for (i = 0; i < r.np; ++i) bad[i] = r.g[i];
     for (i = 0; i < 3; ++i) bad[last_b + i] = r.g[last_b + (i + 1) % 3];
-    MT_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "rotated bias gradients pass");
+    TU_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "rotated bias gradients pass");
     /* NaN never passes */
     for (i = 0; i < r.np; ++i) bad[i] = r.g[i];
     bad[0] = tu_nan();
-    MT_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "NaN passes");
+    TU_REQUIRE(!grad_compare(bad, r.fd, r.np, GRAD_ATOL, GRAD_RTOL, &st), "NaN passes");
 done:
     free(bad);
     gres_free(&r);
-    MT_END();
+    TU_END();
 }
 
 /* ---- SGD: mnistcu_model_apply_grads against torch.optim.SGD in double -----
@@ -1253,7 +1208,7 @@ static int sgd_case(const mnistcu_optim_desc *o, int steps, const char *name, in
         nesterov = o->nesterov;
     }
     if (!ctx || mnistcu_model_create_mlp(ctx, "7-5-4-3", &m) != MNISTCU_OK) {
-        mt_setf(line, "%s: create", name);
+        tu_setf(line, "%s: create", name);
         goto done;
     }
     np = mnistcu_model_num_params(m);
@@ -1263,7 +1218,7 @@ static int sgd_case(const mnistcu_optim_desc *o, int steps, const char *name, in
     wref = (double *)malloc(np * sizeof(double));
     vref = (double *)calloc(np, sizeof(double));
     if (!x || !g || !p || !wref || !vref) {
-        mt_setf(line, "malloc");
+        tu_setf(line, "malloc");
         goto done;
     }
     for (i = 0; i < B; ++i) y[i] = (int32_t)(tu_next(&rng) % 3);
@@ -1276,7 +1231,7 @@ static int sgd_case(const mnistcu_optim_desc *o, int steps, const char *name, in
         if (mnistcu_model_compute_grads(m, x, y, B, NULL) != MNISTCU_OK ||
             mnistcu_model_get_grads(m, g, np) != MNISTCU_OK || mnistcu_model_apply_grads(m, o) != MNISTCU_OK ||
             mnistcu_model_get_params(m, p, np) != MNISTCU_OK) {
-            mt_setf(line, "%s: step %d: %s", name, s + 1, mnistcu_ctx_error(ctx));
+            tu_setf(line, "%s: step %d: %s", name, s + 1, mnistcu_ctx_error(ctx));
             goto done;
         }
         for (i = 0; i < np; ++i) {
@@ -1292,7 +1247,7 @@ static int sgd_case(const mnistcu_optim_desc *o, int steps, const char *name, in
             if (fabs((double)p[i] - wref[i]) > maxerr) maxerr = fabs((double)p[i] - wref[i]);
         for (i = 0; i < np; ++i)
             if (!(fabs((double)p[i] - wref[i]) <= 1e-6 + 1e-6 * fabs(wref[i]))) {
-                mt_setf(line, "%s: step %d, param %lu = %.9g, torch.optim.SGD reference %.9g", name, s + 1,
+                tu_setf(line, "%s: step %d, param %lu = %.9g, torch.optim.SGD reference %.9g", name, s + 1,
                         (unsigned long)i, (double)p[i], wref[i]);
                 goto done;
             }
@@ -1302,7 +1257,7 @@ static int sgd_case(const mnistcu_optim_desc *o, int steps, const char *name, in
     if (GREATEST_IS_VERBOSE())
         printf("  sgd %-30s %d step(s): max |w - reference| %.3g, max |w - w0| %.3g\n", name, steps, maxerr, moved);
     if (moved < 1e-3) { /* else the check above would not tell a step from none */
-        mt_setf(line, "%s: the parameters moved only %.3g", name, moved);
+        tu_setf(line, "%s: the parameters moved only %.3g", name, moved);
         goto done;
     }
     ok = 1;
@@ -1331,13 +1286,13 @@ TEST sgd_plain(void)
     mnistcu_optim_desc o;
     int failed = 0;
     mt_optim(&o, 0.5f, 0.0f, 0, 0.0f);
-    MT_REQUIRE_OK(sgd_case(&o, 1, "lr 0.5", __LINE__));
-    MT_REQUIRE_OK(sgd_case(&o, 3, "lr 0.5, 3 steps", __LINE__));
+    TU_REQUIRE_OK(sgd_case(&o, 1, "lr 0.5", __LINE__));
+    TU_REQUIRE_OK(sgd_case(&o, 3, "lr 0.5, 3 steps", __LINE__));
     mt_optim(&o, 0.0f, 0.0f, 0, 0.0f); /* 0: the default 0.1 */
-    MT_REQUIRE_OK(sgd_case(&o, 1, "zeroed desc", __LINE__));
-    MT_REQUIRE_OK(sgd_case(NULL, 1, "NULL desc", __LINE__));
+    TU_REQUIRE_OK(sgd_case(&o, 1, "zeroed desc", __LINE__));
+    TU_REQUIRE_OK(sgd_case(NULL, 1, "NULL desc", __LINE__));
 done:
-    MT_END();
+    TU_END();
 }
 
 TEST sgd_weight_decay(void)
@@ -1345,10 +1300,10 @@ TEST sgd_weight_decay(void)
     mnistcu_optim_desc o;
     int failed = 0;
     mt_optim(&o, 0.3f, 0.0f, 0, 0.25f);
-    MT_REQUIRE_OK(sgd_case(&o, 1, "weight decay", __LINE__));
-    MT_REQUIRE_OK(sgd_case(&o, 3, "weight decay, 3 steps", __LINE__));
+    TU_REQUIRE_OK(sgd_case(&o, 1, "weight decay", __LINE__));
+    TU_REQUIRE_OK(sgd_case(&o, 3, "weight decay, 3 steps", __LINE__));
 done:
-    MT_END();
+    TU_END();
 }
 
 TEST sgd_momentum(void)
@@ -1356,11 +1311,11 @@ TEST sgd_momentum(void)
     mnistcu_optim_desc o;
     int failed = 0;
     mt_optim(&o, 0.2f, 0.9f, 0, 0.0f);
-    MT_REQUIRE_OK(sgd_case(&o, 3, "momentum 0.9", __LINE__));
+    TU_REQUIRE_OK(sgd_case(&o, 3, "momentum 0.9", __LINE__));
     mt_optim(&o, 0.2f, 0.5f, 0, 0.1f);
-    MT_REQUIRE_OK(sgd_case(&o, 3, "momentum 0.5 + weight decay", __LINE__));
+    TU_REQUIRE_OK(sgd_case(&o, 3, "momentum 0.5 + weight decay", __LINE__));
 done:
-    MT_END();
+    TU_END();
 }
 
 TEST sgd_nesterov(void)
@@ -1368,11 +1323,11 @@ TEST sgd_nesterov(void)
     mnistcu_optim_desc o;
     int failed = 0;
     mt_optim(&o, 0.2f, 0.9f, 1, 0.0f);
-    MT_REQUIRE_OK(sgd_case(&o, 3, "Nesterov 0.9", __LINE__));
+    TU_REQUIRE_OK(sgd_case(&o, 3, "Nesterov 0.9", __LINE__));
     mt_optim(&o, 0.1f, 0.7f, 1, 0.05f);
-    MT_REQUIRE_OK(sgd_case(&o, 3, "Nesterov 0.7 + weight decay", __LINE__));
+    TU_REQUIRE_OK(sgd_case(&o, 3, "Nesterov 0.7 + weight decay", __LINE__));
 done:
-    MT_END();
+    TU_END();
 }
 
 TEST sgd_invalid_settings(void)
@@ -1395,31 +1350,31 @@ TEST sgd_invalid_settings(void)
     mt_optim(&bad[6], 0.1f, 0.0f, 1, 0.0f);       /* Nesterov without momentum */
     mt_optim(&bad[7], 0.1f, 0.0f, 0, -0.01f);     /* negative weight decay */
     mt_optim(&bad[8], 0.1f, tu_nan(), 0, 0.0f);   /* NaN momentum */
-    MT_REQUIRE(ctx != NULL, "no context");
-    MT_REQUIRE(mnistcu_model_create_mlp(ctx, "7-5-4-3", &m) == MNISTCU_OK, "create");
+    TU_REQUIRE(ctx != NULL, "no context");
+    TU_REQUIRE(mnistcu_model_create_mlp(ctx, "7-5-4-3", &m) == MNISTCU_OK, "create");
     np = mnistcu_model_num_params(m);
     x = tu_random_floats(&rng, 4 * 7, -1.0f, 1.0f);
     p0 = (float *)malloc(np * sizeof(float));
     p1 = (float *)malloc(np * sizeof(float));
-    MT_REQUIRE(x && p0 && p1, "malloc");
-    MT_REQUIRE(mnistcu_model_compute_grads(m, x, y, 4, NULL) == MNISTCU_OK, "compute_grads");
-    MT_REQUIRE(mnistcu_model_get_params(m, p0, np) == MNISTCU_OK, "get_params");
+    TU_REQUIRE(x && p0 && p1, "malloc");
+    TU_REQUIRE(mnistcu_model_compute_grads(m, x, y, 4, NULL) == MNISTCU_OK, "compute_grads");
+    TU_REQUIRE(mnistcu_model_get_params(m, p0, np) == MNISTCU_OK, "get_params");
     for (k = 0; k < sizeof bad / sizeof bad[0]; ++k) {
         mnistcu_ctx_clear_error(ctx);
         r = mnistcu_model_apply_grads(m, &bad[k]);
-        MT_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT, "setting %lu (lr %g, momentum %g, nesterov %d, wd %g) gave %s",
+        TU_REQUIRE(r == MNISTCU_ERR_INVALID_ARGUMENT, "setting %lu (lr %g, momentum %g, nesterov %d, wd %g) gave %s",
                    (unsigned long)k, (double)bad[k].learning_rate, (double)bad[k].momentum, bad[k].nesterov,
                    (double)bad[k].weight_decay, mnistcu_result_name(r));
-        MT_REQUIRE(mnistcu_ctx_error(ctx)[0] != '\0', "setting %lu: no error message", (unsigned long)k);
-        MT_REQUIRE(mnistcu_model_get_params(m, p1, np) == MNISTCU_OK, "get_params");
-        MT_REQUIRE(memcmp(p0, p1, np * sizeof(float)) == 0, "setting %lu changed the parameters", (unsigned long)k);
+        TU_REQUIRE(mnistcu_ctx_error(ctx)[0] != '\0', "setting %lu: no error message", (unsigned long)k);
+        TU_REQUIRE(mnistcu_model_get_params(m, p1, np) == MNISTCU_OK, "get_params");
+        TU_REQUIRE(memcmp(p0, p1, np * sizeof(float)) == 0, "setting %lu changed the parameters", (unsigned long)k);
     }
 done:
     free(x);
     free(p0);
     free(p1);
     mnistcu_ctx_destroy(ctx);
-    MT_END();
+    TU_END();
 }
 
 SUITE(grad_suite)

@@ -3,6 +3,8 @@
 #ifndef TEST_UTIL_H
 #define TEST_UTIL_H
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,5 +75,52 @@ static inline const char *tu_mnist_dir(void)
     const char *env = getenv("MNISTCU_DATA");
     return env && *env ? env : "data/mnist";
 }
+
+
+/* ---- failure messages and the cleanup jump -------------------------------- */
+#if defined(__GNUC__) || defined(__clang__)
+#define TU_PRINTF_(a, b) __attribute__((format(printf, a, b)))
+#else
+#define TU_PRINTF_(a, b)
+#endif
+
+static char tu_msg[2048];
+
+static inline TU_PRINTF_(2, 3) void tu_setf(int line, const char *fmt, ...)
+{
+    va_list ap;
+    int used = snprintf(tu_msg, sizeof tu_msg, "line %d: ", line);
+    if (used < 0 || (size_t)used >= sizeof tu_msg) return;
+    va_start(ap, fmt);
+    vsnprintf(tu_msg + used, sizeof tu_msg - (size_t)used, fmt, ap);
+    va_end(ap);
+}
+
+/* Needs a local `int failed` and a label `done:` (the cleanup). Every local is
+   declared at the top of its function, so that the jump is valid C++ too. */
+#define TU_REQUIRE(cond, ...)                 \
+    do {                                      \
+        if (!(cond)) {                        \
+            tu_setf(__LINE__, __VA_ARGS__);   \
+            failed = 1;                       \
+            goto done;                        \
+        }                                     \
+    } while (0)
+
+/* For a helper that has set tu_msg itself and returned 0. */
+#define TU_REQUIRE_OK(call)                   \
+    do {                                      \
+        if (!(call)) {                        \
+            failed = 1;                       \
+            goto done;                        \
+        }                                     \
+    } while (0)
+
+/* Ends a test that used TU_REQUIRE; needs harness.h's FAILm and PASS. */
+#define TU_END()                              \
+    do {                                      \
+        if (failed) FAILm(tu_msg);            \
+        PASS();                               \
+    } while (0)
 
 #endif
