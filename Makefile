@@ -40,7 +40,7 @@ NVCC_HOST := -Xcompiler -O3,-march=native$(if $(OMP),$(comma)$(OMP))
 B := build
 HDR := mnistcu.h
 TEST_SRC := tests/test_main.c tests/test_idx.c tests/test_data_api.c tests/test_model.c tests/test_train.c tests/test_torch_fixtures.c \
-            tests/test_layers.c tests/test_layer_fixtures.c
+            tests/test_layers.c tests/test_layer_fixtures.c tests/test_toolkit.c
 TEST_HDR := tests/harness.h tests/asserts.h tests/test_util.h
 # Tests read the datasets from the local mirror when make data has not run.
 MNISTCU_MIRROR ?= $(wildcard ../shared/datasets)

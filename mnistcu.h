@@ -547,15 +547,40 @@ typedef struct mnistcu_tensor_info {
 
 typedef enum mnistcu_optim {
     MNISTCU_OPTIM_DEFAULT = 0, /* = SGD */
-    MNISTCU_OPTIM_SGD
+    MNISTCU_OPTIM_SGD,         /* torch.optim.SGD: momentum, dampening, Nesterov, weight decay */
+    MNISTCU_OPTIM_ADAM,        /* torch.optim.Adam: betas, eps, bias correction, weight decay (L2), amsgrad */
+    MNISTCU_OPTIM_ADAMW,       /* torch.optim.AdamW: Adam with decoupled weight decay (w *= 1 - lr*wd) */
+    MNISTCU_OPTIM_RMSPROP,     /* torch.optim.RMSprop: alpha, eps, momentum, centered, weight decay */
+    MNISTCU_OPTIM_ADAGRAD      /* torch.optim.Adagrad: lr_decay, initial_accumulator_value, eps, weight decay */
 } mnistcu_optim;
 
+/* An optimizer step, as torch.optim's (single-tensor rules, FP32). Zero means
+   default in every field; the defaults are PyTorch's except where said. The
+   optimizer's state (momentum, moments, sums) lives in one arena of the model,
+   on its device, made zero (Adagrad: initial_accumulator_value) on the first
+   step and again whenever the kind or a field that changes its layout
+   (momentum on or off, amsgrad, centered) changes, as a new torch optimizer
+   would be. Before the step, l2 and clip_norm act on the gradient arena in
+   place: g += 2*l2*W for dense and conv weights, then g *= min(1, clip_norm /
+   (||g|| + 1e-6)) over all parameters (torch.nn.utils.clip_grad_norm_). */
 typedef struct mnistcu_optim_desc {
     mnistcu_optim kind;    /* DEFAULT: SGD */
-    float learning_rate;   /* 0: 0.1 */
-    float momentum;        /* 0: none (PyTorch semantics, no dampening) */
-    int nesterov;          /* 0: off; needs momentum > 0 */
-    float weight_decay;    /* 0: none (L2 added to the gradient, as torch.optim.SGD) */
+    float learning_rate;   /* 0: 0.1 (SGD), 0.001 (ADAM, ADAMW), 0.01 (RMSPROP, ADAGRAD) */
+    float momentum;        /* SGD, RMSPROP: 0: none */
+    int nesterov;          /* SGD: 0: off; needs momentum > 0 and no dampening */
+    float weight_decay;    /* 0: none. L2 added to the gradient (wd*w), except ADAMW: decoupled. Note
+                              torch.optim.AdamW's default is 0.01: set it (the CLI does) */
+    float dampening;       /* SGD: 0: none; the momentum buffer adds (1 - dampening) * g after its first step */
+    float beta1, beta2;    /* ADAM, ADAMW: 0: 0.9 and 0.999 */
+    float eps;             /* ADAM, ADAMW, RMSPROP: 0: 1e-8; ADAGRAD: 0: 1e-10 */
+    int amsgrad;           /* ADAM, ADAMW: 1 keeps the maximum of the second moments */
+    float alpha;           /* RMSPROP: the squared average's smoothing (0: 0.99) */
+    int centered;          /* RMSPROP: 1 divides by the estimated variance instead */
+    float lr_decay;        /* ADAGRAD: the rate is lr / (1 + (t-1) lr_decay) at step t (0: none) */
+    float initial_accumulator_value; /* ADAGRAD: the sums start here (0: 0) */
+    float l2;              /* lambda of an explicit penalty lambda * ||W||^2 on the loss, dense and conv
+                              weights only (not biases or batch norm); 0: none */
+    float clip_norm;       /* clip the gradient's global 2-norm to this; 0: no clipping */
 } mnistcu_optim_desc;
 
 MNISTCU_DEF mnistcu_result mnistcu_model_create(mnistcu_ctx *ctx, const mnistcu_model_desc *desc, mnistcu_model **out);
@@ -2890,29 +2915,117 @@ static void mnistcu__cpu_softmax_ce(mnistcu_ctx *ctx, const float *logits, const
                                 &loss[i], &pred[i]);
 }
 
-/* SGD with optional momentum, Nesterov and weight decay (torch.optim.SGD rules,
-   no dampening): d = g + wd*w; v = mu*v + d; d = nesterov ? d + mu*v : v; w -= lr*d.
-   v is NULL without momentum. */
-static MNISTCU__HD void mnistcu__sgd_one(float *w, float g, float *v, float lr, float mu, int nesterov, float wd)
+/* ---- optimizers ------------------------------------------------------------
+   One element of one optimizer step, shared by the CPU loop and the CUDA
+   kernel, in torch.optim's single-tensor order of operations. The state arena
+   holds `slots` arrays of n floats (slot k of parameter i at s[k*n + i]):
+     SGD      momentum buffer (with momentum)
+     ADAM(W)  exp_avg, exp_avg_sq, max_exp_avg_sq (amsgrad)
+     RMSPROP  square_avg, momentum_buffer (with momentum), grad_avg (centered)
+     ADAGRAD  sum
+   Scalars that depend on the step (bias corrections, Adagrad's rate) are
+   computed once per step on the host, in double as Python does. */
+typedef struct mnistcu__opt {
+    int kind;            /* mnistcu_optim, resolved */
+    int nesterov, amsgrad, centered, has_momentum;
+    int first;           /* SGD: the momentum buffer's first step (it takes g itself) */
+    float lr, mu, damp, wd, b1, b2, eps, alpha;
+    float step_size;     /* ADAM(W): lr / (1 - b1^t) */
+    float bc2_sqrt;      /* ADAM(W): sqrt(1 - b2^t) */
+    float clr;           /* ADAGRAD: lr / (1 + (t-1) lr_decay) */
+    float c1, c2, calpha, cdamp; /* 1 - b1, 1 - b2, 1 - alpha, 1 - damp (of the decimals, as Python computes them) */
+    float decay_mult;    /* ADAMW: 1 - lr*wd */
+    size_t n;            /* parameters */
+} mnistcu__opt;
+
+/* Up to one range of the parameter arena per layer: where the dense and conv weights are. */
+typedef struct mnistcu__ranges {
+    int count;
+    size_t off[MNISTCU_MAX_MODEL_LAYERS], len[MNISTCU_MAX_MODEL_LAYERS];
+} mnistcu__ranges;
+
+/* torch.lerp(a, b, w) for a scalar weight */
+static MNISTCU__HD float mnistcu__lerp(float a, float b, float w)
 {
-    float d = g;
-    if (wd != 0.0f) d += wd * *w;
-    if (v) {
-        *v = mu * *v + d;
-        d = nesterov ? d + mu * *v : *v;
-    }
-    *w -= lr * d;
+    return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);
 }
 
-static void mnistcu__cpu_sgd(mnistcu_ctx *ctx, float *w, const float *g, float *v, size_t n, float lr, float mu,
-                             int nesterov, float wd)
+/* Parameter i: w[i] and its state slots after a step with gradient g (clipped already). */
+static MNISTCU__HD void mnistcu__opt_one(const mnistcu__opt *o, size_t i, float *w, float g, float *s)
+{
+    float p = w[i], d, denom, *v;
+    size_t n = o->n;
+    switch (o->kind) {
+    case MNISTCU_OPTIM_ADAM:
+    case MNISTCU_OPTIM_ADAMW: {
+        float *m1 = &s[i], *m2 = &s[n + i], v2;
+        if (o->kind == MNISTCU_OPTIM_ADAMW) p *= o->decay_mult;
+        else if (o->wd != 0.0f) g = g + o->wd * p;
+        *m1 = mnistcu__lerp(*m1, g, o->c1);
+        *m2 = *m2 * o->b2 + o->c2 * g * g;
+        v2 = *m2;
+        if (o->amsgrad) {
+            float *mx = &s[2 * n + i];
+            if (v2 > *mx) *mx = v2;
+            v2 = *mx;
+        }
+        denom = sqrtf(v2) / o->bc2_sqrt + o->eps;
+        w[i] = p + (-o->step_size) * *m1 / denom;
+        return;
+    }
+    case MNISTCU_OPTIM_RMSPROP: {
+        float *sq = &s[i], avg;
+        size_t k = 1;
+        if (o->wd != 0.0f) g = g + o->wd * p;
+        *sq = *sq * o->alpha + o->calpha * g * g;
+        v = o->has_momentum ? &s[(k++) * n + i] : NULL;
+        if (o->centered) {
+            float *ga = &s[k * n + i];
+            *ga = mnistcu__lerp(*ga, g, o->calpha);
+            avg = sqrtf(*sq - *ga * *ga);
+        } else {
+            avg = sqrtf(*sq);
+        }
+        avg = avg + o->eps;
+        if (v) {
+            *v = *v * o->mu + g / avg;
+            w[i] = p + (-o->lr) * *v;
+        } else {
+            w[i] = p + (-o->lr) * g / avg;
+        }
+        return;
+    }
+    case MNISTCU_OPTIM_ADAGRAD: {
+        float *sum = &s[i];
+        if (o->wd != 0.0f) g = g + o->wd * p;
+        *sum = *sum + g * g;
+        denom = sqrtf(*sum) + o->eps;
+        w[i] = p + (-o->clr) * g / denom;
+        return;
+    }
+    default: /* SGD */
+        d = g;
+        if (o->wd != 0.0f) d = d + o->wd * p;
+        if (o->has_momentum) {
+            v = &s[i];
+            *v = o->first ? d : *v * o->mu + o->cdamp * d;
+            d = o->nesterov ? d + o->mu * *v : *v;
+        }
+        w[i] = p - o->lr * d;
+        return;
+    }
+}
+
+/* One step over the flat arena; coef scales every gradient (clipping; 1: none). */
+static void mnistcu__cpu_optim(mnistcu_ctx *ctx, const mnistcu__opt *o, float *w, const float *g, float *state,
+                               float coef)
 {
     long i;
     (void)ctx;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(ctx->threads) if (n > 262144)
+#pragma omp parallel for schedule(static) num_threads(ctx->threads) if (o->n > 262144)
 #endif
-    for (i = 0; i < (long)n; ++i) mnistcu__sgd_one(&w[i], g[i], v ? &v[i] : NULL, lr, mu, nesterov, wd);
+    for (i = 0; i < (long)o->n; ++i) mnistcu__opt_one(o, (size_t)i, w, coef == 1.0f ? g[i] : g[i] * coef, state);
 }
 
 /* >>cuda_core -------------------------------------------------------------------
@@ -2975,6 +3088,7 @@ typedef struct mnistcu__cuda_model {
     cudaEvent_t copied[MNISTCU__STREAM_SLOTS], consumed[MNISTCU__STREAM_SLOTS];
     int slot_used[MNISTCU__STREAM_SLOTS];
     size_t step_counter;
+    void *prep;               /* l2 and clipping: per-block sums of squares (double), then the factor (float) */
 } mnistcu__cuda_model;
 
 static mnistcu__cuda *mnistcu__cu(const mnistcu_ctx *ctx) { return (mnistcu__cuda *)ctx->cuda; }
@@ -3216,7 +3330,10 @@ struct mnistcu_model {
     /* The arenas, on the model's device: one allocation each. */
     float *params;        /* [num_params] */
     float *grads;         /* [num_params] */
-    float *velocity;      /* [num_params] momentum buffer, made on the first step that needs it */
+    float *state;         /* [state_floats] optimizer state (see >>cpu_ops, optimizers), made on the first step */
+    size_t state_floats;  /* its size: slots * num_params */
+    int state_sig;        /* the layout it was made for: kind and options (0: none yet) */
+    uint64_t state_steps; /* steps taken with this state (Adam's and Adagrad's t) */
     float *buffers;       /* [num_buffers] running statistics */
     uint64_t steps;       /* optimizer steps taken */
     mnistcu__rng rng;     /* initialisation and shuffling */
@@ -4965,8 +5082,10 @@ static void mnistcu__cuda_model_free(mnistcu_model *m);
 static mnistcu_result mnistcu__cuda_reserve(mnistcu_model *m, size_t batch);
 static mnistcu_result mnistcu__cuda_copy(mnistcu_model *m, void *dst, const void *src, size_t bytes, int to_device);
 static mnistcu_result mnistcu__cuda_loss(mnistcu_model *m, size_t B, int with_grad);
-static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu_optim_desc *o);
-static mnistcu_result mnistcu__cuda_ensure_velocity(mnistcu_model *m);
+static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt *k, const mnistcu_optim_desc *o);
+static mnistcu_result mnistcu__cuda_malloc(mnistcu_ctx *ctx, void **p, size_t bytes, const char *what);
+static void mnistcu__cuda_free(mnistcu_ctx *ctx, void *p);
+static mnistcu_result mnistcu__cuda_fill(mnistcu_model *m, float *p, size_t n, float v);
 #endif
 
 /* The desc fields each kind reads: the others must stay zero. */
@@ -5314,7 +5433,7 @@ static void mnistcu__model_free(mnistcu__object *o)
     {
         mnistcu__free(m->ctx, m->params);
         mnistcu__free(m->ctx, m->grads);
-        mnistcu__free(m->ctx, m->velocity);
+        mnistcu__free(m->ctx, m->state);
         mnistcu__free(m->ctx, m->buffers);
         mnistcu__model_free_ws(m);
     }
@@ -6053,47 +6172,230 @@ static mnistcu_result mnistcu__backward(mnistcu_model *m, size_t B)
     return MNISTCU_OK;
 }
 
+/* The optimizer state's memory, on the model's device. */
+static mnistcu_result mnistcu__state_alloc(mnistcu_model *m, float **p, size_t n)
+{
+    *p = NULL;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_malloc(m->ctx, (void **)p, n * sizeof(float), "optimizer state");
+#endif
+    *p = (float *)mnistcu__alloc(m->ctx, n * sizeof(float));
+    if (!*p)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for %llu floats of optimizer state",
+                             MNISTCU__ULL(n));
+    return MNISTCU_OK;
+}
+
+static void mnistcu__state_free(mnistcu_model *m, float *p)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) {
+        mnistcu__cuda_free(m->ctx, p);
+        return;
+    }
+#endif
+    mnistcu__free(m->ctx, p);
+}
+
+static mnistcu_result mnistcu__state_fill(mnistcu_model *m, float *p, size_t n, float v)
+{
+    size_t i;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_fill(m, p, n, v);
+#endif
+    (void)m;
+    for (i = 0; i < n; ++i) p[i] = v;
+    return MNISTCU_OK;
+}
+
+/* The learning rate an optimizer gets when none is given: PyTorch's, except SGD's 0.1. */
+static float mnistcu__default_lr(mnistcu_optim kind)
+{
+    switch (kind) {
+    case MNISTCU_OPTIM_ADAM:
+    case MNISTCU_OPTIM_ADAMW: return 0.001f;
+    case MNISTCU_OPTIM_RMSPROP:
+    case MNISTCU_OPTIM_ADAGRAD: return 0.01f;
+    default: return 0.1f;
+    }
+}
+
+static int mnistcu__in(float v, float lo, float hi) { return v >= lo && v <= hi; }
+
+/* Defaults filled in and every field checked. */
 static mnistcu_result mnistcu__resolve_optim(mnistcu_ctx *ctx, const mnistcu_optim_desc *in, mnistcu_optim_desc *o)
 {
     memset(o, 0, sizeof *o);
     if (in) *o = *in;
     if (o->kind == MNISTCU_OPTIM_DEFAULT) o->kind = MNISTCU_OPTIM_SGD;
-    if (o->learning_rate == 0.0f) o->learning_rate = 0.1f;
-    if (o->kind != MNISTCU_OPTIM_SGD)
+    if ((unsigned)o->kind > MNISTCU_OPTIM_ADAGRAD)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "optimizer kind %d unknown", (int)o->kind);
+    if (o->learning_rate == 0.0f) o->learning_rate = mnistcu__default_lr(o->kind);
+    if (o->beta1 == 0.0f) o->beta1 = 0.9f;
+    if (o->beta2 == 0.0f) o->beta2 = 0.999f;
+    if (o->eps == 0.0f) o->eps = o->kind == MNISTCU_OPTIM_ADAGRAD ? 1e-10f : 1e-8f;
+    if (o->alpha == 0.0f) o->alpha = 0.99f;
     if (!(o->learning_rate > 0.0f && o->learning_rate < FLT_MAX))
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "learning rate %g must be positive and finite",
                              (double)o->learning_rate);
     if (!(o->momentum >= 0.0f && o->momentum < 1.0f))
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "momentum %g not in [0, 1)", (double)o->momentum);
-    if (o->nesterov && o->momentum == 0.0f)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "Nesterov momentum needs momentum > 0");
-    if (!(o->weight_decay >= 0.0f && o->weight_decay < FLT_MAX))
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "weight decay %g must be >= 0 and finite",
-                             (double)o->weight_decay);
+    if (o->momentum > 0.0f && o->kind != MNISTCU_OPTIM_SGD && o->kind != MNISTCU_OPTIM_RMSPROP)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "momentum is an option of SGD and RMSprop only");
+    if (o->nesterov && (o->kind != MNISTCU_OPTIM_SGD || o->momentum == 0.0f || o->dampening != 0.0f))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "Nesterov momentum needs SGD with momentum > 0 and no "
+                                                                 "dampening");
+    if (!mnistcu__in(o->dampening, 0.0f, 1.0f))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "dampening %g not in [0, 1]", (double)o->dampening);
+    if (!(o->weight_decay >= 0.0f && o->weight_decay < FLT_MAX) || !(o->l2 >= 0.0f && o->l2 < FLT_MAX) ||
+        !(o->clip_norm >= 0.0f && o->clip_norm < FLT_MAX))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "weight decay %g, l2 %g and clip_norm %g must be >= 0 and finite", (double)o->weight_decay,
+                             (double)o->l2, (double)o->clip_norm);
+    if (!(o->beta1 > 0.0f && o->beta1 < 1.0f) || !(o->beta2 > 0.0f && o->beta2 < 1.0f))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "betas %g, %g not in (0, 1)", (double)o->beta1,
+                             (double)o->beta2);
+    if (!(o->eps > 0.0f && o->eps < FLT_MAX) || !(o->alpha > 0.0f && o->alpha < 1.0f) ||
+        !(o->lr_decay >= 0.0f && o->lr_decay < FLT_MAX) ||
+        !(o->initial_accumulator_value >= 0.0f && o->initial_accumulator_value < FLT_MAX))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "eps %g (> 0), alpha %g (in (0, 1)), lr_decay %g or initial_accumulator_value %g (>= 0) "
+                             "out of range", (double)o->eps, (double)o->alpha, (double)o->lr_decay,
+                             (double)o->initial_accumulator_value);
+    if ((o->amsgrad && o->kind != MNISTCU_OPTIM_ADAM && o->kind != MNISTCU_OPTIM_ADAMW) ||
+        (o->centered && o->kind != MNISTCU_OPTIM_RMSPROP))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "amsgrad is an option of Adam and AdamW, centered of "
+                                                                 "RMSprop");
     return MNISTCU_OK;
+}
+
+/* Arrays of num_params floats of state the optimizer keeps (see >>cpu_ops). */
+static int mnistcu__opt_slots(const mnistcu_optim_desc *o)
+{
+    switch (o->kind) {
+    case MNISTCU_OPTIM_ADAM:
+    case MNISTCU_OPTIM_ADAMW: return 2 + (o->amsgrad != 0);
+    case MNISTCU_OPTIM_RMSPROP: return 1 + (o->momentum > 0.0f) + (o->centered != 0);
+    case MNISTCU_OPTIM_ADAGRAD: return 1;
+    default: return o->momentum > 0.0f;
+    }
+}
+
+/* What the state's layout and meaning depend on: a change starts a new state. */
+static int mnistcu__opt_sig(const mnistcu_optim_desc *o)
+{
+    return 1 + (int)o->kind * 8 + (o->momentum > 0.0f) + 2 * (o->amsgrad != 0) + 4 * (o->centered != 0);
+}
+
+/* The dense and conv weights, which the l2 penalty covers. */
+static void mnistcu__weight_ranges(const mnistcu_model *m, mnistcu__ranges *rg)
+{
+    int i;
+    rg->count = 0;
+    for (i = 0; i < m->num_layers; ++i) {
+        const mnistcu__layer *L = &m->layers[i];
+        if ((L->d.kind == MNISTCU_LAYER_DENSE || L->d.kind == MNISTCU_LAYER_CONV2D) && L->nw) {
+            rg->off[rg->count] = L->wo;
+            rg->len[rg->count] = L->nw;
+            rg->count++;
+        }
+    }
+}
+
+/* l2 and clipping on the CPU: the gradient arena in place; returns the clipping factor (1: none). */
+static float mnistcu__cpu_grad_prep(mnistcu_model *m, const mnistcu_optim_desc *o)
+{
+    size_t i, j;
+    double sum = 0.0, norm;
+    float coef;
+    if (o->l2 != 0.0f) {
+        mnistcu__ranges rg;
+        int k;
+        mnistcu__weight_ranges(m, &rg);
+        for (k = 0; k < rg.count; ++k)
+            for (j = rg.off[k]; j < rg.off[k] + rg.len[k]; ++j) m->grads[j] = m->grads[j] + o->l2 * (2.0f * m->params[j]);
+    }
+    if (o->clip_norm == 0.0f) return 1.0f;
+    for (i = 0; i < m->num_params; ++i) sum += (double)m->grads[i] * (double)m->grads[i];
+    norm = sqrt(sum);
+    coef = (float)((double)o->clip_norm / (norm + 1e-6));
+    return coef < 1.0f ? coef : 1.0f;
+}
+
+/* The optimizer state for o: kept, or (first step, or another layout) made anew. */
+static mnistcu_result mnistcu__opt_state(mnistcu_model *m, const mnistcu_optim_desc *o)
+{
+    size_t floats;
+    float init = o->kind == MNISTCU_OPTIM_ADAGRAD ? o->initial_accumulator_value : 0.0f;
+    mnistcu_result r;
+    if (mnistcu__opt_sig(o) == m->state_sig) return MNISTCU_OK;
+    if (!mnistcu__mul((size_t)mnistcu__opt_slots(o), m->num_params, &floats))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "optimizer state overflows");
+    if (floats != m->state_floats) {
+        mnistcu__state_free(m, m->state);
+        m->state = NULL;
+        m->state_floats = 0;
+        m->state_sig = 0;
+        if (floats && (r = mnistcu__state_alloc(m, &m->state, floats))) return r;
+        m->state_floats = floats;
+    }
+    if (floats && (r = mnistcu__state_fill(m, m->state, floats, init))) return r;
+    m->state_sig = mnistcu__opt_sig(o);
+    m->state_steps = 0;
+    return MNISTCU_OK;
+}
+
+/* A float as the decimal it was written as (its shortest representation), in
+   double: 1 - 0.99f computed from it is the float Python's 1 - 0.99 gives. */
+static double mnistcu__decimal(float v)
+{
+    char buf[32];
+    mnistcu__float_text(v, buf, sizeof buf);
+    return strtod(buf, NULL);
+}
+
+/* The kernel's view of step t (1-based, of this state) of optimizer o over n parameters. */
+static void mnistcu__opt_make(const mnistcu_optim_desc *o, uint64_t step, size_t n, mnistcu__opt *k)
+{
+    double t = (double)step, b1 = mnistcu__decimal(o->beta1), b2 = mnistcu__decimal(o->beta2);
+    memset(k, 0, sizeof *k);
+    k->kind = (int)o->kind;
+    k->nesterov = o->nesterov;
+    k->amsgrad = o->amsgrad;
+    k->centered = o->centered;
+    k->has_momentum = o->momentum > 0.0f;
+    k->first = step == 1;
+    k->lr = o->learning_rate;
+    k->mu = o->momentum;
+    k->damp = o->dampening;
+    k->wd = o->weight_decay;
+    k->b1 = o->beta1;
+    k->b2 = o->beta2;
+    k->eps = o->eps;
+    k->alpha = o->alpha;
+    k->c1 = (float)(1.0 - b1);
+    k->c2 = (float)(1.0 - b2);
+    k->calpha = (float)(1.0 - mnistcu__decimal(o->alpha));
+    k->cdamp = (float)(1.0 - mnistcu__decimal(o->dampening));
+    k->step_size = (float)(mnistcu__decimal(o->learning_rate) / (1.0 - pow(b1, t)));
+    k->bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    k->clr = (float)(mnistcu__decimal(o->learning_rate) / (1.0 + (t - 1.0) * mnistcu__decimal(o->lr_decay)));
+    k->decay_mult = (float)(1.0 - mnistcu__decimal(o->learning_rate) * mnistcu__decimal(o->weight_decay));
+    k->n = n;
 }
 
 static mnistcu_result mnistcu__update(mnistcu_model *m, const mnistcu_optim_desc *o)
 {
-    if (o->momentum > 0.0f && !m->velocity) {
-#ifdef __CUDACC__
-        if (m->device == MNISTCU_DEVICE_CUDA) {
-            mnistcu_result r = mnistcu__cuda_ensure_velocity(m);
-            if (r) return r;
-        } else
-#endif
-        {
-            m->velocity = (float *)mnistcu__calloc(m->ctx, m->num_params * sizeof(float));
-            if (!m->velocity) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for momentum");
-        }
-    }
+    mnistcu__opt k;
+    mnistcu_result r;
+    if ((r = mnistcu__opt_state(m, o))) return r;
     m->steps++;
+    m->state_steps++;
+    mnistcu__opt_make(o, m->state_steps, m->num_params, &k);
 #ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_update(m, o);
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_update(m, &k, o);
 #endif
-    mnistcu__cpu_sgd(m->ctx, m->params, m->grads, o->momentum > 0.0f ? m->velocity : NULL, m->num_params,
-                     o->learning_rate, o->momentum, o->nesterov, o->weight_decay);
+    mnistcu__cpu_optim(m->ctx, &k, m->params, m->grads, m->state, mnistcu__cpu_grad_prep(m, o));
     return MNISTCU_OK;
 }
 
@@ -6266,9 +6568,11 @@ static mnistcu_result mnistcu__read_stats(mnistcu_model *m, const mnistcu__stats
    with them, and no step waits for the host. */
 typedef struct mnistcu__finite_copy_slot {
     float *params;     /* [num_params] parameters checked finite */
-    float *velocity;   /* [num_params] their momentum; allocated once the model has a momentum buffer */
+    float *state;      /* [state_floats] the optimizer state; allocated once the model has one */
     float *buffers;    /* [num_buffers] batch norm's running statistics taken with them */
-    int has_velocity;  /* velocity holds the momentum taken with params */
+    int has_state;     /* state holds the optimizer state taken with params */
+    int state_sig;     /* ... its layout, and the steps taken with it */
+    uint64_t state_steps;
     int epoch;         /* where they were taken: the epoch (0: before training) */
     size_t step;       /* and the steps done in it */
 } mnistcu__finite_copy_slot;
@@ -6358,10 +6662,12 @@ static mnistcu_result mnistcu__finite_snapshot(mnistcu_model *m, mnistcu__finite
         if (!c->buffers && (r = mnistcu__finite_alloc(m, &c->buffers, m->num_buffers))) return r;
         if ((r = mnistcu__finite_copy(m, c->buffers, m->buffers, m->num_buffers, 0))) return r;
     }
-    c->has_velocity = m->velocity != NULL;
-    if (m->velocity) {
-        if (!c->velocity && (r = mnistcu__finite_alloc(m, &c->velocity, m->num_params))) return r;
-        if ((r = mnistcu__finite_copy(m, c->velocity, m->velocity, m->num_params, 0))) return r;
+    c->has_state = m->state_sig != 0 && m->state_floats != 0;
+    c->state_sig = m->state_sig;
+    c->state_steps = m->state_steps;
+    if (c->has_state) {
+        if (!c->state && (r = mnistcu__finite_alloc(m, &c->state, m->state_floats))) return r;
+        if ((r = mnistcu__finite_copy(m, c->state, m->state, m->state_floats, 0))) return r;
     }
     c->epoch = epoch;
     c->step = step;
@@ -6425,7 +6731,7 @@ static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
 #endif
     for (k = 0; k < 2; ++k) {
         mnistcu__finite_free(m, g->slot[k].params);
-        mnistcu__finite_free(m, g->slot[k].velocity);
+        mnistcu__finite_free(m, g->slot[k].state);
         mnistcu__finite_free(m, g->slot[k].buffers);
     }
     memset(g, 0, sizeof *g);
@@ -6476,10 +6782,10 @@ static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_gu
                                                        : p->epoch == c->epoch && bad_step == c->step + 1;
     if (!loss_ok && first_after && g->copies > 1) c = &g->slot[!g->newest];
     if (m->num_buffers && (r = mnistcu__finite_copy(m, m->buffers, c->buffers, m->num_buffers, 0))) return r;
-    if ((r = mnistcu__finite_copy(m, m->params, c->params, m->num_params, !m->velocity))) return r;
-    if (m->velocity &&
-        (r = mnistcu__finite_copy(m, m->velocity, c->has_velocity ? c->velocity : NULL, m->num_params, 1)))
-        return r;
+    if ((r = mnistcu__finite_copy(m, m->params, c->params, m->num_params, !c->has_state))) return r;
+    if (c->has_state && (r = mnistcu__finite_copy(m, m->state, c->state, m->state_floats, 1))) return r;
+    m->state_sig = c->has_state ? c->state_sig : 0; /* none: the next step makes it anew */
+    m->state_steps = c->has_state ? c->state_steps : 0;
     res->epochs = p->epoch;
     res->train_loss = p->train_loss;
     res->train_accuracy = p->train_accuracy;
@@ -7182,12 +7488,73 @@ __global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, co
     }
 }
 
-/* SGD over the flat parameter arena (torch.optim.SGD rules, see >>cpu_ops). */
-__global__ void mnistcu__k_sgd(float *w, const float *g, float *v, size_t n, float lr, float mu, int nesterov, float wd)
+/* One optimizer step over the flat parameter arena (mnistcu__opt_one, see
+   >>cpu_ops); coef: NULL, or the clipping factor in device memory. */
+__global__ void mnistcu__k_optim(mnistcu__opt o, float *w, const float *g, float *state, const float *coef)
 {
     size_t i;
-    for (i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        mnistcu__sgd_one(&w[i], g[i], v ? &v[i] : NULL, lr, mu, nesterov, wd);
+    float c = coef ? *coef : 1.0f;
+    for (i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < o.n; i += (size_t)gridDim.x * blockDim.x)
+        mnistcu__opt_one(&o, i, w, coef ? g[i] * c : g[i], state);
+}
+
+__global__ void mnistcu__k_fill(float *p, size_t n, float v)
+{
+    size_t i;
+    for (i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
+}
+
+/* Before the step: g += l2 * 2w over the weight ranges, then each of a fixed
+   grid of MNISTCU__PREP_BLOCKS blocks sums the squares of its share of g in a
+   fixed-order tree (clipping only), and one block turns the partial sums into
+   the clipping factor. No atomics: the same bits every run. */
+#define MNISTCU__PREP_BLOCKS 64
+
+__global__ void mnistcu__k_grad_prep(const float *w, float *g, size_t n, mnistcu__ranges rg, float l2, int clip,
+                                     double *partial)
+{
+    __shared__ double acc[MNISTCU__THREADS];
+    int t = (int)threadIdx.x, stride, k;
+    double sum = 0.0;
+    size_t i;
+    for (i = (size_t)blockIdx.x * blockDim.x + t; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = g[i];
+        if (l2 != 0.0f) {
+            for (k = 0; k < rg.count; ++k)
+                if (i - rg.off[k] < rg.len[k]) {
+                    gi = gi + l2 * (2.0f * w[i]);
+                    g[i] = gi;
+                    break;
+                }
+        }
+        sum += (double)gi * (double)gi;
+    }
+    if (!clip) return;
+    acc[t] = sum;
+    __syncthreads();
+    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) acc[t] += acc[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) partial[blockIdx.x] = acc[0];
+}
+
+__global__ void mnistcu__k_clip_coef(const double *partial, int nb, float clip_norm, float *coef)
+{
+    __shared__ double acc[MNISTCU__THREADS];
+    int t = (int)threadIdx.x, i, stride;
+    double sum = 0.0;
+    for (i = t; i < nb; i += MNISTCU__THREADS) sum += partial[i];
+    acc[t] = sum;
+    __syncthreads();
+    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
+        if (t < stride) acc[t] += acc[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) {
+        float c = (float)((double)clip_norm / (sqrt(acc[0]) + 1e-6));
+        *coef = c < 1.0f ? c : 1.0f;
+    }
 }
 
 /* x[i][:] = normalise(sample idx[offset+i]), labels[i] = its label. Either u8 or f32
@@ -7423,7 +7790,7 @@ static void mnistcu__cuda_model_free(mnistcu_model *m)
     if (mnistcu__cu(ctx) && mnistcu__cu(ctx)->sticky == cudaSuccess) cudaStreamSynchronize(mnistcu__cu(ctx)->stream);
     mnistcu__cuda_free(ctx, m->params);
     mnistcu__cuda_free(ctx, m->grads);
-    mnistcu__cuda_free(ctx, m->velocity);
+    mnistcu__cuda_free(ctx, m->state);
     mnistcu__cuda_free(ctx, m->buffers);
 #ifdef MNISTCU_CUDNN
     {
@@ -7436,6 +7803,7 @@ static void mnistcu__cuda_model_free(mnistcu_model *m)
     if (cm) {
         mnistcu__cuda_free(ctx, cm->idx);
         mnistcu__cuda_free(ctx, cm->stats);
+        mnistcu__cuda_free(ctx, cm->prep);
         if (cm->host_stats) cudaFreeHost(cm->host_stats);
         mnistcu__cuda_stream_free(m);
         mnistcu__free(ctx, cm);
@@ -7482,12 +7850,13 @@ static mnistcu_result mnistcu__cuda_copy(mnistcu_model *m, void *dst, const void
     return mnistcu__cuda_check(ctx, e, to_device ? "copying to the GPU" : "copying from the GPU");
 }
 
-static mnistcu_result mnistcu__cuda_ensure_velocity(mnistcu_model *m)
+static mnistcu_result mnistcu__cuda_fill(mnistcu_model *m, float *p, size_t n, float v)
 {
-    mnistcu_result r = mnistcu__cuda_malloc(m->ctx, (void **)&m->velocity, m->num_params * sizeof(float), "momentum");
-    if (r) return r;
-    return mnistcu__cuda_check(m->ctx, cudaMemsetAsync(m->velocity, 0, m->num_params * sizeof(float),
-                                                       mnistcu__cu(m->ctx)->stream), "zeroing momentum");
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
+    mnistcu__k_fill<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream>>>(p, n, v);
+    MNISTCU__LAUNCHED(m->ctx, "fill");
+    return MNISTCU_OK;
 }
 
 /* ---- the matrix product: our kernel or cuBLAS ------------------------------------ */
@@ -7587,14 +7956,33 @@ static mnistcu_result mnistcu__cuda_loss(mnistcu_model *m, size_t B, int with_gr
     return MNISTCU_OK;
 }
 
-static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu_optim_desc *o)
+static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt *k, const mnistcu_optim_desc *o)
 {
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    cudaStream_t st = mnistcu__cu(m->ctx)->stream;
     mnistcu_result r;
+    float *coef = NULL;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
-    mnistcu__k_sgd<<<mnistcu__blocks(m->num_params), MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream>>>(
-        m->params, m->grads, o->momentum > 0.0f ? m->velocity : NULL, m->num_params, o->learning_rate, o->momentum,
-        o->nesterov, o->weight_decay);
-    MNISTCU__LAUNCHED(m->ctx, "sgd");
+    if (o->l2 != 0.0f || o->clip_norm != 0.0f) {
+        mnistcu__ranges rg;
+        if (!cm->prep && (r = mnistcu__cuda_malloc(m->ctx, &cm->prep, MNISTCU__PREP_BLOCKS * sizeof(double) + 16,
+                                                   "gradient clipping")))
+            return r;
+        mnistcu__weight_ranges(m, &rg);
+        mnistcu__k_grad_prep<<<MNISTCU__PREP_BLOCKS, MNISTCU__THREADS, 0, st>>>(m->params, m->grads, m->num_params, rg,
+                                                                               o->l2, o->clip_norm != 0.0f,
+                                                                               (double *)cm->prep);
+        MNISTCU__LAUNCHED(m->ctx, "grad_prep");
+        if (o->clip_norm != 0.0f) {
+            coef = (float *)((double *)cm->prep + MNISTCU__PREP_BLOCKS);
+            mnistcu__k_clip_coef<<<1, MNISTCU__THREADS, 0, st>>>((const double *)cm->prep, MNISTCU__PREP_BLOCKS,
+                                                                 o->clip_norm, coef);
+            MNISTCU__LAUNCHED(m->ctx, "clip_coef");
+        }
+    }
+    mnistcu__k_optim<<<mnistcu__blocks(m->num_params), MNISTCU__THREADS, 0, st>>>(*k, m->params, m->grads, m->state,
+                                                                                  coef);
+    MNISTCU__LAUNCHED(m->ctx, "optimizer");
     return MNISTCU_OK;
 }
 

@@ -195,28 +195,51 @@ TEST cuda_elementwise_ops_match_cpu(void)
     PASS();
 }
 
-TEST cuda_sgd_matches_cpu(void)
+/* Every optimizer and option: three steps of the kernel against the CPU loop. */
+TEST cuda_optimizers_match_cpu(void)
 {
     mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN), *c = tu_ctx(MNISTCU_DEVICE_CPU, 1);
     tu_rng rng = tu_rng_make(8);
-    size_t n = 100003;
+    size_t n = 100003, slots = 3;
+    mnistcu_optim_desc cases[12];
     int variant;
     ASSERT(g && c);
-    for (variant = 0; variant < 4; ++variant) {
-        float mu = variant >= 1 ? 0.9f : 0.0f, wd = variant == 3 ? 0.01f : 0.0f;
-        int nest = variant == 2;
+    memset(cases, 0, sizeof cases);
+    cases[0].kind = MNISTCU_OPTIM_SGD;
+    cases[1].kind = MNISTCU_OPTIM_SGD; cases[1].momentum = 0.9f;
+    cases[2].kind = MNISTCU_OPTIM_SGD; cases[2].momentum = 0.9f; cases[2].nesterov = 1; cases[2].weight_decay = 0.01f;
+    cases[3].kind = MNISTCU_OPTIM_SGD; cases[3].momentum = 0.8f; cases[3].dampening = 0.3f;
+    cases[4].kind = MNISTCU_OPTIM_ADAM;
+    cases[5].kind = MNISTCU_OPTIM_ADAM; cases[5].amsgrad = 1; cases[5].weight_decay = 0.02f;
+    cases[6].kind = MNISTCU_OPTIM_ADAMW; cases[6].weight_decay = 0.05f;
+    cases[7].kind = MNISTCU_OPTIM_RMSPROP;
+    cases[8].kind = MNISTCU_OPTIM_RMSPROP; cases[8].momentum = 0.9f;
+    cases[9].kind = MNISTCU_OPTIM_RMSPROP; cases[9].centered = 1; cases[9].momentum = 0.5f; cases[9].weight_decay = 0.01f;
+    cases[10].kind = MNISTCU_OPTIM_ADAGRAD; cases[10].lr_decay = 0.1f;
+    cases[11].kind = MNISTCU_OPTIM_ADAGRAD; cases[11].initial_accumulator_value = 0.1f; cases[11].weight_decay = 0.01f;
+    for (variant = 0; variant < 12; ++variant) {
+        mnistcu_optim_desc o;
         float *w = tu_random_floats(&rng, n, -1, 1), *gr = tu_random_floats(&rng, n, -1, 1);
-        float *v = tu_random_floats(&rng, n, -1, 1), *dw = tc_up(w, n), *dg = tc_up(gr, n), *dv = tc_up(v, n);
+        float *v = tu_random_floats(&rng, slots * n, 0.5f, 1), *dw, *dg, *dv;
         float *gw, *gv;
+        char msg[64];
+        size_t i;
         int step;
-        for (step = 0; step < 3; ++step) {
-            mnistcu__cpu_sgd(c, w, gr, mu > 0 ? v : NULL, n, 0.05f, mu, nest, wd);
-            mnistcu__k_sgd<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(dw, dg, mu > 0 ? dv : NULL, n, 0.05f, mu, nest, wd);
+        ASSERT_EQ(MNISTCU_OK, mnistcu__resolve_optim(c, &cases[variant], &o));
+        for (i = 0; i < n; ++i) v[2 * n + i] *= 0.1f; /* RMSprop centered: grad_avg^2 below square_avg */
+        dw = tc_up(w, n), dg = tc_up(gr, n), dv = tc_up(v, slots * n);
+        for (step = 1; step <= 3; ++step) {
+            mnistcu__opt k;
+            mnistcu__opt_make(&o, (uint64_t)step, n, &k);
+            mnistcu__cpu_optim(c, &k, w, gr, v, 1.0f);
+            mnistcu__k_optim<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(k, dw, dg, dv, NULL);
         }
         gw = tc_down(dw, n);
-        gv = tc_down(dv, n);
-        ASSERT_ARRAY_NEAR_F(gw, w, n, 1e-6, TC_MAX_REL);
-        ASSERT_ARRAY_NEAR_F(gv, v, n, 1e-6, TC_MAX_REL);
+        gv = tc_down(dv, slots * n);
+        snprintf(msg, sizeof msg, "optimizer case %d", variant);
+        if (!asserts_array_near_f(gw, w, n, 1e-6, TC_MAX_REL, msg, "CPU weights") ||
+            !asserts_array_near_f(gv, v, slots * n, 1e-6, TC_MAX_REL, msg, "CPU state"))
+            FAILm(asserts_msg);
         free(w); free(gr); free(v); free(gw); free(gv); cudaFree(dw); cudaFree(dg); cudaFree(dv);
     }
     mnistcu_ctx_destroy(g);
@@ -1043,7 +1066,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_gemm_cublas_matches_cpu);
     RUN_TEST(cuda_gemm_kernels_agree_bitwise);
     RUN_TEST(cuda_elementwise_ops_match_cpu);
-    RUN_TEST(cuda_sgd_matches_cpu);
+    RUN_TEST(cuda_optimizers_match_cpu);
     RUN_TEST(cuda_step_stats_and_gather);
     RUN_TEST(cuda_finite_flag_matches_cpu);
     RUN_TEST(cuda_training_matches_cpu_for_200_steps);

@@ -255,6 +255,7 @@ SUITE_EXTERN(api_suite);
 SUITE_EXTERN(torch_fixture_suite);
 SUITE_EXTERN(layers_suite);
 SUITE_EXTERN(layer_fixture_suite);
+SUITE_EXTERN(toolkit_suite);
 
 GREATEST_MAIN_DEFS();
 
@@ -271,6 +272,7 @@ int main(int argc, char **argv)
     RUN_SUITE(torch_fixture_suite);
     RUN_SUITE(layers_suite);
     RUN_SUITE(layer_fixture_suite);
+    RUN_SUITE(toolkit_suite);
     RUN_SUITE(train_suite);
 #ifdef __CUDACC__
     RUN_SUITE(cuda_suite);
