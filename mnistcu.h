@@ -396,6 +396,7 @@ typedef struct mnistcu_dataset_info {
     int num_classes;
     int stored_u8;       /* 1 when features are kept as uint8 */
     float scale, shift;  /* normalisation: x = stored * scale + shift */
+    size_t target_dim;   /* 0: class labels; else float targets of this many values per sample */
 } mnistcu_dataset_info;
 
 MNISTCU_DEF mnistcu_result mnistcu_dataset_load(mnistcu_ctx *ctx, const mnistcu_dataset_desc *desc, mnistcu_dataset **out);
@@ -404,6 +405,16 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_load_dir(mnistcu_ctx *ctx, const char
 /* Copies count samples of `features` floats (already normalised) and their labels. */
 MNISTCU_DEF mnistcu_result mnistcu_dataset_create(mnistcu_ctx *ctx, const float *x, const int32_t *labels, size_t count,
                                                   size_t features, int num_classes, mnistcu_dataset **out);
+/* Copies count samples of `features` floats (already normalised) and a vector of
+   target_dim float targets each, for regression (MSE) and multi-label (BCE) or
+   soft labels (SOFTMAX_CE): target_dim must equal the model's outputs. Such a
+   dataset has no class labels (mnistcu_dataset_sample gives -1): accuracy is
+   not reported for it, the loss is. */
+MNISTCU_DEF mnistcu_result mnistcu_dataset_create_targets(mnistcu_ctx *ctx, const float *x, const float *targets,
+                                                          size_t count, size_t features, size_t target_dim,
+                                                          mnistcu_dataset **out);
+/* The float targets of sample i (info.target_dim floats). */
+MNISTCU_DEF mnistcu_result mnistcu_dataset_sample_targets(const mnistcu_dataset *ds, size_t i, float *targets);
 /* The first `first_count` samples (after an optional shuffle with the context's RNG) go to *first, the rest to *second. */
 MNISTCU_DEF mnistcu_result mnistcu_dataset_split(mnistcu_ctx *ctx, const mnistcu_dataset *src, size_t first_count,
                                                  int shuffle, mnistcu_dataset **first, mnistcu_dataset **second);
@@ -485,9 +496,16 @@ typedef enum mnistcu_act {
     MNISTCU_ACT_TANH
 } mnistcu_act;
 
+/* The loss, as PyTorch defines it (see >>cpu_ops, losses). Against class labels,
+   or float target vectors (mnistcu_dataset_create_targets): SOFTMAX_CE takes
+   either (targets as probabilities), MSE and BCE compare a label's one-hot
+   vector, HINGE needs labels. */
 typedef enum mnistcu_loss {
     MNISTCU_LOSS_DEFAULT = 0, /* = SOFTMAX_CE */
-    MNISTCU_LOSS_SOFTMAX_CE   /* softmax over the last layer, mean cross-entropy over the batch */
+    MNISTCU_LOSS_SOFTMAX_CE,  /* CrossEntropyLoss over the logits, optional label smoothing */
+    MNISTCU_LOSS_MSE,         /* MSELoss: the outputs against the targets */
+    MNISTCU_LOSS_BCE,         /* BCEWithLogitsLoss: a sigmoid per output, numerically stable; multi-label */
+    MNISTCU_LOSS_HINGE        /* MultiMarginLoss: multi-class hinge, p 1 or 2, a margin */
 } mnistcu_loss;
 
 
@@ -504,6 +522,10 @@ typedef struct mnistcu_model_desc {
     float init_gain;                   /* 0: the scheme's (HE sqrt(2), XAVIER 1); e.g. 5/3 before tanh */
     int init_fan_out;                  /* HE: 0 scales by fan_in (inputs of a unit), 1 by fan_out */
     int zero_bias;                     /* TORCH: 1 sets the biases to zero (the others always do) */
+    float label_smoothing;             /* SOFTMAX_CE: in [0, 1] (0: none) */
+    int loss_sum;                      /* 0: PyTorch's mean reduction; 1: the sum over the batch (and outputs) */
+    float margin;                      /* HINGE: 0: 1 */
+    int hinge_p;                       /* HINGE: 1 or 2 (0: 1) */
 } mnistcu_model_desc;
 
 typedef struct mnistcu_model_info {
@@ -617,10 +639,14 @@ MNISTCU_DEF mnistcu_result mnistcu_model_set_params(mnistcu_model *m, const floa
 MNISTCU_DEF mnistcu_result mnistcu_model_get_grads(const mnistcu_model *m, float *dst, size_t count);
 /* Logits [n][classes] for n samples of normalised features [n][inputs], in the model's mode. */
 MNISTCU_DEF mnistcu_result mnistcu_model_forward(mnistcu_model *m, const float *x, size_t n, float *logits);
-/* Forward and backward over one batch, in the model's mode: the gradients of the mean loss replace
+/* Forward and backward over one batch, in the model's mode: the gradients of the loss (the model's
+   reduction; *loss gets PyTorch's value of it, without the optimizer's l2 penalty) replace
    the gradient arena. Dropout draws its masks for the model's step count (mnistcu_model_steps). */
 MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads(mnistcu_model *m, const float *x, const int32_t *labels, size_t n,
                                                        double *loss);
+/* The same against float targets [n][classes] (regression, multi-label; see mnistcu_loss). */
+MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads_targets(mnistcu_model *m, const float *x, const float *targets,
+                                                               size_t n, double *loss);
 /* One optimizer step with the gradients in the arena (optimizer state persists in the model). */
 MNISTCU_DEF mnistcu_result mnistcu_model_apply_grads(mnistcu_model *m, const mnistcu_optim_desc *opt);
 MNISTCU_DEF uint64_t mnistcu_model_steps(const mnistcu_model *m); /* optimizer steps taken */
@@ -638,6 +664,7 @@ typedef struct mnistcu_progress {
     double seconds;               /* training time so far */
     double images_per_second;     /* over this epoch so far */
     double learning_rate;         /* this epoch's, after the schedule */
+    int has_accuracy;             /* 0 for a dataset with float targets: the accuracies are NaN */
 } mnistcu_progress;
 
 /* Learning-rate schedules, as torch.optim.lr_scheduler stepped at each epoch's
@@ -721,8 +748,9 @@ typedef struct mnistcu_train_result {
 
 typedef struct mnistcu_metrics {
     size_t count, correct;
-    double loss;      /* mean cross-entropy */
-    double accuracy;  /* correct / count */
+    double loss;      /* mean loss per sample (the model's loss; for the sum reduction, the sum over a batch / its size) */
+    double accuracy;  /* correct / count; NaN for a dataset with float targets */
+    int has_accuracy; /* 0 for a dataset with float targets */
 } mnistcu_metrics;
 
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out);
@@ -737,7 +765,9 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
 /* confusion: NULL or classes*classes counts, row = true label, column = prediction. */
 MNISTCU_DEF mnistcu_result mnistcu_evaluate(mnistcu_model *m, const mnistcu_dataset *ds, mnistcu_metrics *out,
                                             int64_t *confusion);
-/* Class and/or probabilities [n][classes] for n samples of normalised features. */
+/* Class (the largest output) and/or probabilities [n][classes] for n samples of
+   normalised features: softmax (SOFTMAX_CE, HINGE), a sigmoid per output (BCE),
+   or the outputs themselves (MSE, regression). */
 MNISTCU_DEF mnistcu_result mnistcu_predict(mnistcu_model *m, const float *x, size_t n, int32_t *labels, float *probs);
 /* The same for raw uint8 images, normalised as the model's training set was. */
 MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *pixels, size_t n, int32_t *labels,
@@ -865,6 +895,31 @@ static mnistcu_result mnistcu__fail(mnistcu_ctx *ctx, mnistcu_result r, const ch
     ctx->last_result = r;
     mnistcu__log(ctx, MNISTCU_LOG_ERROR, "%s", ctx->error);
     return r;
+}
+
+/* Not NaN and not +-inf: the exponent bits are not all ones. A bit test, so
+   that -ffast-math (which may assume that no NaN exists) cannot remove it. */
+static MNISTCU__HD int mnistcu__finite_f(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x7F800000u) != 0x7F800000u;
+}
+
+/* A quiet NaN, for values that do not apply (accuracy against float targets). */
+static double mnistcu__nan(void)
+{
+    uint64_t u = 0x7FF8000000000000ull;
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+
+static int mnistcu__finite_d(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
 }
 
 /* >>alloc ------------------------------------------------------------------- */
@@ -2238,7 +2293,9 @@ struct mnistcu_dataset {
     int rows, cols, num_classes;
     uint8_t *u8;          /* [count][features] when stored as bytes, else NULL */
     float *f32;           /* [count][features] otherwise */
-    int32_t *labels;      /* [count] */
+    int32_t *labels;      /* [count]; -1 each when the dataset has float targets */
+    float *targets;       /* [count][target_dim] float targets, or NULL */
+    size_t target_dim;    /* 0: class labels */
     float scale, shift;   /* x = stored * scale + shift */
     void *device_copy;    /* CUDA: the uploaded copy, made on first use */
 };
@@ -2255,6 +2312,7 @@ static void mnistcu__dataset_free(mnistcu__object *o)
     mnistcu__free(ctx, ds->u8);
     mnistcu__free(ctx, ds->f32);
     mnistcu__free(ctx, ds->labels);
+    mnistcu__free(ctx, ds->targets);
     mnistcu__free(ctx, ds);
 }
 
@@ -2346,6 +2404,57 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_create(mnistcu_ctx *ctx, const float 
     ds->cols = (int)features;
     ds->num_classes = num_classes;
     *out = ds;
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_dataset_create_targets(mnistcu_ctx *ctx, const float *x, const float *targets,
+                                                          size_t count, size_t features, size_t target_dim,
+                                                          mnistcu_dataset **out)
+{
+    mnistcu_dataset *ds = NULL;
+    int32_t *labels;
+    size_t i, nt;
+    mnistcu_result r;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!out) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "dataset_create_targets: out is NULL");
+    *out = NULL;
+    if (!targets || target_dim == 0 || target_dim > MNISTCU_MAX_CLASSES)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "dataset_create_targets: targets must be given, target_dim %lu in 1..%d",
+                             (unsigned long)target_dim, MNISTCU_MAX_CLASSES);
+    if (!mnistcu__mul3(count, target_dim, sizeof(float), &nt) || count > UINT32_MAX)
+        return mnistcu__fail(ctx, MNISTCU_ERR_OVERFLOW, "dataset_create_targets: size overflows");
+    for (i = 0; i < count * target_dim; ++i)
+        if (!mnistcu__finite_f(targets[i]))
+            return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                                 "dataset_create_targets: target %lu of sample %lu is not finite",
+                                 (unsigned long)(i % target_dim), (unsigned long)(i / target_dim));
+    labels = (int32_t *)mnistcu__calloc(ctx, (count ? count : 1) * sizeof(int32_t));
+    if (!labels) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "dataset_create_targets: out of memory");
+    r = mnistcu_dataset_create(ctx, x, labels, count, features, 2, &ds);
+    mnistcu__free(ctx, labels);
+    if (r) return r;
+    ds->targets = (float *)mnistcu__alloc(ctx, nt);
+    if (!ds->targets) {
+        mnistcu_dataset_destroy(ds);
+        return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "dataset_create_targets: out of memory");
+    }
+    memcpy(ds->targets, targets, nt);
+    for (i = 0; i < count; ++i) ds->labels[i] = -1;
+    ds->target_dim = target_dim;
+    ds->num_classes = (int)target_dim;
+    *out = ds;
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_dataset_sample_targets(const mnistcu_dataset *ds, size_t i, float *targets)
+{
+    if (!ds) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!ds->targets || !targets || i >= ds->count)
+        return mnistcu__fail(ds->ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "dataset_sample_targets: %s", !ds->targets ? "the dataset has class labels, not targets"
+                                                                        : "NULL array or index out of range");
+    memcpy(targets, ds->targets + i * ds->target_dim, ds->target_dim * sizeof(float));
     return MNISTCU_OK;
 }
 
@@ -2561,14 +2670,20 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_split(mnistcu_ctx *ctx, const mnistcu
         ds->device_copy = NULL;
         ds->u8 = NULL;
         ds->f32 = NULL;
+        ds->targets = NULL;
         ds->count = n;
         ds->labels = (int32_t *)mnistcu__alloc(ctx, n * sizeof(int32_t));
+        if (src->targets && !(ds->targets = (float *)mnistcu__alloc(ctx, n * src->target_dim * sizeof(float))))
+            goto oom;
         if (src->u8) ds->u8 = (uint8_t *)mnistcu__alloc(ctx, n * src->features);
         else ds->f32 = (float *)mnistcu__alloc(ctx, n * src->features * sizeof(float));
         if (!ds->labels || (!ds->u8 && !ds->f32)) goto oom;
         for (i = 0; i < n; ++i) {
             size_t s = order[begin + i];
             ds->labels[i] = src->labels[s];
+            if (src->targets)
+                memcpy(ds->targets + i * src->target_dim, src->targets + s * src->target_dim,
+                       src->target_dim * sizeof(float));
             if (src->u8) memcpy(ds->u8 + i * src->features, src->u8 + s * src->features, src->features * esize);
             else memcpy(ds->f32 + i * src->features, src->f32 + s * src->features, src->features * esize);
         }
@@ -2608,6 +2723,7 @@ MNISTCU_DEF void mnistcu_dataset_info_get(const mnistcu_dataset *ds, mnistcu_dat
     info->stored_u8 = ds->u8 != NULL;
     info->scale = ds->scale;
     info->shift = ds->shift;
+    info->target_dim = ds->target_dim;
 }
 
 MNISTCU_DEF mnistcu_result mnistcu_dataset_sample(const mnistcu_dataset *ds, size_t i, float *x, int32_t *label)
@@ -2901,9 +3017,103 @@ static MNISTCU__HD void mnistcu__softmax_ce_row(const float *z, int32_t label, s
     }
 }
 
-/* The same over a batch of logits [B][C]; grad may be NULL. */
-static void mnistcu__cpu_softmax_ce(mnistcu_ctx *ctx, const float *logits, const int32_t *labels, size_t B, size_t C,
-                                    float grad_scale, float *grad, float *loss, int32_t *pred)
+/* ---- losses ----------------------------------------------------------------
+   One sample's loss against a class label, or against a float target vector t
+   when t is given (regression, multi-label, soft labels), with PyTorch's
+   definitions; g (may be NULL) receives d(batch loss)/dz, grad_scale being 1/B
+   for the mean reduction and 1 for the sum. *loss is the sample's share such
+   that the mean over the batch is PyTorch's mean reduction (its sum, the sum
+   reduction). pred is the argmax of z either way.
+     SOFTMAX_CE  CrossEntropyLoss, label smoothing e: the target is
+                 (1-e) onehot(y) + e/C (or (1-e) t + e/C)
+     MSE         MSELoss: (z - t)^2 averaged over the C outputs (mean), t =
+                 onehot(y) for class labels
+     BCE         BCEWithLogitsLoss: max(z,0) - z t + log(1 + e^-|z|), averaged
+                 over the C outputs (mean)
+     HINGE       MultiMarginLoss: sum over j != y of max(0, margin - z_y + z_j)^p / C */
+typedef struct mnistcu__lossp {
+    int kind;          /* mnistcu_loss, resolved */
+    int sum;           /* 1: sum reduction */
+    int p;             /* HINGE: 1 or 2 */
+    float smoothing;   /* SOFTMAX_CE */
+    float margin;      /* HINGE */
+} mnistcu__lossp;
+
+static MNISTCU__HD void mnistcu__loss_row(const mnistcu__lossp *lp, const float *z, int32_t y, const float *t,
+                                          size_t C, float grad_scale, float *g, float *loss, int32_t *pred)
+{
+    float mx = z[0], acc = 0.0f, e = lp->sum ? grad_scale : grad_scale / (float)C;
+    size_t j, arg = 0;
+    for (j = 1; j < C; ++j)
+        if (z[j] > mx) {
+            mx = z[j];
+            arg = j;
+        }
+    switch (lp->kind) {
+    case MNISTCU_LOSS_MSE:
+        for (j = 0; j < C; ++j) {
+            float d = z[j] - (t ? t[j] : (float)((int32_t)j == y));
+            acc += d * d;
+            if (g) g[j] = 2.0f * d * e;
+        }
+        *loss = lp->sum ? acc : acc / (float)C;
+        break;
+    case MNISTCU_LOSS_BCE:
+        for (j = 0; j < C; ++j) {
+            float x = z[j], tj = t ? t[j] : (float)((int32_t)j == y), ex = expf(-fabsf(x));
+            acc += (x > 0.0f ? x : 0.0f) - x * tj + log1pf(ex);
+            if (g) g[j] = ((x >= 0.0f ? 1.0f / (1.0f + ex) : ex / (1.0f + ex)) - tj) * e;
+        }
+        *loss = lp->sum ? acc : acc / (float)C;
+        break;
+    case MNISTCU_LOSS_HINGE: {
+        float zy = z[y], gy = 0.0f, inv = 1.0f / (float)C;
+        for (j = 0; j < C; ++j) {
+            float v = lp->margin - zy + z[j];
+            if (g) g[j] = 0.0f;
+            if ((int32_t)j == y || !(v > 0.0f)) continue;
+            acc += lp->p == 2 ? v * v : v;
+            if (g) {
+                float d = (lp->p == 2 ? 2.0f * v : 1.0f) * inv * grad_scale;
+                g[j] = d;
+                gy -= d;
+            }
+        }
+        if (g) g[y] = gy;
+        *loss = acc * inv;
+        break;
+    }
+    default: { /* SOFTMAX_CE */
+        float s = 0.0f, lse, sum_t = 0.0f, eps = lp->smoothing, off = eps / (float)C;
+        if (!t && eps == 0.0f) { /* a class label: the plain form */
+            mnistcu__softmax_ce_row(z, y, C, grad_scale, g, loss, pred);
+            return;
+        }
+        for (j = 0; j < C; ++j) s += expf(z[j] - mx);
+        lse = mx + logf(s);
+        for (j = 0; j < C; ++j) {
+            float tj = (t ? t[j] : (float)((int32_t)j == y)) * (1.0f - eps) + off;
+            sum_t += tj;
+            acc -= tj * (z[j] - lse);
+        }
+        *loss = acc;
+        if (g) {
+            float inv = 1.0f / s;
+            for (j = 0; j < C; ++j) {
+                float tj = (t ? t[j] : (float)((int32_t)j == y)) * (1.0f - eps) + off;
+                g[j] = (expf(z[j] - mx) * inv * sum_t - tj) * grad_scale;
+            }
+        }
+    }
+    }
+    *pred = (int32_t)arg;
+}
+
+/* The same over a batch of logits [B][C]; targets [B][C] or NULL (class
+   labels); grad may be NULL. */
+static void mnistcu__cpu_loss(mnistcu_ctx *ctx, const mnistcu__lossp *lp, const float *logits, const int32_t *labels,
+                              const float *targets, size_t B, size_t C, float grad_scale, float *grad, float *loss,
+                              int32_t *pred)
 {
     long i;
     (void)ctx;
@@ -2911,8 +3121,8 @@ static void mnistcu__cpu_softmax_ce(mnistcu_ctx *ctx, const float *logits, const
 #pragma omp parallel for schedule(static) num_threads(ctx->threads) if (B * C > 65536)
 #endif
     for (i = 0; i < (long)B; ++i)
-        mnistcu__softmax_ce_row(logits + (size_t)i * C, labels[i], C, grad_scale, grad ? grad + (size_t)i * C : NULL,
-                                &loss[i], &pred[i]);
+        mnistcu__loss_row(lp, logits + (size_t)i * C, labels[i], targets ? targets + (size_t)i * C : NULL, C,
+                          grad_scale, grad ? grad + (size_t)i * C : NULL, &loss[i], &pred[i]);
 }
 
 /* ---- optimizers ------------------------------------------------------------
@@ -3067,6 +3277,7 @@ typedef struct mnistcu__cuda_dataset {
     uint8_t *u8;      /* [count][features] or NULL */
     float *f32;       /* [count][features] or NULL */
     int32_t *labels;  /* [count] */
+    float *targets;   /* [count][target_dim] or NULL */
 } mnistcu__cuda_dataset;
 
 #define MNISTCU__STREAM_SLOTS 2
@@ -3321,6 +3532,7 @@ struct mnistcu_model {
     mnistcu_model_desc desc; /* resolved, in the layers form */
     mnistcu_act hidden_act;
     mnistcu_loss loss;
+    mnistcu__lossp lossp;    /* the loss and its options */
     mnistcu_init init;
     size_t inputs, classes;  /* features of one sample, outputs of the last layer */
     size_t num_params, num_buffers, max_size;
@@ -3350,6 +3562,8 @@ struct mnistcu_model {
     int scratch_layer;    /* CUDA: 1 + the conv layer whose columns scratch holds, for its backward pass; 0: none */
     size_t scratch_batch; /* ... and for which batch size */
     float *sample_loss;   /* [B] */
+    float *targets;       /* [B][classes] float targets of the batch, when batch_targets */
+    int batch_targets;    /* the batch has float targets instead of class labels */
     int32_t *iws;         /* one block: labels [B], pred [B] */
     int32_t *labels, *pred;
     void *cuda;           /* mnistcu__cuda_model when on the GPU */
@@ -5405,6 +5619,7 @@ static size_t mnistcu__model_layout(mnistcu_model *m, float *base, size_t B)
     MNISTCU__TAKE(m->dbuf[0], B, m->max_size);
     MNISTCU__TAKE(m->dbuf[1], B, m->max_size);
     MNISTCU__TAKE(m->sample_loss, B, 1);
+    MNISTCU__TAKE(m->targets, B, m->classes);
     MNISTCU__TAKE(m->scratch, scratch, 1);
 #undef MNISTCU__TAKE
     if (base) m->scratch_layer = 0;
@@ -5499,21 +5714,37 @@ MNISTCU_DEF mnistcu_result mnistcu_model_create(mnistcu_ctx *ctx, const mnistcu_
     if (!desc || !out) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: desc or out is NULL");
     *out = NULL;
     if (desc->layers[0].kind == MNISTCU_LAYER_NONE && (r = mnistcu__check_sizes(ctx, desc))) return r;
-    if ((unsigned)desc->hidden_act > MNISTCU_ACT_TANH || (unsigned)desc->loss > MNISTCU_LOSS_SOFTMAX_CE ||
+    if ((unsigned)desc->hidden_act > MNISTCU_ACT_TANH || (unsigned)desc->loss > MNISTCU_LOSS_HINGE ||
         (unsigned)desc->init > MNISTCU_INIT_HE_NORMAL || !(desc->init_gain >= 0.0f && desc->init_gain < FLT_MAX))
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: hidden_act, loss, init or init_gain out of range");
+    if (!(desc->label_smoothing >= 0.0f && desc->label_smoothing <= 1.0f) ||
+        !(desc->margin >= 0.0f && desc->margin < FLT_MAX) || desc->hinge_p < 0 || desc->hinge_p > 2 ||
+        (unsigned)desc->loss_sum > 1)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "model_create: label_smoothing %g (0..1), margin %g (>= 0), hinge_p %d (1 or 2) or loss_sum "
+                             "%d (0 or 1) out of range", (double)desc->label_smoothing, (double)desc->margin,
+                             desc->hinge_p, desc->loss_sum);
     m = (mnistcu_model *)mnistcu__calloc(ctx, sizeof *m);
     if (!m) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_create: out of memory");
     m->ctx = ctx;
     m->device = ctx->device;
     m->backend = ctx->device == MNISTCU_DEVICE_CUDA;
     m->hidden_act = desc->hidden_act == MNISTCU_ACT_DEFAULT ? MNISTCU_ACT_RELU : desc->hidden_act;
-    m->loss = MNISTCU_LOSS_SOFTMAX_CE;
+    m->loss = desc->loss == MNISTCU_LOSS_DEFAULT ? MNISTCU_LOSS_SOFTMAX_CE : desc->loss;
+    m->lossp.kind = (int)m->loss;
+    m->lossp.sum = desc->loss_sum;
+    m->lossp.smoothing = desc->label_smoothing;
+    m->lossp.margin = desc->margin != 0.0f ? desc->margin : 1.0f;
+    m->lossp.p = desc->hinge_p ? desc->hinge_p : 1;
     m->init = desc->init == MNISTCU_INIT_DEFAULT ? MNISTCU_INIT_TORCH : desc->init;
     if (desc->layers[0].kind == MNISTCU_LAYER_NONE) mnistcu__desc_expand(desc, &m->desc);
     else m->desc = *desc;
     m->desc.hidden_act = m->hidden_act;
     m->desc.loss = m->loss;
+    m->desc.label_smoothing = m->lossp.smoothing;
+    m->desc.loss_sum = m->lossp.sum;
+    m->desc.margin = m->lossp.margin;
+    m->desc.hinge_p = m->lossp.p;
     m->desc.init = m->init;
     if ((r = mnistcu__model_build(ctx, m))) {
         mnistcu__free(ctx, m);
@@ -6145,8 +6376,8 @@ static mnistcu_result mnistcu__loss(mnistcu_model *m, size_t B, int with_grad)
 #ifdef __CUDACC__
     if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_loss(m, B, with_grad);
 #endif
-    mnistcu__cpu_softmax_ce(m->ctx, m->logits, m->labels, B, m->classes, 1.0f / (float)B,
-                            with_grad ? m->dbuf[0] : NULL, m->sample_loss, m->pred);
+    mnistcu__cpu_loss(m->ctx, &m->lossp, m->logits, m->labels, m->batch_targets ? m->targets : NULL, B, m->classes,
+                      m->lossp.sum ? 1.0f : 1.0f / (float)B, with_grad ? m->dbuf[0] : NULL, m->sample_loss, m->pred);
     return MNISTCU_OK;
 }
 
@@ -6410,20 +6641,26 @@ static mnistcu_result mnistcu__check_labels(const mnistcu_model *m, const int32_
     return MNISTCU_OK;
 }
 
-MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads(mnistcu_model *m, const float *x, const int32_t *labels, size_t n,
-                                                       double *loss)
+/* labels [n] or targets [n][classes]. */
+static mnistcu_result mnistcu__compute_grads(mnistcu_model *m, const float *x, const int32_t *labels,
+                                             const float *targets, size_t n, double *loss, const char *what)
 {
     mnistcu_result r;
     size_t i, in;
     double sum = 0.0;
     if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!x || !labels || n == 0)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_compute_grads: x, labels and n must be given");
-    if ((r = mnistcu__check_labels(m, labels, n)) || (r = mnistcu__model_reserve(m, n))) return r;
+    if (!x || (!labels && !targets) || n == 0)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: x, %s and n must be given", what,
+                             targets || !labels ? "targets" : "labels");
+    if (targets && m->loss == MNISTCU_LOSS_HINGE)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: the hinge loss needs class labels", what);
+    if ((labels && (r = mnistcu__check_labels(m, labels, n))) || (r = mnistcu__model_reserve(m, n))) return r;
     in = m->inputs;
+    m->batch_targets = targets != NULL;
     if ((r = mnistcu__model_copy(m, m->input, x, n * in * sizeof(float), 1)) ||
-        (r = mnistcu__model_copy(m, m->labels, labels, n * sizeof(int32_t), 1)) || (r = mnistcu__forward(m, n)) ||
-        (r = mnistcu__loss(m, n, 1)) || (r = mnistcu__backward(m, n)))
+        (labels && (r = mnistcu__model_copy(m, m->labels, labels, n * sizeof(int32_t), 1))) ||
+        (targets && (r = mnistcu__model_copy(m, m->targets, targets, n * m->classes * sizeof(float), 1))) ||
+        (r = mnistcu__forward(m, n)) || (r = mnistcu__loss(m, n, 1)) || (r = mnistcu__backward(m, n)))
         return r;
     if (loss) {
         float *host = m->sample_loss;
@@ -6438,10 +6675,22 @@ MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads(mnistcu_model *m, const f
         }
 #endif
         for (i = 0; i < n; ++i) sum += (double)host[i];
-        *loss = sum / (double)n;
+        *loss = m->lossp.sum ? sum : sum / (double)n;
         if (host != m->sample_loss) mnistcu__free(m->ctx, host);
     }
     return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads(mnistcu_model *m, const float *x, const int32_t *labels, size_t n,
+                                                       double *loss)
+{
+    return mnistcu__compute_grads(m, x, labels, NULL, n, loss, "model_compute_grads");
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads_targets(mnistcu_model *m, const float *x, const float *targets,
+                                                               size_t n, double *loss)
+{
+    return mnistcu__compute_grads(m, x, NULL, targets, n, loss, "model_compute_grads_targets");
 }
 
 MNISTCU_DEF mnistcu_result mnistcu_model_apply_grads(mnistcu_model *m, const mnistcu_optim_desc *opt)
@@ -6501,6 +6750,7 @@ static mnistcu_result mnistcu__gather(mnistcu_model *m, const mnistcu_dataset *d
     size_t i, j, F = ds->features;
     float scale, shift;
     mnistcu__norm_for(m, ds, &scale, &shift);
+    m->batch_targets = ds->targets != NULL;
 #ifdef __CUDACC__
     if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_gather(m, ds, offset, B, scale, shift);
 #endif
@@ -6515,6 +6765,7 @@ static mnistcu_result mnistcu__gather(mnistcu_model *m, const mnistcu_dataset *d
             for (j = 0; j < F; ++j) x[j] = src[j] * scale + shift;
         }
         m->labels[i] = ds->labels[s];
+        if (ds->targets) memcpy(m->targets + i * ds->target_dim, ds->targets + s * ds->target_dim, ds->target_dim * sizeof(float));
     }
     return MNISTCU_OK;
 }
@@ -6596,22 +6847,6 @@ static void mnistcu__cuda_finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
 static mnistcu_result mnistcu__cuda_finite_queue(mnistcu_model *m, mnistcu__finite_guard *g);
 static mnistcu_result mnistcu__cuda_finite_flag(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite);
 #endif
-
-/* Not NaN and not +-inf: the exponent bits are not all ones. A bit test, so
-   that -ffast-math (which may assume that no NaN exists) cannot remove it. */
-static MNISTCU__HD int mnistcu__finite_f(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return (u & 0x7F800000u) != 0x7F800000u;
-}
-
-static int mnistcu__finite_d(double x)
-{
-    uint64_t u;
-    memcpy(&u, &x, sizeof u);
-    return (u & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
-}
 
 /* n floats on the model's device: dst = src, or dst = 0 when src is NULL. */
 static mnistcu_result mnistcu__finite_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync)
@@ -6952,6 +7187,12 @@ static mnistcu_result mnistcu__check_dataset(const mnistcu_model *m, const mnist
     if ((size_t)ds->num_classes > m->classes)
         return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: dataset has %d classes, the model outputs %lu", what,
                              ds->num_classes, (unsigned long)m->classes);
+    if (ds->targets && ds->target_dim != m->classes)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: dataset has %lu targets per sample, the model outputs %lu",
+                             what, (unsigned long)ds->target_dim, (unsigned long)m->classes);
+    if (ds->targets && m->loss == MNISTCU_LOSS_HINGE)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "%s: the hinge loss needs class labels; this dataset has float targets", what);
     return MNISTCU_OK;
 }
 
@@ -7067,7 +7308,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                 p.steps = steps;
                 p.samples = seen;
                 p.train_loss = loss_sum / (double)seen;
-                p.train_accuracy = (double)correct / (double)seen;
+                p.has_accuracy = train->targets == NULL;
+                p.train_accuracy = p.has_accuracy ? (double)correct / (double)seen : mnistcu__nan();
                 p.epoch_end = step + 1 == steps;
                 p.seconds = t_train + (mnistcu__now() - t_epoch);
                 p.images_per_second = (double)seen / MNISTCU__MAX(mnistcu__now() - t_epoch, 1e-9);
@@ -7102,7 +7344,14 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                             res.early_stopped = 1;
                         }
                     }
-                    if (p.has_validation)
+                    if (!p.has_accuracy && p.has_validation)
+                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
+                                     "epoch %d/%d  loss %.6g  val loss %.6g  %.2f s  %.0f img/s  lr %g", epoch, d.epochs,
+                                     p.train_loss, p.val_loss, p.seconds, p.images_per_second, p.learning_rate);
+                    else if (!p.has_accuracy)
+                        mnistcu__log(ctx, MNISTCU_LOG_INFO, "epoch %d/%d  loss %.6g  %.2f s  %.0f img/s  lr %g", epoch,
+                                     d.epochs, p.train_loss, p.seconds, p.images_per_second, p.learning_rate);
+                    else if (p.has_validation)
                         mnistcu__log(ctx, MNISTCU_LOG_INFO,
                                      "epoch %d/%d  loss %.4f  acc %.2f%%  val loss %.4f  val acc %.2f%%  %.2f s  %.0f img/s"
                                      "  lr %g", epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.val_loss,
@@ -7184,6 +7433,10 @@ MNISTCU_DEF mnistcu_result mnistcu_evaluate(mnistcu_model *m, const mnistcu_data
         goto done;
     }
     for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
+    if (confusion && ds->targets) {
+        r = mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate: no confusion matrix for float targets");
+        goto done;
+    }
     if (confusion) memset(confusion, 0, C * C * sizeof(int64_t));
     if ((r = mnistcu__epoch_begin(m, ds, idx, n, &st))) goto done;
     for (s = 0; s < steps; ++s) {
@@ -7201,7 +7454,8 @@ MNISTCU_DEF mnistcu_result mnistcu_evaluate(mnistcu_model *m, const mnistcu_data
     out->count = n;
     out->correct = (size_t)correct;
     out->loss = loss / (double)n;
-    out->accuracy = (double)correct / (double)n;
+    out->has_accuracy = ds->targets == NULL;
+    out->accuracy = out->has_accuracy ? (double)correct / (double)n : mnistcu__nan();
 done:
     m->mode = mode;
     mnistcu__free(m->ctx, idx);
@@ -7239,7 +7493,9 @@ MNISTCU_DEF mnistcu_result mnistcu_model_forward(mnistcu_model *m, const float *
 }
 
 /* Softmax and arg-max of logits already on the host. */
-static void mnistcu__host_softmax(float *z, size_t n, size_t C, int32_t *labels, int want_probs)
+/* Class (argmax) and probabilities of logits z [n][C], in place: a softmax for
+   SOFTMAX_CE and HINGE, a sigmoid per output for BCE, the outputs themselves for MSE. */
+static void mnistcu__host_softmax(float *z, size_t n, size_t C, int32_t *labels, int want_probs, mnistcu_loss loss)
 {
     size_t i, j;
     for (i = 0; i < n; ++i) {
@@ -7251,7 +7507,12 @@ static void mnistcu__host_softmax(float *z, size_t n, size_t C, int32_t *labels,
                 arg = j;
             }
         if (labels) labels[i] = (int32_t)arg;
-        if (want_probs) {
+        if (want_probs && loss == MNISTCU_LOSS_BCE) {
+            for (j = 0; j < C; ++j) {
+                float e = expf(-fabsf(row[j]));
+                row[j] = row[j] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+            }
+        } else if (want_probs && loss != MNISTCU_LOSS_MSE) {
             for (j = 0; j < C; ++j) s += (row[j] = expf(row[j] - mx));
             for (j = 0; j < C; ++j) row[j] /= s;
         }
@@ -7276,7 +7537,7 @@ MNISTCU_DEF mnistcu_result mnistcu_predict(mnistcu_model *m, const float *x, siz
     m->mode = MNISTCU_MODE_EVAL;
     r = mnistcu_model_forward(m, x, n, z);
     m->mode = mode;
-    if (r == MNISTCU_OK) mnistcu__host_softmax(z, n, C, labels, probs != NULL);
+    if (r == MNISTCU_OK) mnistcu__host_softmax(z, n, C, labels, probs != NULL, m->loss);
     if (z != probs) mnistcu__free(m->ctx, z);
     return r;
 }
@@ -7451,14 +7712,14 @@ __global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, fl
     }
 }
 
-/* Softmax cross-entropy with its gradient, one thread per sample (C <= 256). */
-__global__ void mnistcu__k_softmax_ce(const float *logits, const int32_t *labels, int B, int C, float grad_scale,
-                                      float *grad, float *loss, int32_t *pred)
+/* The loss and its gradient (mnistcu__loss_row), one thread per sample. */
+__global__ void mnistcu__k_loss(mnistcu__lossp lp, const float *logits, const int32_t *labels, const float *targets,
+                                int B, int C, float grad_scale, float *grad, float *loss, int32_t *pred)
 {
     int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
     if (i < B)
-        mnistcu__softmax_ce_row(logits + (size_t)i * C, labels[i], (size_t)C, grad_scale,
-                                grad ? grad + (size_t)i * C : NULL, &loss[i], &pred[i]);
+        mnistcu__loss_row(&lp, logits + (size_t)i * C, labels[i], targets ? targets + (size_t)i * C : NULL, (size_t)C,
+                          grad_scale, grad ? grad + (size_t)i * C : NULL, &loss[i], &pred[i]);
 }
 
 /* One block: the step's loss sum and correct count, in a fixed-order tree. */
@@ -7557,18 +7818,22 @@ __global__ void mnistcu__k_clip_coef(const double *partial, int nb, float clip_n
     }
 }
 
-/* x[i][:] = normalise(sample idx[offset+i]), labels[i] = its label. Either u8 or f32
-   is given; idx NULL means samples offset, offset+1, ... (a staged batch). */
-__global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int32_t *src_labels, const uint32_t *idx,
-                                  size_t offset, int B, int F, float scale, float shift, float *x, int32_t *labels)
+/* x[i][:] = normalise(sample idx[offset+i]), labels[i] = its label, targets[i][:]
+   its T float targets when src_targets is given. Either u8 or f32 is given;
+   idx NULL means samples offset, offset+1, ... (a staged batch). */
+__global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int32_t *src_labels,
+                                  const float *src_targets, int T, const uint32_t *idx, size_t offset, int B, int F,
+                                  float scale, float shift, float *x, int32_t *labels, float *targets)
 {
     size_t e, n = (size_t)B * F;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t i = mnistcu__div(e, (size_t)F), j = e - i * (size_t)F;
+        size_t i = mnistcu__div(e, (size_t)F), j = e - i * (size_t)F, k;
         size_t s = idx ? (size_t)idx[offset + i] : offset + i;
         float raw = u8 ? (float)u8[s * F + j] : f32[s * F + j];
         x[e] = raw * scale + shift;
         if (j == 0) labels[i] = src_labels[s];
+        if (src_targets)
+            for (k = j; k < (size_t)T; k += (size_t)F) targets[i * T + k] = src_targets[s * T + k];
     }
 }
 
@@ -7627,7 +7892,7 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
         return mnistcu__fail(ctx, MNISTCU_ERR_NO_DEVICE, "GPU %d: %s", want, cudaGetErrorString(e));
     }
     /* Is there code for this GPU in the binary? */
-    e = cudaFuncGetAttributes(&fa, mnistcu__k_sgd);
+    e = cudaFuncGetAttributes(&fa, mnistcu__k_fill);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return mnistcu__fail(ctx, MNISTCU_ERR_NO_DEVICE,
@@ -7702,6 +7967,7 @@ static void mnistcu__cuda_dataset_free(mnistcu_dataset *ds)
     mnistcu__cuda_free(ds->ctx, dc->u8);
     mnistcu__cuda_free(ds->ctx, dc->f32);
     mnistcu__cuda_free(ds->ctx, dc->labels);
+    mnistcu__cuda_free(ds->ctx, dc->targets);
     mnistcu__free(ds->ctx, dc);
     ds->device_copy = NULL;
 }
@@ -7720,7 +7986,9 @@ static mnistcu_result mnistcu__cuda_dataset_upload(mnistcu_dataset *ds)
     if (!dc) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory");
     ds->device_copy = dc;
     if ((r = mnistcu__cuda_malloc(ctx, ds->u8 ? (void **)&dc->u8 : (void **)&dc->f32, bytes, "uploading a dataset")) ||
-        (r = mnistcu__cuda_malloc(ctx, (void **)&dc->labels, ds->count * sizeof(int32_t), "uploading labels"))) {
+        (r = mnistcu__cuda_malloc(ctx, (void **)&dc->labels, ds->count * sizeof(int32_t), "uploading labels")) ||
+        (ds->targets && (r = mnistcu__cuda_malloc(ctx, (void **)&dc->targets,
+                                                  ds->count * ds->target_dim * sizeof(float), "uploading targets")))) {
         mnistcu__cuda_dataset_free(ds);
         return r;
     }
@@ -7728,6 +7996,9 @@ static mnistcu_result mnistcu__cuda_dataset_upload(mnistcu_dataset *ds)
                         bytes, cudaMemcpyHostToDevice, cu->stream);
     if (e == cudaSuccess)
         e = cudaMemcpyAsync(dc->labels, ds->labels, ds->count * sizeof(int32_t), cudaMemcpyHostToDevice, cu->stream);
+    if (e == cudaSuccess && ds->targets)
+        e = cudaMemcpyAsync(dc->targets, ds->targets, ds->count * ds->target_dim * sizeof(float), cudaMemcpyHostToDevice,
+                            cu->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(cu->stream);
     if (e != cudaSuccess) {
         r = mnistcu__cuda_check(ctx, e, "uploading a dataset");
@@ -7949,10 +8220,10 @@ static mnistcu_result mnistcu__cuda_loss(mnistcu_model *m, size_t B, int with_gr
 {
     mnistcu_result r;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
-    mnistcu__k_softmax_ce<<<mnistcu__blocks(B), MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream>>>(
-        m->logits, m->labels, (int)B, (int)m->classes, 1.0f / (float)B,
-        with_grad ? m->dbuf[0] : NULL, m->sample_loss, m->pred);
-    MNISTCU__LAUNCHED(m->ctx, "softmax_ce");
+    mnistcu__k_loss<<<mnistcu__blocks(B), MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream>>>(
+        m->lossp, m->logits, m->labels, m->batch_targets ? m->targets : NULL, (int)B, (int)m->classes,
+        m->lossp.sum ? 1.0f : 1.0f / (float)B, with_grad ? m->dbuf[0] : NULL, m->sample_loss, m->pred);
+    MNISTCU__LAUNCHED(m->ctx, "loss");
     return MNISTCU_OK;
 }
 
@@ -8055,7 +8326,7 @@ static mnistcu_result mnistcu__cuda_stream_reserve(mnistcu_model *m, size_t B)
     size_t esize = ds->u8 ? 1 : sizeof(float), bytes = B * ds->features * esize + B * sizeof(int32_t);
     mnistcu_result r;
     int s;
-    bytes += 16; /* labels follow the features, 16-byte aligned */
+    bytes += 32 + B * ds->target_dim * sizeof(float); /* labels, then targets, follow the features, 16-byte aligned */
     /* The slots belong to the model and serve every dataset it meets: size them
        by bytes, since a float dataset needs four times a uint8 one's. */
     if (cm->slot_bytes >= bytes) return MNISTCU_OK;
@@ -8091,12 +8362,14 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
     if (!cm->streaming) {
         const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
         mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
-            dc->u8, dc->f32, dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->input, m->labels);
+            dc->u8, dc->f32, dc->labels, dc->targets, (int)ds->target_dim, cm->idx, offset, (int)B, (int)F, scale, shift,
+            m->input, m->labels, m->targets);
         MNISTCU__LAUNCHED(ctx, "gather");
         return MNISTCU_OK;
     } else {
         int s = (int)(cm->step_counter++ % MNISTCU__STREAM_SLOTS);
         size_t esize = ds->u8 ? 1 : sizeof(float), fbytes = n * esize, lab_off = (fbytes + 15) & ~(size_t)15, i;
+        size_t tgt_off = lab_off + ((B * sizeof(int32_t) + 15) & ~(size_t)15), T = ds->target_dim;
         unsigned char *host;
         cudaError_t e = cudaSuccess;
         if ((r = mnistcu__cuda_stream_reserve(m, m->ws_batch))) return r;
@@ -8108,17 +8381,19 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
             memcpy(host + i * F * esize, ds->u8 ? (const void *)(ds->u8 + smp * F) : (const void *)(ds->f32 + smp * F),
                    F * esize);
             memcpy(host + lab_off + i * sizeof(int32_t), &ds->labels[smp], sizeof(int32_t));
+            if (T) memcpy(host + tgt_off + i * T * sizeof(float), ds->targets + smp * T, T * sizeof(float));
         }
-        e = cudaMemcpyAsync(cm->staged[s], host, lab_off + B * sizeof(int32_t), cudaMemcpyHostToDevice,
-                            cu->copy_stream);
+        e = cudaMemcpyAsync(cm->staged[s], host, T ? tgt_off + B * T * sizeof(float) : lab_off + B * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, cu->copy_stream);
         if (e == cudaSuccess) e = cudaEventRecord(cm->copied[s], cu->copy_stream);
         if (e == cudaSuccess) e = cudaStreamWaitEvent(cu->stream, cm->copied[s], 0);
         if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "streaming a batch");
         {
             const unsigned char *dev = (const unsigned char *)cm->staged[s];
             mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
-                ds->u8 ? dev : NULL, ds->u8 ? NULL : (const float *)dev, (const int32_t *)(dev + lab_off), NULL, 0,
-                (int)B, (int)F, scale, shift, m->input, m->labels);
+                ds->u8 ? dev : NULL, ds->u8 ? NULL : (const float *)dev, (const int32_t *)(dev + lab_off),
+                T ? (const float *)(dev + tgt_off) : NULL, (int)T, NULL, 0, (int)B, (int)F, scale, shift, m->input,
+                m->labels, m->targets);
             MNISTCU__LAUNCHED(ctx, "gather (streamed)");
         }
         cm->slot_used[s] = 1;

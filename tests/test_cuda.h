@@ -170,25 +170,41 @@ TEST cuda_elementwise_ops_match_cpu(void)
         ASSERT_ARRAY_NEAR_F(got, ref, OUT, 1e-6, TC_MAX_REL);
         free(dz); free(got); cudaFree(ddz); cudaFree(ddb);
     }
-    { /* softmax cross-entropy with gradient, loss, predictions */
+    { /* every loss with gradient, loss, predictions; labels and float targets */
         size_t C = 10, Bs = 33;
-        float *z = tu_random_floats(&rng, Bs * C, -8, 8), g_ref[330], l_ref[33], *gg, *gl;
+        float *z = tu_random_floats(&rng, Bs * C, -8, 8), *t = tu_random_floats(&rng, Bs * C, 0, 1);
+        float g_ref[330], l_ref[33], *gg, *gl, *dt = tc_up(t, Bs * C);
         int32_t lab[33], p_ref[33], p_got[33], *dlab, *dpred;
         float *dz_ = tc_up(z, Bs * C), *dg = tc_poisoned(Bs * C), *dl = tc_poisoned(Bs);
         size_t i;
+        int v;
         for (i = 0; i < Bs; ++i) lab[i] = (int32_t)(tu_next(&rng) % C);
-        mnistcu__cpu_softmax_ce(c, z, lab, Bs, C, 1.0f / (float)Bs, g_ref, l_ref, p_ref);
         cudaMalloc((void **)&dlab, sizeof lab);
         cudaMalloc((void **)&dpred, sizeof lab);
         cudaMemcpy(dlab, lab, sizeof lab, cudaMemcpyHostToDevice);
-        mnistcu__k_softmax_ce<<<1, MNISTCU__THREADS>>>(dz_, dlab, (int)Bs, (int)C, 1.0f / (float)Bs, dg, dl, dpred);
-        gg = tc_down(dg, Bs * C);
-        gl = tc_down(dl, Bs);
-        cudaMemcpy(p_got, dpred, sizeof p_got, cudaMemcpyDeviceToHost);
-        ASSERT_ARRAY_NEAR_F(gg, g_ref, Bs * C, 1e-7, TC_MAX_REL);
-        ASSERT_ARRAY_NEAR_F(gl, l_ref, Bs, 1e-6, TC_MAX_REL);
-        ASSERT_MEM_EQ(p_ref, p_got, sizeof p_ref);
-        free(z); free(gg); free(gl); cudaFree(dz_); cudaFree(dg); cudaFree(dl); cudaFree(dlab); cudaFree(dpred);
+        for (v = 0; v < 9; ++v) {
+            mnistcu__lossp lp;
+            int targets = v == 2 || v == 4 || v == 6;
+            float scale = v == 5 ? 1.0f : 1.0f / (float)Bs;
+            memset(&lp, 0, sizeof lp);
+            lp.kind = v < 3 ? MNISTCU_LOSS_SOFTMAX_CE : v < 5 ? MNISTCU_LOSS_MSE : v < 7 ? MNISTCU_LOSS_BCE
+                                                                                       : MNISTCU_LOSS_HINGE;
+            lp.smoothing = v == 1 || v == 2 ? 0.1f : 0.0f;
+            lp.sum = v == 5;
+            lp.margin = v == 8 ? 0.5f : 1.0f;
+            lp.p = v == 8 ? 2 : 1;
+            mnistcu__cpu_loss(c, &lp, z, lab, targets ? t : NULL, Bs, C, scale, g_ref, l_ref, p_ref);
+            mnistcu__k_loss<<<1, MNISTCU__THREADS>>>(lp, dz_, dlab, targets ? dt : NULL, (int)Bs, (int)C, scale, dg, dl,
+                                                     dpred);
+            gg = tc_down(dg, Bs * C);
+            gl = tc_down(dl, Bs);
+            cudaMemcpy(p_got, dpred, sizeof p_got, cudaMemcpyDeviceToHost);
+            ASSERT_ARRAY_NEAR_F(gg, g_ref, Bs * C, 1e-7, TC_MAX_REL);
+            ASSERT_ARRAY_NEAR_F(gl, l_ref, Bs, 1e-6, TC_MAX_REL);
+            ASSERT_MEM_EQ(p_ref, p_got, sizeof p_ref);
+            free(gg); free(gl);
+        }
+        free(z); free(t); cudaFree(dz_); cudaFree(dg); cudaFree(dl); cudaFree(dt); cudaFree(dlab); cudaFree(dpred);
     }
     mnistcu_ctx_destroy(g);
     mnistcu_ctx_destroy(c);

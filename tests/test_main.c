@@ -175,7 +175,12 @@ TEST softmax_ce_matches_double_reference(void)
     int32_t labels[9], pred[9];
     for (i = 0; i < B; ++i) labels[i] = (int32_t)(i % C);
     z[5] = 80.0f; /* large logits must not overflow */
-    mnistcu__cpu_softmax_ce(ctx, z, labels, B, C, 1.0f / (float)B, g, loss, pred);
+    {
+        mnistcu__lossp lp;
+        memset(&lp, 0, sizeof lp);
+        lp.kind = MNISTCU_LOSS_SOFTMAX_CE;
+        mnistcu__cpu_loss(ctx, &lp, z, labels, NULL, B, C, 1.0f / (float)B, g, loss, pred);
+    }
     for (i = 0; i < B; ++i) {
         double mx = -1e300, s = 0.0;
         size_t arg = 0;

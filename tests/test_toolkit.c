@@ -283,9 +283,243 @@ done:
     TU_END();
 }
 
+/* ---- losses -------------------------------------------------------------- */
+
+typedef struct tk_loss_case {
+    char name[64];
+    mnistcu_loss loss;
+    float smoothing, margin;
+    int sum, p, targets;
+} tk_loss_case;
+
+static void tk_loss_parse(const char *rest, tk_loss_case *c)
+{
+    double v;
+    memset(c, 0, sizeof *c);
+    sscanf(rest, "%63s", c->name);
+    c->loss = strstr(rest, "loss=mse") ? MNISTCU_LOSS_MSE : strstr(rest, "loss=bce") ? MNISTCU_LOSS_BCE
+            : strstr(rest, "loss=hinge") ? MNISTCU_LOSS_HINGE : MNISTCU_LOSS_SOFTMAX_CE;
+    if (tk_field(rest, "smoothing", &v)) c->smoothing = (float)v;
+    if (tk_field(rest, "margin", &v)) c->margin = (float)v;
+    if (tk_field(rest, "sum", &v)) c->sum = (int)v;
+    if (tk_field(rest, "p", &v)) c->p = (int)v;
+    if (tk_field(rest, "targets", &v)) c->targets = (int)v;
+}
+
+/* A Linear(6, 4) with the case's loss, on the context's device. */
+static mnistcu_result tk_linear(mnistcu_ctx *ctx, const tk_loss_case *c, mnistcu_model **m)
+{
+    mnistcu_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.input_c = 1; d.input_h = 1; d.input_w = 6;
+    d.layers[0].kind = MNISTCU_LAYER_DENSE;
+    d.layers[0].units = 4;
+    d.loss = c->loss;
+    d.label_smoothing = c->smoothing;
+    d.loss_sum = c->sum;
+    d.margin = c->margin;
+    d.hinge_p = c->p;
+    return mnistcu_model_create(ctx, &d, m);
+}
+
+static mnistcu_result tk_grads(mnistcu_model *m, const tk_loss_case *c, const float *x, const int32_t *y,
+                               const float *t, double *loss)
+{
+    return c->targets ? mnistcu_model_compute_grads_targets(m, x, t, 5, loss)
+                      : mnistcu_model_compute_grads(m, x, y, 5, loss);
+}
+
+/* Every case of the fixture: the loss within 1e-5 relative of PyTorch's and
+   the weight and bias gradients within 1e-5 of theirs (relative to the
+   largest gradient); then, on the CPU, central differences of the loss in
+   double over each of the 28 parameters agree with the gradient. */
+TEST losses_match_pytorch(void)
+{
+    FILE *f = fopen("tests/fixtures/losses.txt", "r");
+    tk_line L;
+    tk_loss_case c;
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_model *m = NULL;
+    float x[30], w[24], b[4], t[20], gw[24], gb[4];
+    double ref_loss = 0, dw[24], db[4];
+    int32_t y[5];
+    int cases = 0, failed = 0, kinds = 0;
+    size_t i;
+    memset(&L, 0, sizeof L);
+    memset(&c, 0, sizeof c);
+    TU_REQUIRE(f && ctx, "tests/fixtures/losses.txt missing (run from the repository root) or no context");
+    while (tk_read(f, &L)) {
+        if (!strcmp(L.key, "case")) {
+            tk_loss_parse(L.rest, &c);
+            continue;
+        }
+#define TK_TAKE(K_, A_, N_)                                                                       \
+        if (!strcmp(L.key, K_)) {                                                                 \
+            TU_REQUIRE(L.n == (N_), "%s: %s has %lu values", c.name, K_, (unsigned long)L.n);    \
+            for (i = 0; i < (N_); ++i) A_[i] = (float)L.v[i];                                     \
+            continue;                                                                             \
+        }
+        TK_TAKE("x", x, 30)
+        TK_TAKE("weight", w, 24)
+        TK_TAKE("bias", b, 4)
+        TK_TAKE("t", t, 20)
+#undef TK_TAKE
+        if (!strcmp(L.key, "y")) {
+            for (i = 0; i < 5; ++i) y[i] = (int32_t)L.v[i];
+        } else if (!strcmp(L.key, "loss")) {
+            ref_loss = L.v[0];
+        } else if (!strcmp(L.key, "dweight")) {
+            for (i = 0; i < 24; ++i) dw[i] = L.v[i];
+        } else if (!strcmp(L.key, "dbias")) {
+            double got, scale = 0.0, worst;
+            size_t at;
+            for (i = 0; i < 4; ++i) db[i] = L.v[i];
+            for (i = 0; i < 24; ++i) scale = fmax(scale, fabs(dw[i]));
+            for (i = 0; i < 4; ++i) scale = fmax(scale, fabs(db[i]));
+            mnistcu_model_destroy(m);
+            m = NULL;
+            TU_REQUIRE(tk_linear(ctx, &c, &m) == MNISTCU_OK, "%s: %s", c.name, mnistcu_ctx_error(ctx));
+            TU_REQUIRE(mnistcu_model_set_tensor(m, "0.weight", w, 24) == MNISTCU_OK &&
+                           mnistcu_model_set_tensor(m, "0.bias", b, 4) == MNISTCU_OK &&
+                           tk_grads(m, &c, x, y, t, &got) == MNISTCU_OK &&
+                           mnistcu_model_get_tensor_grad(m, "0.weight", gw, 24) == MNISTCU_OK &&
+                           mnistcu_model_get_tensor_grad(m, "0.bias", gb, 4) == MNISTCU_OK,
+                       "%s: %s", c.name, mnistcu_ctx_error(ctx));
+            TU_REQUIRE(fabs(got - ref_loss) <= 1e-5 * fabs(ref_loss) + 1e-7, "%s: loss %.9g, PyTorch %.9g", c.name, got,
+                       ref_loss);
+            worst = tk_worst(gw, dw, 24, scale, &at);
+            TU_REQUIRE(worst <= 1e-5, "%s: dweight[%lu] %.9g, PyTorch %.9g", c.name, (unsigned long)at,
+                       (double)gw[at], dw[at]);
+            worst = tk_worst(gb, db, 4, scale, &at);
+            TU_REQUIRE(worst <= 1e-5, "%s: dbias[%lu] %.9g, PyTorch %.9g", c.name, (unsigned long)at, (double)gb[at],
+                       db[at]);
+            cases++;
+            kinds |= 1 << c.loss;
+        }
+    }
+    TU_REQUIRE(cases >= 14 && kinds == (1 << MNISTCU_LOSS_SOFTMAX_CE | 1 << MNISTCU_LOSS_MSE |
+                                        1 << MNISTCU_LOSS_BCE | 1 << MNISTCU_LOSS_HINGE),
+               "the fixture has %d cases, not every loss", cases);
+done:
+    if (f) fclose(f);
+    free(L.v);
+    mnistcu_model_destroy(m);
+    mnistcu_ctx_destroy(ctx);
+    TU_END();
+}
+
+/* Central differences of each loss (through a dense layer, on the CPU) against
+   its gradient: every loss kind, labels and targets, mean and sum. Inputs in
+   [-1, 1] and a margin that keeps the hinge away from its kinks for h. */
+TEST losses_match_finite_differences(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    mnistcu_model *m = NULL;
+    tu_rng rng = tu_rng_make(77);
+    float *x = tu_random_floats(&rng, 30, -1, 1), *t = tu_random_floats(&rng, 20, 0, 1), w[28], g[28];
+    int32_t y[5] = {0, 3, 1, 2, 3};
+    int k, failed = 0;
+    size_t i;
+    for (k = 0; k < 10; ++k) {
+        tk_loss_case c;
+        memset(&c, 0, sizeof c);
+        c.loss = (mnistcu_loss)(MNISTCU_LOSS_SOFTMAX_CE + k % 4);
+        c.targets = (k / 4 == 1) && c.loss != MNISTCU_LOSS_HINGE;
+        c.sum = k >= 8;
+        c.smoothing = c.loss == MNISTCU_LOSS_SOFTMAX_CE && k >= 4 ? 0.15f : 0.0f;
+        c.p = k == 7 ? 2 : 1;
+        c.margin = 0.7f;
+        snprintf(c.name, sizeof c.name, "loss %d targets %d sum %d", (int)c.loss, c.targets, c.sum);
+        mnistcu_model_destroy(m);
+        m = NULL;
+        TU_REQUIRE(ctx && tk_linear(ctx, &c, &m) == MNISTCU_OK, "%s", c.name);
+        for (i = 0; i < 28; ++i) w[i] = (float)tu_uniform(&rng, -0.5, 0.5);
+        TU_REQUIRE(mnistcu_model_set_params(m, w, 28) == MNISTCU_OK &&
+                       tk_grads(m, &c, x, y, t, NULL) == MNISTCU_OK && mnistcu_model_get_grads(m, g, 28) == MNISTCU_OK,
+                   "%s: %s", c.name, mnistcu_ctx_error(ctx));
+        for (i = 0; i < 28; ++i) {
+            double lp, lm, fd, h = 1e-2;
+            float keep = w[i];
+            w[i] = keep + (float)h;
+            TU_REQUIRE(mnistcu_model_set_params(m, w, 28) == MNISTCU_OK && tk_grads(m, &c, x, y, t, &lp) == MNISTCU_OK,
+                       "%s", c.name);
+            w[i] = keep - (float)h;
+            TU_REQUIRE(mnistcu_model_set_params(m, w, 28) == MNISTCU_OK && tk_grads(m, &c, x, y, t, &lm) == MNISTCU_OK,
+                       "%s", c.name);
+            w[i] = keep;
+            fd = (lp - lm) / (2 * h);
+            TU_REQUIRE(fabs(fd - g[i]) <= 2e-3 * (1.0 + fabs(fd)), "%s: parameter %lu: gradient %.6g, differences %.6g",
+                       c.name, (unsigned long)i, (double)g[i], fd);
+        }
+    }
+done:
+    free(x);
+    free(t);
+    mnistcu_model_destroy(m);
+    mnistcu_ctx_destroy(ctx);
+    TU_END();
+}
+
+/* Float targets through mnistcu_train: a linear regression learnt with MSE
+   (the loss falls to the noise floor), accuracy not reported, predictions are
+   the outputs; the hinge loss refuses targets. */
+TEST regression_with_float_targets(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_model *m = NULL;
+    mnistcu_dataset *ds = NULL;
+    mnistcu_model_desc d;
+    mnistcu_train_desc td;
+    mnistcu_train_result res;
+    mnistcu_metrics met;
+    tu_rng rng = tu_rng_make(5);
+    size_t n = 512, i, j;
+    float *x = tu_random_floats(&rng, n * 3, -1, 1), *t = (float *)malloc(n * 2 * sizeof(float)), probs[2];
+    int failed = 0;
+    for (i = 0; i < n; ++i)
+        for (j = 0; j < 2; ++j)
+            t[i * 2 + j] = (j ? -1.0f : 2.0f) * x[i * 3] + 0.5f * x[i * 3 + 1 + j] + 0.25f;
+    memset(&d, 0, sizeof d);
+    d.input_c = d.input_h = 1;
+    d.input_w = 3;
+    d.layers[0].kind = MNISTCU_LAYER_DENSE;
+    d.layers[0].units = 2;
+    d.loss = MNISTCU_LOSS_MSE;
+    TU_REQUIRE(ctx && mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK &&
+                   mnistcu_dataset_create_targets(ctx, x, t, n, 3, 2, &ds) == MNISTCU_OK,
+               "setup: %s", ctx ? mnistcu_ctx_error(ctx) : "no context");
+    memset(&td, 0, sizeof td);
+    td.epochs = 40;
+    td.batch_size = 32;
+    td.optim.learning_rate = 0.1f;
+    TU_REQUIRE(mnistcu_train(m, ds, &td, &res) == MNISTCU_OK, "train: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(res.train_loss < 1e-4 && res.train_accuracy != res.train_accuracy, "loss %.3g, accuracy %g",
+               res.train_loss, res.train_accuracy);
+    TU_REQUIRE(mnistcu_evaluate(m, ds, &met, NULL) == MNISTCU_OK && !met.has_accuracy && met.loss < 1e-4,
+               "evaluate: loss %g has_accuracy %d", met.loss, met.has_accuracy);
+    TU_REQUIRE(mnistcu_predict(m, x, 1, NULL, probs) == MNISTCU_OK && fabs(probs[0] - t[0]) < 0.02 &&
+                   fabs(probs[1] - t[1]) < 0.02,
+               "prediction %g %g, target %g %g", (double)probs[0], (double)probs[1], (double)t[0], (double)t[1]);
+    mnistcu_model_destroy(m);
+    m = NULL;
+    d.loss = MNISTCU_LOSS_HINGE;
+    TU_REQUIRE(mnistcu_model_create(ctx, &d, &m) == MNISTCU_OK, "hinge model");
+    TU_REQUIRE(mnistcu_train(m, ds, &td, &res) == MNISTCU_ERR_INVALID_ARGUMENT, "hinge accepted float targets");
+done:
+    free(x);
+    free(t);
+    mnistcu_dataset_destroy(ds);
+    mnistcu_model_destroy(m);
+    mnistcu_ctx_destroy(ctx);
+    TU_END();
+}
+
 SUITE(toolkit_suite)
 {
     RUN_TEST(optimizers_match_pytorch);
     RUN_TEST(optimizer_state_restarts_on_change);
     RUN_TEST(optimizer_options_are_checked);
+    RUN_TEST(losses_match_pytorch);
+    RUN_TEST(losses_match_finite_differences);
+    RUN_TEST(regression_with_float_targets);
 }
