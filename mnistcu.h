@@ -706,6 +706,26 @@ typedef struct mnistcu_schedule_desc {
     float factor;           /* PLATEAU: the reduction (0: 0.1); min_lr is its floor */
 } mnistcu_schedule_desc;
 
+/* Data augmentation for image datasets (stored as bytes): each training image
+   is warped on the fly, differently at every step, reproducibly by seed and
+   identically on the CPU and the GPU (see >>augment). Zero everywhere: off. */
+typedef struct mnistcu_augment_desc {
+    float rotate;        /* degrees: a uniform angle in [-rotate, rotate], at most 90 (0: none) */
+    float scale;         /* a uniform factor in [1 - scale, 1 + scale], scale at most 0.5 (0: none) */
+    float translate;     /* pixels: a uniform shift in [-translate, translate] on each axis (0: none) */
+    float elastic_alpha; /* elastic distortion (Simard et al. 2003): the field's scale in pixels (0: none; 34
+                            in the paper for MNIST) */
+    float elastic_sigma; /* its smoothing Gaussian's deviation in pixels, 0.5..8 (0: 4) */
+} mnistcu_augment_desc;
+
+/* What augmentation makes of sample `index` of ds when it sits at position
+   `slot` of the batch of optimizer step `step`: rows x cols pixels in 0..255
+   (before normalisation), computed on the CPU; mnistcu_train's GPU batches are
+   the same bits. For looking at the augmentation, and for tests. */
+MNISTCU_DEF mnistcu_result mnistcu_augment_sample(mnistcu_ctx *ctx, const mnistcu_dataset *ds,
+                                                  const mnistcu_augment_desc *aug, size_t index, uint64_t step,
+                                                  uint32_t slot, float *pixels);
+
 /* Return non-zero to stop training after this step (early stopping). */
 typedef int (*mnistcu_progress_fn)(void *user, const mnistcu_progress *p);
 
@@ -729,6 +749,7 @@ typedef struct mnistcu_train_desc {
                                             steps) written to this file: epoch, step, lr, losses, accuracies,
                                             seconds, images/s; numbers that are not finite are null */
     size_t log_every;                    /* 0: epoch ends only */
+    mnistcu_augment_desc augment;        /* zero: no augmentation */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -5286,6 +5307,257 @@ static const mnistcu__kind *const mnistcu__kinds[] = {
 #undef MNISTCU__LAYER_KIND
 };
 
+/* >>augment ------------------------------------------------------------------------
+   Data augmentation on the fly, in the training batch's gather: each image
+   (uint8, one channel, H x W) is resampled through one affine warp (a rotation,
+   a scale and a translation about its centre) plus an optional elastic
+   distortion (Simard, Steinkraus and Platt, "Best practices for convolutional
+   neural networks applied to visual document analysis", 2003: a random
+   displacement field per pixel, uniform in [-1, 1], smoothed by a Gaussian of
+   deviation sigma with reflected borders, times alpha), sampled bilinearly
+   with zeros outside the image.
+   The CPU and the GPU give the same batch, bit for bit: the random numbers
+   come from Philox (as dropout's), keyed by the seed and counted by (word,
+   sample position in the batch, optimizer step), and the whole warp runs in
+   64-bit integer fixed point (Q24 coordinates, Q15 fields, Q16 Gaussian
+   weights, Q8 interpolation weights; sine and cosine from their Taylor series
+   in integers), which every compiler and device computes identically. The
+   pixel that comes out, sum(w * pixel) / 65536, is exact in float; the
+   normalisation x * scale + shift is one correctly rounded fmaf on both. */
+#define MNISTCU__AUG_MAX_RADIUS 32
+#define MNISTCU__AUG_MAX_PIXELS 3072 /* the GPU keeps 16 bytes per pixel in shared memory */
+#define MNISTCU__Q24 ((int64_t)1 << 24)
+
+typedef struct mnistcu__aug {
+    int on, elastic;
+    int64_t rot_q;      /* the largest angle, radians, Q24 */
+    int64_t scale_q;    /* the largest relative scale change, Q24 */
+    int64_t trans_q;    /* the largest shift, pixels, Q24 */
+    int64_t alpha_q;    /* elastic: alpha, pixels, Q24 */
+    int radius;         /* elastic: the Gaussian's half width */
+    int32_t kq[MNISTCU__AUG_MAX_RADIUS + 1]; /* its weights, Q16, kq[|d|] */
+    uint32_t k0, k1;    /* the seed */
+} mnistcu__aug;
+
+/* floor(v / 2^s) for any sign, without relying on how >> treats negatives. */
+static MNISTCU__HD int64_t mnistcu__asr(int64_t v, int s)
+{
+    return v >= 0 ? v >> s : -((-v - 1) >> s) - 1;
+}
+
+/* sin and cos of x (Q24 radians, |x| <= pi/2) in Q24, Horner's rule on the Taylor series. */
+static MNISTCU__HD void mnistcu__sincos_q24(int64_t x, int64_t *sn, int64_t *cs)
+{
+    int64_t x2 = mnistcu__asr(x * x, 24), t = MNISTCU__Q24;
+    int k;
+    for (k = 5; k >= 1; --k) t = MNISTCU__Q24 - mnistcu__asr(x2 * t, 24) / (2 * k * (2 * k + 1)); /* x^11/11! last */
+    *sn = mnistcu__asr(x * t, 24);
+    t = MNISTCU__Q24;
+    for (k = 6; k >= 1; --k) t = MNISTCU__Q24 - mnistcu__asr(x2 * t, 24) / ((2 * k - 1) * 2 * k); /* x^12/12! */
+    *cs = t;
+}
+
+/* The four Philox words of (word, sample i, step). */
+static MNISTCU__HD void mnistcu__aug_draw(const mnistcu__aug *a, uint32_t word, uint32_t i, uint64_t step, uint32_t c[4])
+{
+    c[0] = word;
+    c[1] = 0x80000000u | i; /* dropout's counters hold a layer index here: no overlap */
+    c[2] = (uint32_t)step;
+    c[3] = (uint32_t)(step >> 32);
+    mnistcu__philox(c, a->k0, a->k1);
+}
+
+/* A draw as a signed Q24 number in [-1, 1). */
+static MNISTCU__HD int64_t mnistcu__aug_signed(uint32_t u) { return (int64_t)(u >> 7) - MNISTCU__Q24; }
+
+/* The elastic field's raw value k (0 <= k < 2*H*W: x displacement of pixel
+   k/2 for even k, y for odd), Q15 in [-1, 1). */
+static MNISTCU__HD int32_t mnistcu__aug_field(const mnistcu__aug *a, uint32_t i, uint64_t step, uint32_t k)
+{
+    uint32_t c[4];
+    mnistcu__aug_draw(a, 1u + (k >> 2), i, step, c);
+    return (int32_t)(c[k & 3u] >> 16) - 32768;
+}
+
+static MNISTCU__HD int mnistcu__reflect(int v, int n)
+{
+    int period = 2 * n;
+    v %= period;
+    if (v < 0) v += period;
+    return v < n ? v : period - 1 - v;
+}
+
+/* The affine part of sample i's warp: cos, sin, 1/scale and the shift, Q24. */
+typedef struct mnistcu__warp { int64_t cs, sn, inv_s, tx, ty; } mnistcu__warp;
+
+static MNISTCU__HD void mnistcu__aug_warp(const mnistcu__aug *a, uint32_t i, uint64_t step, mnistcu__warp *w)
+{
+    uint32_t c[4];
+    mnistcu__aug_draw(a, 0u, i, step, c);
+    mnistcu__sincos_q24(mnistcu__asr(mnistcu__aug_signed(c[0]) * a->rot_q, 24), &w->sn, &w->cs);
+    w->inv_s = ((int64_t)1 << 48) / (MNISTCU__Q24 + mnistcu__asr(mnistcu__aug_signed(c[1]) * a->scale_q, 24));
+    w->tx = mnistcu__asr(mnistcu__aug_signed(c[2]) * a->trans_q, 24);
+    w->ty = mnistcu__asr(mnistcu__aug_signed(c[3]) * a->trans_q, 24);
+}
+
+/* Horizontal pass of the field smoothing for row y, column x, component comp
+   (0: x, 1: y), from the raw field: Q15. */
+static MNISTCU__HD int32_t mnistcu__aug_hpass(const mnistcu__aug *a, const int32_t *raw, int H, int W, int y, int x)
+{
+    int64_t acc = 0;
+    int d;
+    (void)H;
+    for (d = -a->radius; d <= a->radius; ++d)
+        acc += (int64_t)a->kq[d < 0 ? -d : d] * raw[y * W + mnistcu__reflect(x + d, W)];
+    return (int32_t)mnistcu__asr(acc, 16);
+}
+
+static MNISTCU__HD int32_t mnistcu__aug_vpass(const mnistcu__aug *a, const int32_t *h, int H, int W, int y, int x)
+{
+    int64_t acc = 0;
+    int d;
+    for (d = -a->radius; d <= a->radius; ++d)
+        acc += (int64_t)a->kq[d < 0 ? -d : d] * h[mnistcu__reflect(y + d, H) * W + x];
+    return (int32_t)mnistcu__asr(acc, 16);
+}
+
+/* Output pixel (ox, oy) of image src [H][W] under warp w plus displacement
+   (ex, ey) (Q24 pixels): sum of weights times pixels, Q16. */
+static MNISTCU__HD int32_t mnistcu__aug_pixel(const uint8_t *src, int H, int W, const mnistcu__warp *w, int ox, int oy,
+                                              int64_t ex, int64_t ey)
+{
+    const int64_t half = (int64_t)1 << 23;
+    int64_t dx = (int64_t)(2 * ox - (W - 1)) * half - w->tx, dy = (int64_t)(2 * oy - (H - 1)) * half - w->ty;
+    int64_t sx = mnistcu__asr(w->cs * dx + w->sn * dy, 24), sy = mnistcu__asr(w->cs * dy - w->sn * dx, 24);
+    int64_t X = mnistcu__asr(sx * w->inv_s, 24) + ex + (int64_t)(W - 1) * half;
+    int64_t Y = mnistcu__asr(sy * w->inv_s, 24) + ey + (int64_t)(H - 1) * half;
+    int64_t x0 = mnistcu__asr(X, 24), y0 = mnistcu__asr(Y, 24);
+    int32_t fx = (int32_t)((X - x0 * MNISTCU__Q24) >> 16), fy = (int32_t)((Y - y0 * MNISTCU__Q24) >> 16), acc = 0;
+    int k;
+    for (k = 0; k < 4; ++k) {
+        int64_t xx = x0 + (k & 1), yy = y0 + (k >> 1);
+        int32_t wx = (k & 1) ? fx : 256 - fx, wy = (k >> 1) ? fy : 256 - fy;
+        if (xx >= 0 && xx < W && yy >= 0 && yy < H) acc += wx * wy * (int32_t)src[yy * W + xx];
+    }
+    return acc;
+}
+
+/* The parameters of a desc, for a seed: the host's only floating-point part. */
+static void mnistcu__aug_make(const mnistcu_augment_desc *d, uint64_t seed, mnistcu__aug *a)
+{
+    double pi = 3.14159265358979323846, sigma = d->elastic_sigma != 0.0f ? (double)d->elastic_sigma : 4.0, sum = 0.0;
+    int k;
+    memset(a, 0, sizeof *a);
+    a->on = d->rotate != 0.0f || d->scale != 0.0f || d->translate != 0.0f || d->elastic_alpha != 0.0f;
+    a->elastic = d->elastic_alpha != 0.0f;
+    a->rot_q = (int64_t)floor((double)d->rotate * pi / 180.0 * 16777216.0 + 0.5);
+    a->scale_q = (int64_t)floor((double)d->scale * 16777216.0 + 0.5);
+    a->trans_q = (int64_t)floor((double)d->translate * 16777216.0 + 0.5);
+    a->alpha_q = (int64_t)floor((double)d->elastic_alpha * 16777216.0 + 0.5);
+    a->radius = (int)MNISTCU__MIN(floor(4.0 * sigma + 0.5), (double)MNISTCU__AUG_MAX_RADIUS); /* scipy's truncate 4 */
+    for (k = -a->radius; k <= a->radius; ++k) sum += exp(-0.5 * k * k / (sigma * sigma));
+    for (k = 0; k <= a->radius; ++k) a->kq[k] = (int32_t)floor(exp(-0.5 * k * k / (sigma * sigma)) / sum * 65536.0 + 0.5);
+    a->k0 = (uint32_t)seed;
+    a->k1 = (uint32_t)(seed >> 32);
+}
+
+static mnistcu_result mnistcu__aug_check(mnistcu_ctx *ctx, const mnistcu_augment_desc *d, const mnistcu_dataset *ds)
+{
+    if (!(d->rotate >= 0.0f && d->rotate <= 90.0f) || !(d->scale >= 0.0f && d->scale <= 0.5f) ||
+        !(d->translate >= 0.0f && d->translate <= 64.0f) || !(d->elastic_alpha >= 0.0f && d->elastic_alpha <= 1000.0f) ||
+        !(d->elastic_sigma >= 0.0f && d->elastic_sigma <= 8.0f) || (d->elastic_sigma != 0.0f && d->elastic_sigma < 0.5f))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "augment: rotate %g (0..90 degrees), scale %g (0..0.5), translate %g (0..64 pixels), "
+                             "elastic_alpha %g (0..1000) or elastic_sigma %g (0.5..8) out of range", (double)d->rotate,
+                             (double)d->scale, (double)d->translate, (double)d->elastic_alpha, (double)d->elastic_sigma);
+    if (!ds->u8 || ds->rows < 2 || ds->cols < 2 || ds->features > MNISTCU__AUG_MAX_PIXELS)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "augment: needs images stored as bytes (IDX files), of at most %d pixels; this dataset is "
+                             "%s, %d x %d", MNISTCU__AUG_MAX_PIXELS, ds->u8 ? "bytes" : "floats", ds->rows, ds->cols);
+    return MNISTCU_OK;
+}
+
+/* Sample i of the batch at this step, on the CPU: x[F] = normalised warp of
+   src. work: 4*H*W int32 (the field and its horizontal pass). */
+static void mnistcu__cpu_augment(const mnistcu__aug *a, const uint8_t *src, int H, int W, uint32_t i, uint64_t step,
+                                 float scale, float shift, float *x, int32_t *work)
+{
+    mnistcu__warp w;
+    int n = H * W, p, comp;
+    int32_t *raw = work, *h = work + 2 * n;
+    mnistcu__aug_warp(a, i, step, &w);
+    if (a->elastic) {
+        for (p = 0; p < 2 * n; ++p) raw[(p & 1) * n + (p >> 1)] = mnistcu__aug_field(a, i, step, (uint32_t)p);
+        for (comp = 0; comp < 2; ++comp)
+            for (p = 0; p < n; ++p) h[comp * n + p] = mnistcu__aug_hpass(a, raw + comp * n, H, W, p / W, p % W);
+    }
+    for (p = 0; p < n; ++p) {
+        int64_t ex = 0, ey = 0;
+        if (a->elastic) {
+            ex = mnistcu__asr((int64_t)mnistcu__aug_vpass(a, h, H, W, p / W, p % W) * a->alpha_q, 15);
+            ey = mnistcu__asr((int64_t)mnistcu__aug_vpass(a, h + n, H, W, p / W, p % W) * a->alpha_q, 15);
+        }
+        x[p] = fmaf((float)mnistcu__aug_pixel(src, H, W, &w, p % W, p / W, ex, ey) * (1.0f / 65536.0f), scale, shift);
+    }
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_augment_sample(mnistcu_ctx *ctx, const mnistcu_dataset *ds,
+                                                  const mnistcu_augment_desc *aug, size_t index, uint64_t step,
+                                                  uint32_t slot, float *pixels)
+{
+    mnistcu__aug a;
+    mnistcu_result r;
+    int32_t *work;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!ds || !aug || !pixels || index >= ds->count)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "augment_sample: NULL argument or index out of range");
+    if ((r = mnistcu__aug_check(ctx, aug, ds))) return r;
+    mnistcu__aug_make(aug, ctx->desc.seed, &a);
+    work = (int32_t *)mnistcu__alloc(ctx, 4 * ds->features * sizeof(int32_t));
+    if (!work) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "augment_sample: out of memory");
+    mnistcu__cpu_augment(&a, ds->u8 + index * ds->features, ds->rows, ds->cols, slot, step, 1.0f, 0.0f, pixels, work);
+    mnistcu__free(ctx, work);
+    return MNISTCU_OK;
+}
+
+#ifdef __CUDACC__
+/* One block per sample: the field, its two smoothing passes in shared memory,
+   then the warped pixels. Labels (and targets) as mnistcu__k_gather. */
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_gather_augment(
+    mnistcu__aug a, const uint8_t *u8, const int32_t *src_labels, const float *src_targets, int T, const uint32_t *idx,
+    size_t offset, int H, int W, uint64_t step, float scale, float shift, float *x, int32_t *labels, float *targets)
+{
+    extern __shared__ int32_t mnistcu__aug_smem[];
+    int i = (int)blockIdx.x, n = H * W, p, t = (int)threadIdx.x;
+    size_t s = idx ? (size_t)idx[offset + i] : offset + i;
+    const uint8_t *src = u8 + s * (size_t)n;
+    int32_t *raw = mnistcu__aug_smem, *h = raw + 2 * n;
+    mnistcu__warp w;
+    mnistcu__aug_warp(&a, (uint32_t)i, step, &w);
+    if (a.elastic) {
+        for (p = t; p < 2 * n; p += blockDim.x) raw[(p & 1) * n + (p >> 1)] = mnistcu__aug_field(&a, (uint32_t)i, step, (uint32_t)p);
+        __syncthreads();
+        for (p = t; p < 2 * n; p += blockDim.x) {
+            int comp = p / n, q = p - comp * n;
+            h[p] = mnistcu__aug_hpass(&a, raw + comp * n, H, W, q / W, q % W);
+        }
+        __syncthreads();
+    }
+    for (p = t; p < n; p += blockDim.x) {
+        int64_t ex = 0, ey = 0;
+        if (a.elastic) {
+            ex = mnistcu__asr((int64_t)mnistcu__aug_vpass(&a, h, H, W, p / W, p % W) * a.alpha_q, 15);
+            ey = mnistcu__asr((int64_t)mnistcu__aug_vpass(&a, h + n, H, W, p / W, p % W) * a.alpha_q, 15);
+        }
+        x[(size_t)i * n + p] =
+            __fmaf_rn((float)mnistcu__aug_pixel(src, H, W, &w, p % W, p / W, ex, ey) * (1.0f / 65536.0f), scale, shift);
+    }
+    if (t == 0) labels[i] = src_labels[s];
+    if (src_targets)
+        for (p = t; p < T; p += blockDim.x) targets[(size_t)i * T + p] = src_targets[s * T + p];
+}
+#endif
+
 /* >>model_build ------------------------------------------------------------------
    Making a model: the desc (MLP widths or layers) resolved into layers with
    their shapes, the parameter and buffer arenas laid out in state_dict order,
@@ -6712,7 +6984,7 @@ MNISTCU_DEF mnistcu_result mnistcu_model_apply_grads(mnistcu_model *m, const mni
 static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx,
                                                 size_t n, size_t steps);
 static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
-                                           float scale, float shift);
+                                           float scale, float shift, const mnistcu__aug *aug);
 static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
 static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
 static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
@@ -6743,17 +7015,34 @@ static void mnistcu__norm_for(const mnistcu_model *m, const mnistcu_dataset *ds,
     *shift = m->has_norm && same_kind ? m->norm_shift : ds->shift;
 }
 
-/* x and labels of samples idx[offset .. offset+B) into act[0] and labels. */
+/* x and labels of samples idx[offset .. offset+B) into act[0] and labels;
+   aug: NULL, or the training batch's augmentation. */
 static mnistcu_result mnistcu__gather(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t offset,
-                                      size_t B)
+                                      size_t B, const mnistcu__aug *aug)
 {
     size_t i, j, F = ds->features;
     float scale, shift;
     mnistcu__norm_for(m, ds, &scale, &shift);
     m->batch_targets = ds->targets != NULL;
+    if (aug && !aug->on) aug = NULL;
 #ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_gather(m, ds, offset, B, scale, shift);
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_gather(m, ds, offset, B, scale, shift, aug);
 #endif
+    if (aug) {
+        int32_t *work = (int32_t *)mnistcu__alloc(m->ctx, 4 * F * sizeof(int32_t));
+        if (!work) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "augment: out of memory");
+        for (i = 0; i < B; ++i) {
+            size_t smp = idx[offset + i];
+            mnistcu__cpu_augment(aug, ds->u8 + smp * F, ds->rows, ds->cols, (uint32_t)i, m->steps, scale, shift,
+                                 m->input + i * F, work);
+            m->labels[i] = ds->labels[smp];
+            if (ds->targets)
+                memcpy(m->targets + i * ds->target_dim, ds->targets + smp * ds->target_dim,
+                       ds->target_dim * sizeof(float));
+        }
+        mnistcu__free(m->ctx, work);
+        return MNISTCU_OK;
+    }
     for (i = 0; i < B; ++i) {
         size_t s = idx[offset + i];
         float *x = m->input + i * F;
@@ -7214,6 +7503,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     mnistcu__plateau plateau;
     FILE *logf = NULL;
     float *best_params = NULL, *best_buffers = NULL; /* early stopping: the best epoch's, on the model's device */
+    mnistcu__aug aug;
 
     if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
     ctx = m->ctx;
@@ -7248,6 +7538,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
                              "train: the PLATEAU schedule follows the validation loss at each epoch's end: give a "
                              "validation set, and no per_step");
+    mnistcu__aug_make(&d.augment, ctx->desc.seed, &aug);
+    if (aug.on && (r = mnistcu__aug_check(ctx, &d.augment, train))) return r;
     mnistcu__plateau_start(&plateau, d.optim.learning_rate);
     idx = (uint32_t *)mnistcu__alloc(ctx, n * sizeof(uint32_t));
     st.steps = steps;
@@ -7288,7 +7580,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
             if (d.schedule.per_step)
                 o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate,
                                                       (int)((size_t)(epoch - 1) * steps + step), (int)(steps * (size_t)d.epochs));
-            if ((r = mnistcu__gather(m, train, idx, step * B, b)) || (r = mnistcu__forward(m, b)) ||
+            if ((r = mnistcu__gather(m, train, idx, step * B, b, &aug)) || (r = mnistcu__forward(m, b)) ||
                 (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, &st)) ||
                 (r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, &o)))
                 goto done;
@@ -7441,7 +7733,7 @@ MNISTCU_DEF mnistcu_result mnistcu_evaluate(mnistcu_model *m, const mnistcu_data
     if ((r = mnistcu__epoch_begin(m, ds, idx, n, &st))) goto done;
     for (s = 0; s < steps; ++s) {
         size_t b = MNISTCU__MIN(chunk, n - s * chunk);
-        if ((r = mnistcu__gather(m, ds, idx, s * chunk, b)) || (r = mnistcu__forward(m, b)) ||
+        if ((r = mnistcu__gather(m, ds, idx, s * chunk, b, NULL)) || (r = mnistcu__forward(m, b)) ||
             (r = mnistcu__loss(m, b, 0)) || (r = mnistcu__step_stats(m, b, s, &st)))
             goto done;
         if (confusion) {
@@ -8351,7 +8643,7 @@ static mnistcu_result mnistcu__cuda_stream_reserve(mnistcu_model *m, size_t B)
 }
 
 static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
-                                           float scale, float shift)
+                                           float scale, float shift, const mnistcu__aug *aug)
 {
     mnistcu_ctx *ctx = m->ctx;
     mnistcu__cuda *cu = mnistcu__cu(ctx);
@@ -8361,6 +8653,13 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
     if ((r = mnistcu__cuda_alive(ctx))) return r;
     if (!cm->streaming) {
         const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
+        if (aug) {
+            mnistcu__k_gather_augment<<<(unsigned)B, MNISTCU__THREADS, aug->elastic ? 16 * F : 0, cu->stream>>>(
+                *aug, dc->u8, dc->labels, dc->targets, (int)ds->target_dim, cm->idx, offset, ds->rows, ds->cols,
+                m->steps, scale, shift, m->input, m->labels, m->targets);
+            MNISTCU__LAUNCHED(ctx, "gather_augment");
+            return MNISTCU_OK;
+        }
         mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
             dc->u8, dc->f32, dc->labels, dc->targets, (int)ds->target_dim, cm->idx, offset, (int)B, (int)F, scale, shift,
             m->input, m->labels, m->targets);
@@ -8390,11 +8689,18 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
         if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "streaming a batch");
         {
             const unsigned char *dev = (const unsigned char *)cm->staged[s];
-            mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
-                ds->u8 ? dev : NULL, ds->u8 ? NULL : (const float *)dev, (const int32_t *)(dev + lab_off),
-                T ? (const float *)(dev + tgt_off) : NULL, (int)T, NULL, 0, (int)B, (int)F, scale, shift, m->input,
-                m->labels, m->targets);
-            MNISTCU__LAUNCHED(ctx, "gather (streamed)");
+            if (aug) {
+                mnistcu__k_gather_augment<<<(unsigned)B, MNISTCU__THREADS, aug->elastic ? 16 * F : 0, cu->stream>>>(
+                    *aug, dev, (const int32_t *)(dev + lab_off), T ? (const float *)(dev + tgt_off) : NULL, (int)T, NULL,
+                    0, ds->rows, ds->cols, m->steps, scale, shift, m->input, m->labels, m->targets);
+                MNISTCU__LAUNCHED(ctx, "gather_augment (streamed)");
+            } else {
+                mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
+                    ds->u8 ? dev : NULL, ds->u8 ? NULL : (const float *)dev, (const int32_t *)(dev + lab_off),
+                    T ? (const float *)(dev + tgt_off) : NULL, (int)T, NULL, 0, (int)B, (int)F, scale, shift, m->input,
+                    m->labels, m->targets);
+                MNISTCU__LAUNCHED(ctx, "gather (streamed)");
+            }
         }
         cm->slot_used[s] = 1;
         return mnistcu__cuda_check(ctx, cudaEventRecord(cm->consumed[s], cu->stream), "streaming a batch");

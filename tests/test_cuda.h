@@ -211,6 +211,56 @@ TEST cuda_elementwise_ops_match_cpu(void)
     PASS();
 }
 
+/* The augmented batch from the GPU's gather equals the CPU's, bit for bit:
+   every transform at once, several samples, steps, a batch order. */
+TEST cuda_augment_matches_cpu_bitwise(void)
+{
+    mnistcu_ctx *c = tu_ctx(MNISTCU_DEVICE_CPU, 1), *g = tc_ctx(MNISTCU_GEMM_OWN);
+    tu_rng rng = tu_rng_make(99);
+    mnistcu_augment_desc d;
+    mnistcu__aug a;
+    int H = 28, W = 28, n = 784, B = 7, N = 11, i, k, step;
+    uint8_t *img = (uint8_t *)malloc((size_t)N * n), *dimg;
+    int32_t lab[11], *dlab, *dlab_out, work[4 * 784];
+    uint32_t idx[7] = {3, 10, 0, 7, 7, 1, 5}, *didx;
+    float cpu[7 * 784], gpu[7 * 784], *dx, *dt_unused = NULL;
+    ASSERT(c && g);
+    for (i = 0; i < N * n; ++i) img[i] = (uint8_t)(tu_next(&rng) % 7 == 0 ? tu_next(&rng) % 256 : 0);
+    for (i = 0; i < N; ++i) lab[i] = i % 10;
+    cudaMalloc((void **)&dimg, (size_t)N * n);
+    cudaMalloc((void **)&dlab, sizeof lab);
+    cudaMalloc((void **)&dlab_out, sizeof lab);
+    cudaMalloc((void **)&didx, sizeof idx);
+    cudaMalloc((void **)&dx, sizeof gpu);
+    cudaMemcpy(dimg, img, (size_t)N * n, cudaMemcpyHostToDevice);
+    cudaMemcpy(dlab, lab, sizeof lab, cudaMemcpyHostToDevice);
+    cudaMemcpy(didx, idx, sizeof idx, cudaMemcpyHostToDevice);
+    for (k = 0; k < 3; ++k) {
+        memset(&d, 0, sizeof d);
+        d.rotate = k == 1 ? 0.0f : 20.0f;
+        d.scale = 0.15f;
+        d.translate = 2.5f;
+        d.elastic_alpha = k == 2 ? 0.0f : 34.0f;
+        d.elastic_sigma = k == 1 ? 3.0f : 0.0f;
+        mnistcu__aug_make(&d, 0x1234567890abcdefull + (uint64_t)k, &a);
+        for (step = 0; step < 3; ++step) {
+            uint64_t t = (uint64_t)step * 1000003u + ((uint64_t)k << 33);
+            for (i = 0; i < B; ++i)
+                mnistcu__cpu_augment(&a, img + (size_t)idx[i] * n, H, W, (uint32_t)i, t, 0.0078125f, -0.42f,
+                                     cpu + (size_t)i * n, work);
+            mnistcu__k_gather_augment<<<B, MNISTCU__THREADS, a.elastic ? 16 * n : 0>>>(
+                a, dimg, dlab, dt_unused, 0, didx, 0, H, W, t, 0.0078125f, -0.42f, dx, dlab_out, dt_unused);
+            ASSERT_EQ(cudaSuccess, cudaMemcpy(gpu, dx, sizeof gpu, cudaMemcpyDeviceToHost));
+            ASSERT_MEM_EQ(cpu, gpu, sizeof cpu);
+        }
+    }
+    free(img);
+    cudaFree(dimg); cudaFree(dlab); cudaFree(dlab_out); cudaFree(didx); cudaFree(dx);
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(c);
+    PASS();
+}
+
 /* Every optimizer and option: three steps of the kernel against the CPU loop. */
 TEST cuda_optimizers_match_cpu(void)
 {
@@ -1083,6 +1133,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_gemm_kernels_agree_bitwise);
     RUN_TEST(cuda_elementwise_ops_match_cpu);
     RUN_TEST(cuda_optimizers_match_cpu);
+    RUN_TEST(cuda_augment_matches_cpu_bitwise);
     RUN_TEST(cuda_step_stats_and_gather);
     RUN_TEST(cuda_finite_flag_matches_cpu);
     RUN_TEST(cuda_training_matches_cpu_for_200_steps);

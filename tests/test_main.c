@@ -235,8 +235,25 @@ TEST plateau_matches_pytorch(void)
     PASS();
 }
 
+/* Augmentation's integer sine and cosine (Q24) against libm over the range
+   it is used on, and its floor shift against division. */
+TEST augment_fixed_point_math(void)
+{
+    int k;
+    for (k = -1000; k <= 1000; ++k) {
+        double x = 1.5707963267948966 * k / 1000.0;
+        int64_t sn, cs, xq = (int64_t)floor(x * 16777216.0 + 0.5);
+        mnistcu__sincos_q24(xq, &sn, &cs);
+        ASSERT_NEAR((double)sn / 16777216.0, sin((double)xq / 16777216.0), 1e-6, 0);
+        ASSERT_NEAR((double)cs / 16777216.0, cos((double)xq / 16777216.0), 1e-6, 0);
+    }
+    for (k = -70000; k <= 70000; k += 7) ASSERT_EQ((int64_t)floor(k / 256.0), mnistcu__asr(k, 8));
+    PASS();
+}
+
 SUITE(cpu_ops_suite)
 {
+    RUN_TEST(augment_fixed_point_math);
     RUN_TEST(plateau_matches_pytorch);
     RUN_TEST(cpu_gemm_matches_reference);
     RUN_TEST(cpu_gemm_same_bits_for_any_thread_count);

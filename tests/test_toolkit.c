@@ -514,6 +514,220 @@ done:
     TU_END();
 }
 
+/* ---- augmentation -------------------------------------------------------- */
+
+/* n images H x W stored as bytes (through an in-memory IDX file): a bright
+   5 x 5 square whose corner is at (r0, c0), on black; labels 0..9. */
+static mnistcu_dataset *tk_images(mnistcu_ctx *ctx, int n, int H, int W, int r0, int c0)
+{
+    size_t isz = 16 + (size_t)n * H * W, k;
+    unsigned char *img = (unsigned char *)calloc(isz, 1), *lab = (unsigned char *)calloc(8 + (size_t)n, 1);
+    mnistcu_dataset_desc d;
+    mnistcu_dataset *ds = NULL;
+    int i, r, c;
+    img[2] = 8; img[3] = 3;
+    img[4] = (unsigned char)(n >> 24); img[5] = (unsigned char)(n >> 16); img[6] = (unsigned char)(n >> 8); img[7] = (unsigned char)n;
+    img[10] = (unsigned char)(H >> 8); img[11] = (unsigned char)H; img[14] = (unsigned char)(W >> 8); img[15] = (unsigned char)W;
+    lab[2] = 8; lab[3] = 1;
+    for (k = 4; k < 8; ++k) lab[k] = img[k];
+    for (i = 0; i < n; ++i) {
+        lab[8 + i] = (unsigned char)(i % 10);
+        for (r = 0; r < 5; ++r)
+            for (c = 0; c < 5; ++c) img[16 + (size_t)i * H * W + (size_t)(r0 + r) * W + (c0 + c)] = (unsigned char)(200 + i % 50);
+    }
+    memset(&d, 0, sizeof d);
+    d.images_data = img;
+    d.images_size = isz;
+    d.labels_data = lab;
+    d.labels_size = 8 + (size_t)n;
+    if (mnistcu_dataset_load(ctx, &d, &ds) != MNISTCU_OK) ds = NULL;
+    free(img);
+    free(lab);
+    return ds;
+}
+
+/* Sum and centroid (row, col) of an image. */
+static void tk_moments(const float *p, int H, int W, double *sum, double *cr, double *cc)
+{
+    int r, c;
+    *sum = *cr = *cc = 0.0;
+    for (r = 0; r < H; ++r)
+        for (c = 0; c < W; ++c) {
+            *sum += p[r * W + c];
+            *cr += r * (double)p[r * W + c];
+            *cc += c * (double)p[r * W + c];
+        }
+    *cr /= *sum;
+    *cc /= *sum;
+}
+
+/* No transform is the identity; a (step, slot) pair always gives the same
+   image and another pair another one; a zero desc leaves every pixel. */
+TEST augment_identity_and_determinism(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    mnistcu_dataset *ds = ctx ? tk_images(ctx, 3, 28, 28, 9, 13) : NULL;
+    mnistcu_augment_desc a;
+    float orig[784], p1[784], p2[784], p3[784];
+    int failed = 0;
+    TU_REQUIRE(ds, "dataset");
+    memset(&a, 0, sizeof a);
+    TU_REQUIRE(mnistcu_augment_sample(ctx, ds, &a, 1, 7, 3, p1) == MNISTCU_OK, "%s", mnistcu_ctx_error(ctx));
+    {
+        mnistcu_dataset_info info;
+        int j;
+        mnistcu_dataset_info_get(ds, &info);
+        TU_REQUIRE(mnistcu_dataset_sample(ds, 1, orig, NULL) == MNISTCU_OK, "sample");
+        for (j = 0; j < 784; ++j) orig[j] = (float)floor((orig[j] - info.shift) / info.scale + 0.5);
+    }
+    TU_REQUIRE(memcmp(orig, p1, sizeof orig) == 0, "a zero augmentation changed the image");
+    a.rotate = 15.0f; a.scale = 0.1f; a.translate = 2.0f; a.elastic_alpha = 34.0f;
+    TU_REQUIRE(mnistcu_augment_sample(ctx, ds, &a, 1, 7, 3, p1) == MNISTCU_OK &&
+                   mnistcu_augment_sample(ctx, ds, &a, 1, 7, 3, p2) == MNISTCU_OK &&
+                   mnistcu_augment_sample(ctx, ds, &a, 1, 8, 3, p3) == MNISTCU_OK, "%s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(memcmp(p1, p2, sizeof p1) == 0, "the same step and slot gave two images");
+    TU_REQUIRE(memcmp(p1, p3, sizeof p1) != 0, "two steps gave the same image");
+    TU_REQUIRE(mnistcu_augment_sample(ctx, ds, &a, 1, 7, 4, p3) == MNISTCU_OK && memcmp(p1, p3, sizeof p1) != 0,
+               "two slots gave the same image");
+done:
+    mnistcu_dataset_destroy(ds);
+    mnistcu_ctx_destroy(ctx);
+    TU_END();
+}
+
+/* Each transform alone does what it says, over 200 draws:
+   translate t moves the centroid by at most t on each axis, both ways;
+   rotate r keeps the mass and the centroid's distance from the centre and
+   turns it by at most r degrees, both ways; scale s scales that distance by a
+   factor in [1 - s, 1 + s]; a tiny elastic alpha is nearly the identity and
+   alpha 34 is not. */
+TEST augment_transforms_do_what_they_say(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    mnistcu_dataset *ds = ctx ? tk_images(ctx, 1, 28, 28, 5, 16) : NULL; /* off centre: a centroid at (7, 18) */
+    mnistcu_augment_desc a;
+    float orig[784], p[784];
+    double s0, r0, c0, s, r, c, lo[3] = {1e9, 1e9, 1e9}, hi[3] = {-1e9, -1e9, -1e9}, maxdiff;
+    double rad0, ang0, ctr = 13.5;
+    int k, j, failed = 0;
+    TU_REQUIRE(ds, "dataset");
+    memset(&a, 0, sizeof a);
+    TU_REQUIRE(mnistcu_augment_sample(ctx, ds, &a, 0, 0, 0, orig) == MNISTCU_OK, "%s", mnistcu_ctx_error(ctx));
+    tk_moments(orig, 28, 28, &s0, &r0, &c0);
+    rad0 = hypot(r0 - ctr, c0 - ctr);
+    ang0 = atan2(r0 - ctr, c0 - ctr);
+    for (k = 0; k < 200; ++k) { /* translation */
+        memset(&a, 0, sizeof a);
+        a.translate = 3.0f;
+        TU_REQUIRE(mnistcu_augment_sample(ctx, ds, &a, 0, (uint64_t)k, 0, p) == MNISTCU_OK, "translate");
+        tk_moments(p, 28, 28, &s, &r, &c);
+        TU_REQUIRE(fabs(s - s0) < 1e-3 * s0, "translation changed the mass: %g -> %g", s0, s);
+        lo[0] = fmin(lo[0], r - r0); hi[0] = fmax(hi[0], r - r0);
+        lo[1] = fmin(lo[1], c - c0); hi[1] = fmax(hi[1], c - c0);
+    }
+    TU_REQUIRE(lo[0] >= -3.001 && hi[0] <= 3.001 && lo[1] >= -3.001 && hi[1] <= 3.001 && lo[0] < -2 && hi[0] > 2 &&
+                   lo[1] < -2 && hi[1] > 2,
+               "translation by up to 3: rows moved %g..%g, columns %g..%g", lo[0], hi[0], lo[1], hi[1]);
+    lo[2] = 1e9; hi[2] = -1e9;
+    for (k = 0; k < 200; ++k) { /* rotation */
+        memset(&a, 0, sizeof a);
+        a.rotate = 30.0f;
+        TU_REQUIRE(mnistcu_augment_sample(ctx, ds, &a, 0, (uint64_t)k, 1, p) == MNISTCU_OK, "rotate");
+        tk_moments(p, 28, 28, &s, &r, &c);
+        TU_REQUIRE(fabs(s - s0) < 0.02 * s0 && fabs(hypot(r - ctr, c - ctr) - rad0) < 0.15,
+                   "rotation: mass %g -> %g, radius %g -> %g", s0, s, rad0, hypot(r - ctr, c - ctr));
+        {
+            double turn = (atan2(r - ctr, c - ctr) - ang0) * 180.0 / 3.14159265358979;
+            lo[2] = fmin(lo[2], turn);
+            hi[2] = fmax(hi[2], turn);
+        }
+    }
+    TU_REQUIRE(lo[2] >= -30.5 && hi[2] <= 30.5 && lo[2] < -25 && hi[2] > 25, "rotation by up to 30: turned %g..%g",
+               lo[2], hi[2]);
+    lo[0] = 1e9; hi[0] = -1e9;
+    for (k = 0; k < 200; ++k) { /* scale */
+        memset(&a, 0, sizeof a);
+        a.scale = 0.2f;
+        TU_REQUIRE(mnistcu_augment_sample(ctx, ds, &a, 0, (uint64_t)k, 2, p) == MNISTCU_OK, "scale");
+        tk_moments(p, 28, 28, &s, &r, &c);
+        lo[0] = fmin(lo[0], hypot(r - ctr, c - ctr) / rad0);
+        hi[0] = fmax(hi[0], hypot(r - ctr, c - ctr) / rad0);
+    }
+    TU_REQUIRE(lo[0] >= 0.79 && hi[0] <= 1.21 && lo[0] < 0.85 && hi[0] > 1.15, "scale by 1 +- 0.2: distance ratio %g..%g",
+               lo[0], hi[0]);
+    memset(&a, 0, sizeof a);
+    a.elastic_alpha = 0.01f;
+    TU_REQUIRE(mnistcu_augment_sample(ctx, ds, &a, 0, 5, 0, p) == MNISTCU_OK, "elastic");
+    for (maxdiff = 0, j = 0; j < 784; ++j) maxdiff = fmax(maxdiff, fabs((double)p[j] - orig[j]));
+    TU_REQUIRE(maxdiff < 1.0, "elastic alpha 0.01 changed a pixel by %g", maxdiff);
+    a.elastic_alpha = 34.0f;
+    TU_REQUIRE(mnistcu_augment_sample(ctx, ds, &a, 0, 5, 0, p) == MNISTCU_OK, "elastic");
+    for (maxdiff = 0, j = 0; j < 784; ++j) maxdiff = fmax(maxdiff, fabs((double)p[j] - orig[j]));
+    TU_REQUIRE(maxdiff > 50.0, "elastic alpha 34 changed no pixel by more than %g", maxdiff);
+done:
+    mnistcu_dataset_destroy(ds);
+    mnistcu_ctx_destroy(ctx);
+    TU_END();
+}
+
+/* Training with augmentation: reproducible (two runs, the same weights), on
+   the context's device; float datasets and bad ranges are refused. */
+TEST augment_in_training(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    mnistcu_dataset *ds = ctx ? tk_images(ctx, 64, 28, 28, 8, 8) : NULL, *flat = NULL;
+    mnistcu_model *m1 = NULL, *m2 = NULL;
+    mnistcu_train_desc td;
+    float *w1 = NULL, *w2 = NULL, *w0 = NULL, x[4] = {0, 1, 2, 3};
+    int32_t y[2] = {0, 1};
+    size_t np;
+    int failed = 0;
+    TU_REQUIRE(ds && mnistcu_model_create_spec(ctx, "784-32-10", &m1) == MNISTCU_OK &&
+                   mnistcu_model_create_spec(ctx, "784-32-10", &m2) == MNISTCU_OK,
+               "setup");
+    np = mnistcu_model_num_params(m1);
+    w1 = (float *)malloc(np * sizeof(float));
+    w2 = (float *)malloc(np * sizeof(float));
+    w0 = (float *)malloc(np * sizeof(float));
+    TU_REQUIRE(mnistcu_model_get_params(m1, w0, np) == MNISTCU_OK && mnistcu_model_set_params(m2, w0, np) == MNISTCU_OK,
+               "copy");
+    memset(&td, 0, sizeof td);
+    td.epochs = 2;
+    td.batch_size = 16;
+    td.no_shuffle = 1; /* each model shuffles with its own generator */
+    td.augment.rotate = 10.0f;
+    td.augment.translate = 2.0f;
+    td.augment.elastic_alpha = 34.0f;
+    TU_REQUIRE(mnistcu_train(m1, ds, &td, NULL) == MNISTCU_OK && mnistcu_train(m2, ds, &td, NULL) == MNISTCU_OK,
+               "train: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(mnistcu_model_get_params(m1, w1, np) == MNISTCU_OK && mnistcu_model_get_params(m2, w2, np) == MNISTCU_OK &&
+                   memcmp(w1, w2, np * sizeof(float)) == 0,
+               "two runs with augmentation differ");
+    memset(&td.augment, 0, sizeof td.augment);
+    TU_REQUIRE(mnistcu_model_set_params(m2, w0, np) == MNISTCU_OK && mnistcu_train(m2, ds, &td, NULL) == MNISTCU_OK &&
+                   mnistcu_model_get_params(m2, w2, np) == MNISTCU_OK && memcmp(w1, w2, np * sizeof(float)) != 0,
+               "training without augmentation gave the same weights as with it");
+    td.augment.rotate = 120.0f;
+    TU_REQUIRE(mnistcu_train(m1, ds, &td, NULL) == MNISTCU_ERR_INVALID_ARGUMENT, "rotate 120 accepted");
+    td.augment.rotate = 10.0f;
+    TU_REQUIRE(mnistcu_dataset_create(ctx, x, y, 2, 2, 2, &flat) == MNISTCU_OK, "flat dataset");
+    mnistcu_model_destroy(m2);
+    m2 = NULL;
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, "2-2", &m2) == MNISTCU_OK, "model");
+    td.batch_size = 2;
+    TU_REQUIRE(mnistcu_train(m2, flat, &td, NULL) == MNISTCU_ERR_INVALID_ARGUMENT, "augmentation of floats accepted");
+done:
+    free(w0);
+    free(w1);
+    free(w2);
+    mnistcu_dataset_destroy(ds);
+    mnistcu_dataset_destroy(flat);
+    mnistcu_model_destroy(m1);
+    mnistcu_model_destroy(m2);
+    mnistcu_ctx_destroy(ctx);
+    TU_END();
+}
+
 SUITE(toolkit_suite)
 {
     RUN_TEST(optimizers_match_pytorch);
@@ -522,4 +736,7 @@ SUITE(toolkit_suite)
     RUN_TEST(losses_match_pytorch);
     RUN_TEST(losses_match_finite_differences);
     RUN_TEST(regression_with_float_targets);
+    RUN_TEST(augment_identity_and_determinism);
+    RUN_TEST(augment_transforms_do_what_they_say);
+    RUN_TEST(augment_in_training);
 }
