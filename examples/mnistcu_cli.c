@@ -89,16 +89,42 @@ static void print_help(FILE *f)
           "  --device NAME         cpu, cuda or auto (default: auto; MNISTCU_DEVICE=cpu|cuda\n"
           "                        in the environment decides when auto)\n"
           "  --threads N           CPU threads, 0 = all cores (default: 0)\n"
+          "  --loss NAME           ce (softmax cross-entropy), mse (against one-hot labels),\n"
+          "                        bce (sigmoid per class, on logits), hinge (multi-class,\n"
+          "                        as torch.nn.MultiMarginLoss) (default: ce)\n"
+          "  --label-smoothing E   ce: smooth the targets by E in [0, 1] (default: 0)\n"
+          "  --margin M            hinge: the margin (default: 1)\n"
+          "  --hinge-p P           hinge: 1 or 2, the power of each violation (default: 1)\n"
+          "  --reduction R         mean or sum over the batch, as PyTorch's (default: mean)\n"
           "  --quiet               no progress, summary or confusion matrix on stderr\n",
           f);
     fputs("\n"
           "Training (train only):\n"
           "  --epochs N            passes over the training set (default: 10)\n"
           "  --batch N             samples per step (default: 64)\n"
-          "  --lr X                learning rate (default: 0.1)\n"
-          "  --momentum X          SGD momentum in [0, 1) (default: 0)\n"
-          "  --nesterov            Nesterov momentum (needs --momentum > 0)\n"
-          "  --weight-decay X      L2 penalty added to the gradient (default: 0)\n"
+          "  --optim NAME          sgd, adam, adamw, rmsprop or adagrad, with torch.optim's\n"
+          "                        rules (default: sgd)\n"
+          "  --lr X                learning rate (default: 0.1 for sgd, 0.001 for adam and\n"
+          "                        adamw, 0.01 for rmsprop and adagrad)\n"
+          "  --momentum X          sgd and rmsprop momentum in [0, 1) (default: 0)\n"
+          "  --nesterov            sgd: Nesterov momentum (needs --momentum > 0)\n"
+          "  --dampening X         sgd: momentum dampening in [0, 1] (default: 0)\n"
+          "  --betas B1,B2         adam, adamw: moment decay rates (default: 0.9,0.999)\n"
+          "  --amsgrad             adam, adamw: the AMSGrad variant\n"
+          "  --eps X               adam, adamw, rmsprop: 1e-8, adagrad: 1e-10 (defaults)\n"
+          "  --alpha X             rmsprop: smoothing of the squared average (default: 0.99)\n"
+          "  --centered            rmsprop: divide by the estimated variance\n"
+          "  --lr-decay X          adagrad: rate lr / (1 + (t-1) X) at step t (default: 0)\n"
+          "  --initial-accumulator X  adagrad: where the sums start (default: 0)\n"
+          "  --weight-decay X      L2 added to the gradient; adamw: decoupled (default: 0;\n"
+          "                        adamw: 0.01)\n"
+          "  --l2 X                add X * ||W||^2 over dense and conv weights to the loss\n"
+          "                        (default: 0)\n"
+          "  --clip X              clip the gradient's global 2-norm to X (default: off)\n"
+          "  --augment SPEC        warp each training image on the fly: affine (rotate=10,\n"
+          "                        scale=0.1,shift=2), elastic (elastic=34,sigma=4, Simard\n"
+          "                        2003), all, or KEY=VALUE,... of rotate (degrees), scale,\n"
+          "                        shift (pixels), elastic (alpha), sigma (default: none)\n"
           "  --schedule S          learning rate per epoch: constant, step:N:G (times G every\n"
           "                        N epochs), multistep:E1,E2,...:G (times G at each epoch\n"
           "                        E), exp:G (times G each epoch), expdecay:K (lr e^-Kt),\n"
@@ -168,6 +194,9 @@ static void print_help(FILE *f)
           "  mnistcu train --layers 784-256-128-10 --epochs 20 --momentum 0.9 --val 5000\n"
           "  mnistcu train --model lenet5 --epochs 10 --lr 0.02 --momentum 0.9\n"
           "  mnistcu train --dataset fashion --model fashion-cnn --lr 0.02 --momentum 0.9\n"
+          "  mnistcu train --layers 784-800-10 --epochs 40 --momentum 0.9 --lr 0.05 \\\n"
+          "                --schedule cosine --augment all        (README: 99% recipe)\n"
+          "  mnistcu train --optim adam --lr 0.001 --loss ce --label-smoothing 0.1\n"
           "  mnistcu train --dataset fashion --save-weights fashion.f32\n"
           "  mnistcu eval --dataset fashion --weights fashion.f32\n"
           "  mnistcu info data/mnist/train-labels-idx1-ubyte.gz\n",
@@ -364,7 +393,9 @@ typedef enum option_id {
     OPT_HELP, OPT_DATA, OPT_DATASET, OPT_MODEL, OPT_LAYERS, OPT_ACT, OPT_NORM, OPT_LIMIT, OPT_DEVICE, OPT_THREADS, OPT_QUIET,
     OPT_EPOCHS, OPT_BATCH, OPT_LR, OPT_MOMENTUM, OPT_NESTEROV, OPT_WEIGHT_DECAY, OPT_SEED, OPT_VAL, OPT_NO_SHUFFLE,
     OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE, OPT_WARMUP, OPT_PER_STEP, OPT_EARLY_STOP,
-    OPT_LOG, OPT_LOG_EVERY, OPT_PLOT, OPT_INIT
+    OPT_LOG, OPT_LOG_EVERY, OPT_PLOT, OPT_INIT, OPT_OPTIM, OPT_BETAS, OPT_EPS, OPT_AMSGRAD, OPT_ALPHA, OPT_CENTERED,
+    OPT_DAMPENING, OPT_LR_DECAY, OPT_INITIAL_ACC, OPT_L2, OPT_CLIP, OPT_LOSS, OPT_LABEL_SMOOTHING, OPT_MARGIN,
+    OPT_HINGE_P, OPT_REDUCTION, OPT_AUGMENT
 } option_id;
 
 typedef struct option_spec {
@@ -406,6 +437,23 @@ static const option_spec option_table[] = {
     {"--progress-every", OPT_PROGRESS_EVERY, 1, CMD_TRAIN},
     {"--save-weights", OPT_SAVE_WEIGHTS, 1, CMD_TRAIN},
     {"--weights", OPT_WEIGHTS, 1, CMD_EVAL},
+    {"--optim", OPT_OPTIM, 1, CMD_TRAIN},
+    {"--betas", OPT_BETAS, 1, CMD_TRAIN},
+    {"--eps", OPT_EPS, 1, CMD_TRAIN},
+    {"--amsgrad", OPT_AMSGRAD, 0, CMD_TRAIN},
+    {"--alpha", OPT_ALPHA, 1, CMD_TRAIN},
+    {"--centered", OPT_CENTERED, 0, CMD_TRAIN},
+    {"--dampening", OPT_DAMPENING, 1, CMD_TRAIN},
+    {"--lr-decay", OPT_LR_DECAY, 1, CMD_TRAIN},
+    {"--initial-accumulator", OPT_INITIAL_ACC, 1, CMD_TRAIN},
+    {"--l2", OPT_L2, 1, CMD_TRAIN},
+    {"--clip", OPT_CLIP, 1, CMD_TRAIN},
+    {"--loss", OPT_LOSS, 1, CMD_BOTH},
+    {"--label-smoothing", OPT_LABEL_SMOOTHING, 1, CMD_BOTH},
+    {"--margin", OPT_MARGIN, 1, CMD_BOTH},
+    {"--hinge-p", OPT_HINGE_P, 1, CMD_BOTH},
+    {"--reduction", OPT_REDUCTION, 1, CMD_BOTH},
+    {"--augment", OPT_AUGMENT, 1, CMD_TRAIN},
 };
 
 typedef struct cli_options {
@@ -435,6 +483,15 @@ typedef struct cli_options {
     const char *plot_dir;           /* --plot */
     mnistcu_init init;              /* --init */
     int nesterov;
+    int lr_given, weight_decay_given;
+    mnistcu_optim_desc optim;       /* --optim and its options (lr, momentum, nesterov, weight decay above) */
+    const char *optim_name;
+    mnistcu_loss loss;              /* --loss */
+    const char *loss_name;
+    float label_smoothing, margin;
+    int hinge_p, loss_sum;
+    mnistcu_augment_desc augment;   /* --augment */
+    const char *augment_text;
     uint64_t seed;
     size_t val;                  /* validation samples, 0: none */
     int no_shuffle;
@@ -457,8 +514,71 @@ static void default_options(cli_options *o)
     o->epochs = 10;
     o->batch = 64;
     o->lr = 0.1;
+    o->optim_name = "sgd";
+    o->optim.kind = MNISTCU_OPTIM_SGD;
+    o->loss = MNISTCU_LOSS_SOFTMAX_CE;
+    o->loss_name = "ce";
     o->seed = 1;
     o->progress_every = -1;
+}
+
+/* A number in [lo, hi] into a float; open_hi: hi itself excluded. */
+static int parse_range(const char *opt, const char *text, double lo, double hi, int open_hi, float *out)
+{
+    double x;
+    if (!parse_number(opt, text, &x)) return 0;
+    if (!(x >= lo && (open_hi ? x < hi : x <= hi))) {
+        usage_error("%s: expected a value in [%g, %g%s, got '%s'", opt, lo, hi, open_hi ? ")" : "]", text);
+        return 0;
+    }
+    *out = (float)x;
+    return 1;
+}
+
+/* --augment: affine, elastic, all, or KEY=VALUE[,KEY=VALUE...] with keys
+   rotate (degrees), scale, shift (pixels), elastic (alpha), sigma. */
+static int parse_augment(const char *v, cli_options *o)
+{
+    mnistcu_augment_desc *a = &o->augment;
+    const char *p = v;
+    memset(a, 0, sizeof *a);
+    o->augment_text = v;
+    if (strcmp(v, "affine") == 0 || strcmp(v, "all") == 0) {
+        a->rotate = 10.0f;
+        a->scale = 0.1f;
+        a->translate = 2.0f;
+    }
+    if (strcmp(v, "elastic") == 0 || strcmp(v, "all") == 0) {
+        a->elastic_alpha = 34.0f;
+        a->elastic_sigma = 4.0f;
+    }
+    if (strcmp(v, "affine") == 0 || strcmp(v, "elastic") == 0 || strcmp(v, "all") == 0) return 1;
+    while (*p) {
+        static const char *const keys[] = {"rotate", "scale", "shift", "elastic", "sigma"};
+        static const double hi[] = {90.0, 0.5, 64.0, 1000.0, 8.0};
+        float *dst[5];
+        char *end;
+        double x;
+        int k;
+        size_t len;
+        dst[0] = &a->rotate; dst[1] = &a->scale; dst[2] = &a->translate; dst[3] = &a->elastic_alpha;
+        dst[4] = &a->elastic_sigma;
+        for (k = 0; k < 5; ++k) {
+            len = strlen(keys[k]);
+            if (strncmp(p, keys[k], len) == 0 && p[len] == '=') break;
+        }
+        if (k == 5) break;
+        x = strtod(p + len + 1, &end);
+        if (end == p + len + 1 || !(x >= 0.0 && x <= hi[k]) || (*end != ',' && *end != '\0') ||
+            (k == 4 && x != 0.0 && x < 0.5))
+            break;
+        *dst[k] = (float)x;
+        p = *end ? end + 1 : end;
+        if (!*p) return 1;
+    }
+    usage_error("--augment: expected affine, elastic, all, or KEY=VALUE,... with rotate (0..90 degrees), scale "
+                "(0..0.5), shift (0..64 pixels), elastic (alpha, 0..1000), sigma (0.5..8), got '%s'", v);
+    return 0;
 }
 
 /* Stores one option's value; 0 (after a usage message) when it is invalid. */
@@ -518,6 +638,7 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         o->batch = (int)n;
         return 1;
     case OPT_LR:
+        o->lr_given = 1;
         if (!parse_number(name, v, &o->lr)) return 0;
         /* (float) because a value that rounds to 0.0f would mean "default" to the library */
         if (!((float)o->lr > 0.0f)) {
@@ -636,6 +757,7 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         return 0;
     }
     case OPT_WEIGHT_DECAY:
+        o->weight_decay_given = 1;
         if (!parse_number(name, v, &o->weight_decay)) return 0;
         if (!(o->weight_decay >= 0.0)) {
             usage_error("--weight-decay: expected a value >= 0, got '%s'", v);
@@ -651,6 +773,61 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
     case OPT_PROGRESS_EVERY: return parse_integer(name, v, 0, 1LL << 40, &o->progress_every);
     case OPT_SAVE_WEIGHTS: o->save_weights = v; return 1;
     case OPT_WEIGHTS: o->weights = v; return 1;
+    case OPT_OPTIM: {
+        static const char *const names[] = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
+        int k;
+        for (k = 0; k < 5; ++k)
+            if (strcmp(v, names[k]) == 0) {
+                o->optim.kind = (mnistcu_optim)(MNISTCU_OPTIM_SGD + k);
+                o->optim_name = names[k];
+                return 1;
+            }
+        break;
+    }
+    case OPT_BETAS: {
+        char *end;
+        double b1 = strtod(v, &end), b2 = -1.0;
+        if (*end == ',') b2 = strtod(end + 1, &end);
+        if (*end != '\0' || !(b1 > 0.0 && b1 < 1.0 && b2 > 0.0 && b2 < 1.0)) {
+            usage_error("--betas: expected B1,B2 with both in (0, 1), got '%s'", v);
+            return 0;
+        }
+        o->optim.beta1 = (float)b1;
+        o->optim.beta2 = (float)b2;
+        return 1;
+    }
+    case OPT_EPS: return parse_range(name, v, 1e-30, 1.0, 0, &o->optim.eps);
+    case OPT_AMSGRAD: o->optim.amsgrad = 1; return 1;
+    case OPT_ALPHA: return parse_range(name, v, 1e-30, 1.0, 1, &o->optim.alpha);
+    case OPT_CENTERED: o->optim.centered = 1; return 1;
+    case OPT_DAMPENING: return parse_range(name, v, 0.0, 1.0, 0, &o->optim.dampening);
+    case OPT_LR_DECAY: return parse_range(name, v, 0.0, 1e30, 0, &o->optim.lr_decay);
+    case OPT_INITIAL_ACC: return parse_range(name, v, 0.0, 1e30, 0, &o->optim.initial_accumulator_value);
+    case OPT_L2: return parse_range(name, v, 0.0, 1e30, 0, &o->optim.l2);
+    case OPT_CLIP: return parse_range(name, v, 0.0, 1e30, 0, &o->optim.clip_norm);
+    case OPT_LOSS: {
+        static const char *const names[] = {"ce", "mse", "bce", "hinge"};
+        int k;
+        for (k = 0; k < 4; ++k)
+            if (strcmp(v, names[k]) == 0) {
+                o->loss = (mnistcu_loss)(MNISTCU_LOSS_SOFTMAX_CE + k);
+                o->loss_name = names[k];
+                return 1;
+            }
+        break;
+    }
+    case OPT_LABEL_SMOOTHING: return parse_range(name, v, 0.0, 1.0, 0, &o->label_smoothing);
+    case OPT_MARGIN: return parse_range(name, v, 1e-30, 1e30, 0, &o->margin);
+    case OPT_HINGE_P:
+        if (!parse_integer(name, v, 1, 2, &n)) return 0;
+        o->hinge_p = (int)n;
+        return 1;
+    case OPT_REDUCTION:
+        if (strcmp(v, "mean") == 0) o->loss_sum = 0;
+        else if (strcmp(v, "sum") == 0) o->loss_sum = 1;
+        else break;
+        return 1;
+    case OPT_AUGMENT: return parse_augment(v, o);
     }
     /* The name-valued options that matched nothing end up here. */
     usage_error("%s: unknown value '%s'", name, v);
@@ -709,6 +886,36 @@ static int parse_options(int argc, char **argv, int command, cli_options *o)
         usage_error("--nesterov needs --momentum greater than 0");
         return PARSE_ERROR;
     }
+    {
+        mnistcu_optim k = o->optim.kind;
+        int sgd = k == MNISTCU_OPTIM_SGD, adam = k == MNISTCU_OPTIM_ADAM || k == MNISTCU_OPTIM_ADAMW;
+        const char *bad = NULL;
+        if (o->momentum != 0.0 && !sgd && k != MNISTCU_OPTIM_RMSPROP) bad = "--momentum";
+        else if ((o->nesterov || o->optim.dampening != 0.0f) && !sgd) bad = o->nesterov ? "--nesterov" : "--dampening";
+        else if ((o->optim.beta1 != 0.0f || o->optim.amsgrad) && !adam) bad = o->optim.amsgrad ? "--amsgrad" : "--betas";
+        else if ((o->optim.alpha != 0.0f || o->optim.centered) && k != MNISTCU_OPTIM_RMSPROP)
+            bad = o->optim.centered ? "--centered" : "--alpha";
+        else if ((o->optim.lr_decay != 0.0f || o->optim.initial_accumulator_value != 0.0f) &&
+                 k != MNISTCU_OPTIM_ADAGRAD)
+            bad = o->optim.lr_decay != 0.0f ? "--lr-decay" : "--initial-accumulator";
+        else if (o->optim.eps != 0.0f && sgd) bad = "--eps";
+        if (bad) {
+            usage_error("%s is not an option of --optim %s", bad, o->optim_name);
+            return PARSE_ERROR;
+        }
+        if (o->nesterov && o->optim.dampening != 0.0f) {
+            usage_error("--nesterov needs --dampening 0");
+            return PARSE_ERROR;
+        }
+        if (!o->lr_given) o->lr = k == MNISTCU_OPTIM_SGD ? 0.1 : adam ? 0.001 : 0.01;
+        if (!o->weight_decay_given && k == MNISTCU_OPTIM_ADAMW) o->weight_decay = 0.01;
+    }
+    if ((o->label_smoothing != 0.0f && o->loss != MNISTCU_LOSS_SOFTMAX_CE) ||
+        ((o->margin != 0.0f || o->hinge_p) && o->loss != MNISTCU_LOSS_HINGE)) {
+        usage_error("%s is not an option of --loss %s", o->label_smoothing != 0.0f ? "--label-smoothing"
+                                                        : o->margin != 0.0f ? "--margin" : "--hinge-p", o->loss_name);
+        return PARSE_ERROR;
+    }
     if (command == CMD_EVAL && !o->weights) {
         usage_error("eval needs --weights FILE (written by train --save-weights)");
         return PARSE_ERROR;
@@ -762,6 +969,15 @@ static int load_split(mnistcu_ctx *ctx, const cli_options *o, mnistcu_split spli
 }
 
 /* The model of --model (a spec without an input shape takes the data's), or the MLP of --layers. */
+static void set_loss(const cli_options *o, mnistcu_model_desc *d)
+{
+    d->loss = o->loss;
+    d->label_smoothing = o->label_smoothing;
+    d->margin = o->margin;
+    d->hinge_p = o->hinge_p;
+    d->loss_sum = o->loss_sum;
+}
+
 static int create_model(mnistcu_ctx *ctx, cli_options *o, const mnistcu_dataset *data, mnistcu_model **net)
 {
     mnistcu_model_desc desc;
@@ -785,6 +1001,7 @@ static int create_model(mnistcu_ctx *ctx, cli_options *o, const mnistcu_dataset 
         r = mnistcu_model_desc_parse(ctx, s, &desc);
         if (r == MNISTCU_OK) {
             desc.init = o->init;
+            set_loss(o, &desc);
             r = mnistcu_model_create(ctx, &desc, net);
         }
     } else {
@@ -792,6 +1009,7 @@ static int create_model(mnistcu_ctx *ctx, cli_options *o, const mnistcu_dataset 
         memcpy(desc.sizes, o->sizes, sizeof desc.sizes);
         desc.hidden_act = o->act;
         desc.init = o->init;
+        set_loss(o, &desc);
         r = mnistcu_model_create(ctx, &desc, net);
     }
     if (failed(ctx, r)) return 0;
@@ -1529,11 +1747,17 @@ static int write_plots(mnistcu_ctx *ctx, mnistcu_model *net, const mnistcu_datas
 static void print_train_settings(const cli_options *o)
 {
     printf(",\"batch\":%d", o->batch);
+    json_field_str("optim", o->optim_name);
     json_field_num("lr", "%.6g", o->lr);
     json_field_num("momentum", "%.6g", o->momentum);
     printf(",\"nesterov\":%s", o->nesterov ? "true" : "false");
     json_field_num("weight_decay", "%.6g", o->weight_decay);
     json_field_str("schedule", o->schedule_text ? o->schedule_text : "constant");
+    json_field_str("loss", o->loss_name);
+    if (o->label_smoothing != 0.0f) json_field_num("label_smoothing", "%.6g", (double)o->label_smoothing);
+    if (o->optim.l2 != 0.0f) json_field_num("l2", "%.6g", (double)o->optim.l2);
+    if (o->optim.clip_norm != 0.0f) json_field_num("clip", "%.6g", (double)o->optim.clip_norm);
+    json_field_str("augment", o->augment_text ? o->augment_text : "none");
     printf(",\"warmup\":%d,\"per_step\":%s", o->warmup, o->per_step ? "true" : "false");
     if (!o->model) {
         json_field_str("layers", o->layers);
@@ -1598,7 +1822,7 @@ static int cmd_train(int argc, char **argv)
     memset(&desc, 0, sizeof desc);
     desc.epochs = o.epochs;
     desc.batch_size = o.batch;
-    desc.optim.kind = MNISTCU_OPTIM_SGD;
+    desc.optim = o.optim;
     desc.optim.learning_rate = (float)o.lr;
     desc.optim.momentum = (float)o.momentum;
     desc.optim.nesterov = o.nesterov;
@@ -1611,6 +1835,7 @@ static int cmd_train(int argc, char **argv)
     desc.log_every = o.log_every;
     desc.no_shuffle = o.no_shuffle;
     desc.validation = val;
+    desc.augment = o.augment;
 
     memset(&progress, 0, sizeof progress);
     progress.tty = isatty(fileno(stderr));

@@ -467,6 +467,30 @@ else
     pass "--plot leaves no temporary files"
 fi
 
+# ---- optimizers, losses, augmentation --------------------------------------------------
+run train $SMALL --optim adam --amsgrad --loss hinge --margin 0.5 --augment all --clip 1 --l2 1e-4 --quiet
+if [ "$status" -eq 0 ] && json_check 'j["optim"] == "adam" and j["loss"] == "hinge" and j["augment"] == "all" and j["lr"] == 0.001 and j["clip"] == 1 and j["test_accuracy"] > 0.5'; then
+    pass "train with adam, hinge, augmentation, clipping and l2: the settings in the JSON line, accuracy above 50%"
+else
+    fail "train with adam, hinge, augmentation, clipping and l2 (exit $status): $(tail -n 1 "$TMP/out")"
+fi
+run train $SMALL --optim adamw --loss ce --label-smoothing 0.1 --quiet
+if [ "$status" -eq 0 ] && json_check 'j["optim"] == "adamw" and j["weight_decay"] == 0.01 and j["label_smoothing"] == 0.1'; then
+    pass "adamw takes PyTorch's default weight decay 0.01"
+else
+    fail "adamw takes PyTorch's default weight decay 0.01 (exit $status): $(tail -n 1 "$TMP/out")"
+fi
+for bad in "--optim sgd --amsgrad" "--optim adam --momentum 0.9" "--optim rmsprop --betas 0.9,0.99" \
+           "--betas 0.9" "--loss mse --label-smoothing 0.1" "--loss ce --margin 2" "--augment rotate=100" \
+           "--augment spin=3" "--optim lbfgs" "--clip -1" "--reduction median"; do
+    run train $SMALL $bad
+    if [ "$status" -eq 2 ] && [ ! -s "$TMP/out" ]; then
+        pass "usage error: $bad"
+    else
+        fail "usage error: $bad (exit $status)"
+    fi
+done
+
 # ---- summary ---------------------------------------------------------------------------
 if [ "$failures" -ne 0 ]; then
     echo "cli test: $failures of $checks checks failed"
