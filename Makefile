@@ -48,12 +48,12 @@ export MNISTCU_MIRROR
 
 .PHONY: all help data run test test-cpu test-cli test-compile test-harness test-gpu fuzz bench clean
 
-all: $(B)/mnistcu $(B)/mnistcu-cpu $(B)/train_mnist
+all: $(B)/mnistcu $(B)/mnistcu-cpu $(B)/train_mnist $(B)/perceptron $(B)/regression
 	@if [ -n "$(NVCC)" ]; then echo "CUDA: built with $(NVCC) ($(NVCC_ARCH))"; \
 	 else echo "CUDA: nvcc not found, built the CPU backend only"; fi
 
 help:
-	@echo "make            build the CLI (build/mnistcu) and the ten-line example"
+	@echo "make            build the CLI (build/mnistcu), the ten-line example, perceptron and regression"
 	@echo "make run        fetch MNIST, build, train 784-128-10, print the test accuracy"
 	@echo "make data       fetch and verify MNIST and Fashion-MNIST into data/"
 	@echo "make test       CPU test suites, compile tests, fuzzing (what CI runs)"
@@ -81,6 +81,19 @@ endif
 
 $(B)/train_mnist: examples/train_mnist.cu $(HDR) | $(B)
 	$(CC) -x c $(OPT) $(OMP) -o $@ examples/train_mnist.cu -lm
+
+# The two small examples: with nvcc they run on the GPU (and regression times both devices).
+ifneq ($(strip $(NVCC)),)
+$(B)/perceptron: examples/perceptron.c $(HDR) | $(B)
+	$(NVCC) -x cu -std=c++17 $(NVCC_ARCH) $(NVCC_WARN) $(NVCC_HOST) -o $@ examples/perceptron.c $(if $(OMP),-lgomp)
+$(B)/regression: examples/regression.c $(HDR) | $(B)
+	$(NVCC) -x cu -std=c++17 $(NVCC_ARCH) $(NVCC_WARN) $(NVCC_HOST) -o $@ examples/regression.c $(if $(OMP),-lgomp)
+else
+$(B)/perceptron: examples/perceptron.c $(HDR) | $(B)
+	$(CC) -std=c99 $(WARN) $(OPT) $(OMP) -o $@ examples/perceptron.c -lm
+$(B)/regression: examples/regression.c $(HDR) | $(B)
+	$(CC) -std=c99 $(WARN) $(OPT) $(OMP) -o $@ examples/regression.c -lm
+endif
 
 # ---- data and the main job ------------------------------------------------------
 data:
@@ -119,6 +132,8 @@ test-compile: | $(B)
 	$(CC) -std=c99 $(WARN) $(OMP) -fsyntax-only tests/compile/impl.c
 	$(CC) -std=c99 $(WARN) -o $(B)/two_units tests/compile/unit_a.c tests/compile/unit_b.c -lm && $(B)/two_units
 	$(CC) -x c $(WARN) -o $(B)/train_mnist_c examples/train_mnist.cu -lm
+	$(CC) -std=c99 $(WARN) -O2 -o $(B)/perceptron_c examples/perceptron.c -lm && $(B)/perceptron_c
+	$(CC) -std=c99 $(WARN) -O2 -o $(B)/regression_c examples/regression.c -lm
 	@lines=$$(grep -v '^\s*$$' examples/train_mnist.cu | grep -v '^\s*//' | grep -v '^\s*/\*' | grep -v '^\s*\*' | wc -l); \
 	 echo "examples/train_mnist.cu: $$lines lines of code"; test $$lines -le 10
 ifneq ($(strip $(NVCC)),)
@@ -127,6 +142,8 @@ ifneq ($(strip $(NVCC)),)
 	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -DMNISTCU_DEBUG_SYNC -DMNISTCU_STATIC -c -o $(B)/impl_debug.o tests/compile/impl.c
 	$(if $(strip $(CUDNN_DIR)),$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) $(CUDNN_FLAGS) -DMNISTCU_CUBLAS -c -o $(B)/impl_cudnn.o tests/compile/impl.c,@echo "cuDNN not found: the MNISTCU_CUDNN compile test is skipped")
 	$(NVCC) -arch=sm_75 -o $(B)/train_mnist_nvcc examples/train_mnist.cu
+	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -c -o $(B)/perceptron_cuda.o examples/perceptron.c
+	$(NVCC) -x cu -std=c++17 -arch=sm_75 $(NVCC_WARN) -c -o $(B)/regression_cuda.o examples/regression.c
 else
 	@echo "nvcc not found: CUDA compile tests skipped"
 endif
@@ -150,7 +167,7 @@ $(B)/tests-cuda: $(TEST_SRC) tests/test_cuda.h $(TEST_HDR) $(HDR) | $(B)
 	$(NVCC) -x cu -std=c++17 $(NVCC_ARCH) $(NVCC_WARN) -lineinfo $(NVCC_HOST) -DMNISTCU_CUBLAS $(CUDNN_FLAGS) -o $@ \
 	  $(TEST_SRC) -lcublas $(CUDNN_LIBS) -lz $(if $(OMP),-Xcompiler $(OMP) -lgomp)
 
-test-gpu: $(B)/tests-cuda $(B)/train_mnist_cuda
+test-gpu: $(B)/tests-cuda $(B)/train_mnist_cuda $(B)/perceptron $(B)/regression
 	sh tests/run_gpu_tests.sh $(B)
 
 bench:

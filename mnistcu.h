@@ -32,16 +32,22 @@
      2. Data      mnistcu_dataset_load_dir() finds the IDX files of a split in a
                   folder (train-images-idx3-ubyte or train-images.idx3-ubyte,
                   either with .gz); mnistcu_dataset_load() takes explicit paths or
-                  memory; mnistcu_dataset_create() wraps your own arrays;
+                  memory; mnistcu_dataset_create() wraps your own arrays (with
+                  class labels), mnistcu_dataset_create_targets() with float
+                  target vectors (regression, multi-label);
                   mnistcu_dataset_split() carves a validation set.
      3. Model     mnistcu_model_create_spec(ctx, "lenet5", &net) (a preset or a
                   spec string: MODELS below), mnistcu_model_create_mlp(ctx,
                   "784-256-128-10", &net), or mnistcu_model_create() with a desc.
      4. Train     mnistcu_train(net, train, &train_desc, &result): epochs, batch,
-                  optimizer, a learning-rate schedule (step, multi-step,
-                  exponential, cosine, one-cycle, plateau, warm-up), shuffling,
-                  validation, early stopping, a JSON-lines log, a progress
-                  callback that can stop.
+                  an optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, with an L2
+                  penalty and gradient clipping), a learning-rate schedule
+                  (step, multi-step, exponential, cosine, one-cycle, plateau,
+                  warm-up), augmentation (rotation, scale, shift, elastic),
+                  shuffling, validation, early stopping, a JSON-lines log, a
+                  progress callback that can stop. The loss is the model's
+                  (mnistcu_model_desc.loss: cross-entropy with label smoothing,
+                  MSE, BCE on logits, multi-class hinge).
      5. Use       mnistcu_evaluate() (loss, accuracy, confusion matrix),
                   mnistcu_predict() / mnistcu_predict_u8() for your own images,
                   mnistcu_model_get_params() for the weights.
@@ -76,8 +82,8 @@
      counted by (element, layer, step): the CPU and the GPU draw the same mask.
 
    WHAT IT DOES NOT DO (YET)
-     Adam and friends, other losses, augmentation, checkpoints and export are
-     planned; the API leaves room for them. No multi-GPU. No half precision.
+     Checkpoints, safetensors and ONNX export are planned; the API leaves room
+     for them. No multi-GPU. No half precision.
 
    CONFIGURATION MACROS (define before including the implementation)
      MNISTCU_STATIC            make every function static to the including file
@@ -113,7 +119,7 @@
      mnistcu_train checks that the loss and every weight are finite, and if not
      returns MNISTCU_ERR_DIVERGED with a message naming the epoch and step and
      suggesting a lower learning rate. The model then holds the last weights
-     (and momentum) seen finite at a check whose loss, on the batch after
+     (and optimizer state) seen finite at a check whose loss, on the batch after
      them, was finite too: those of the last check that passed, or of the one
      before when the very next step failed; the weights it started with if
      nothing better exists. The result's diverged_epoch and diverged_step say
@@ -129,7 +135,9 @@
      Results are deterministic: the same seed gives bitwise-identical weights on
      the same device, for any thread count. CPU and GPU agree to float rounding,
      not bitwise (with ReLU, a unit whose input rounds to opposite sides of zero
-     on the two devices can make training runs drift further apart). On the GPU
+     on the two devices can make training runs drift further apart); random
+     draws are bitwise the same on both: dropout's masks and augmentation's
+     warped images (computed in integer fixed point). On the GPU
      convolutions run as im2col + our matrix product, or, for square 3x3 and 5x5
      kernels over at most 16 input channels, as direct kernels; weight gradients
      are fixed-order sums, never atomics. Dropout draws the same masks on both.
@@ -5630,6 +5638,13 @@ static void mnistcu__desc_expand(const mnistcu_model_desc *in, mnistcu_model_des
 }
 
 /* Checks an MLP desc's widths (the messages of version 0.1). */
+/* Classes need two outputs at least; a regression (MSE) or a multi-label or
+   binary output (BCE) may have one. */
+static int mnistcu__min_outputs(mnistcu_loss loss)
+{
+    return loss == MNISTCU_LOSS_MSE || loss == MNISTCU_LOSS_BCE ? 1 : 2;
+}
+
 static mnistcu_result mnistcu__check_sizes(mnistcu_ctx *ctx, const mnistcu_model_desc *desc)
 {
     int n = 0, l;
@@ -5641,9 +5656,9 @@ static mnistcu_result mnistcu__check_sizes(mnistcu_ctx *ctx, const mnistcu_model
         if (desc->sizes[l] < 1 || (size_t)desc->sizes[l] > MNISTCU__MAX_FEATURES)
             return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: width %d (layer %d) not in 1..2^24",
                                  desc->sizes[l], l);
-    if (desc->sizes[n - 1] < 2 || desc->sizes[n - 1] > MNISTCU_MAX_CLASSES)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: %d outputs, need 2..%d classes",
-                             desc->sizes[n - 1], MNISTCU_MAX_CLASSES);
+    if (desc->sizes[n - 1] < mnistcu__min_outputs(desc->loss) || desc->sizes[n - 1] > MNISTCU_MAX_CLASSES)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_create: %d outputs, the loss needs %d..%d",
+                             desc->sizes[n - 1], mnistcu__min_outputs(desc->loss), MNISTCU_MAX_CLASSES);
     return MNISTCU_OK;
 }
 
@@ -5727,10 +5742,10 @@ static mnistcu_result mnistcu__model_build(mnistcu_ctx *ctx, mnistcu_model *m)
         return mnistcu__layer_fail(ctx, &m->layers[n - 1], MNISTCU_ERR_SHAPE,
                                    "the last layer gives %dx%dx%d maps, but the loss needs one score per class: end "
                                    "with flatten and a dense layer", c, h, w);
-    if (c < 2 || c > MNISTCU_MAX_CLASSES)
+    if (c < mnistcu__min_outputs(m->loss) || c > MNISTCU_MAX_CLASSES)
         return mnistcu__layer_fail(ctx, &m->layers[n - 1], MNISTCU_ERR_SHAPE,
-                                   "the last layer gives %d outputs, the loss needs 2..%d classes", c,
-                                   MNISTCU_MAX_CLASSES);
+                                   "the last layer gives %d outputs, the loss needs %d..%d", c,
+                                   mnistcu__min_outputs(m->loss), MNISTCU_MAX_CLASSES);
     m->num_layers = n;
     m->classes = (size_t)c;
     m->num_params = total;

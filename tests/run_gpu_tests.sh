@@ -21,22 +21,25 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     # memcheck with leak checking over every kind of kernel and the streaming path;
     # racecheck concerns shared memory (the matrix product and the statistics
     # reduction), and is far too slow for whole training runs.
-    for t in cuda_gemm_own cuda_elementwise cuda_sgd cuda_step_stats cuda_finite_flag cuda_streaming cuda_out_of_memory \
+    for t in cuda_gemm_own cuda_elementwise cuda_optimizers cuda_augment cuda_step_stats cuda_finite_flag cuda_streaming cuda_out_of_memory \
              cuda_layers_match_cpu cuda_dropout_mask cuda_cnn_runs; do
         run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     MNISTCU_DATA=${MNISTCU_DATA:-data/mnist} run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t cuda_streaming_mixed
     # the divergence check on the GPU: its flag, its copies of the weights, restoring them
     run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s train_suite -t divergence
+    # optimizers with clipping and the l2 penalty, losses, float targets, augmentation in training
+    run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s toolkit_suite
     # the layer kernels (every kind, own kernels and the cuBLAS and cuDNN paths) in all four tools
-    for t in cuda_gemm_own cuda_gemm_kernels cuda_elementwise cuda_step_stats cuda_finite_flag cuda_layers_match_cpu; do
+    for t in cuda_gemm_own cuda_gemm_kernels cuda_elementwise cuda_step_stats cuda_finite_flag cuda_layers_match_cpu \
+             cuda_augment; do
         run $cs --tool racecheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_finite_flag cuda_streaming cuda_layers_match_cpu \
-             cuda_dropout_mask; do
+             cuda_dropout_mask cuda_optimizers cuda_augment; do
         run $cs --tool initcheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
-    for t in cuda_gemm_own cuda_step_stats cuda_finite_flag cuda_layers_match_cpu; do
+    for t in cuda_gemm_own cuda_step_stats cuda_finite_flag cuda_layers_match_cpu cuda_augment; do
         run $cs --tool synccheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
 else
@@ -47,6 +50,8 @@ fi
 if [ -x "$B/train_mnist_cuda" ] && [ -d data/mnist ]; then
     run "$B/train_mnist_cuda"
 fi
+run "$B/perceptron"
+run "$B/regression"
 
 [ "$fail" -eq 0 ] && echo "test-gpu: all passed" || echo "test-gpu: FAILED"
 exit "$fail"
