@@ -46,7 +46,7 @@ TEST_HDR := tests/harness.h tests/asserts.h tests/test_util.h
 MNISTCU_MIRROR ?= $(wildcard ../shared/datasets)
 export MNISTCU_MIRROR
 
-.PHONY: all help data run test test-cpu test-cli test-compile test-harness test-gpu fuzz bench clean
+.PHONY: all help data run test test-cpu test-cli test-compile test-harness test-fixtures test-gpu fuzz bench clean
 
 all: $(B)/mnistcu $(B)/mnistcu-cpu $(B)/train_mnist $(B)/perceptron $(B)/regression
 	@if [ -n "$(NVCC)" ]; then echo "CUDA: built with $(NVCC) ($(NVCC_ARCH))"; \
@@ -105,8 +105,18 @@ run: data $(B)/mnistcu
 	$(B)/mnistcu train --data data --dataset mnist --layers 784-128-10 --epochs 10 --momentum 0.9 --lr 0.01
 
 # ---- tests --------------------------------------------------------------------
-test: test-harness test-compile test-cpu test-cli fuzz
+test: test-harness test-compile test-cpu test-cli test-fixtures fuzz
 	@echo "make test: all passed"
+
+# The committed PyTorch fixtures are reproduced by their scripts (with the PyTorch
+# here: Debian's python3-torch 1.13 on the CPU; they were written with 2.11).
+PYTHON_TORCH ?= /usr/bin/python3
+test-fixtures:
+	@if $(PYTHON_TORCH) -c 'import torch, numpy' >/dev/null 2>&1; then \
+	  $(PYTHON_TORCH) tests/make_optim_fixtures.py --check && \
+	  $(PYTHON_TORCH) tests/make_loss_fixtures.py --check && \
+	  $(PYTHON_TORCH) -W ignore tests/make_schedule_fixtures.py --check; \
+	else echo "PyTorch not found under $(PYTHON_TORCH): fixture reproduction skipped"; fi
 
 $(B)/tests: $(TEST_SRC) $(TEST_HDR) $(HDR) | $(B)
 	$(CC) -std=c99 $(WARN) -O2 -march=native $(OMP) -o $@ $(TEST_SRC) -lz -lm

@@ -124,7 +124,7 @@ static void print_help(FILE *f)
           "  --augment SPEC        warp each training image on the fly: affine (rotate=10,\n"
           "                        scale=0.1,shift=2), elastic (elastic=34,sigma=4, Simard\n"
           "                        2003), all, or KEY=VALUE,... of rotate (degrees), scale,\n"
-          "                        shift (pixels), elastic (alpha), sigma (default: none)\n"
+          "                        shift (pixels), elastic (alpha), sigma; none (default)\n"
           "  --schedule S          learning rate per epoch: constant, step:N:G (times G every\n"
           "                        N epochs), multistep:E1,E2,...:G (times G at each epoch\n"
           "                        E), exp:G (times G each epoch), expdecay:K (lr e^-Kt),\n"
@@ -194,8 +194,8 @@ static void print_help(FILE *f)
           "  mnistcu train --layers 784-256-128-10 --epochs 20 --momentum 0.9 --val 5000\n"
           "  mnistcu train --model lenet5 --epochs 10 --lr 0.02 --momentum 0.9\n"
           "  mnistcu train --dataset fashion --model fashion-cnn --lr 0.02 --momentum 0.9\n"
-          "  mnistcu train --layers 784-800-10 --epochs 40 --momentum 0.9 --lr 0.05 \\\n"
-          "                --schedule cosine --augment all        (README: 99% recipe)\n"
+          "  mnistcu train --layers 784-800-10 --epochs 60 --lr 0.05 --momentum 0.9 \\\n"
+          "                --schedule cosine --augment elastic    (an MLP past 99% on MNIST)\n"
           "  mnistcu train --optim adam --lr 0.001 --loss ce --label-smoothing 0.1\n"
           "  mnistcu train --dataset fashion --save-weights fashion.f32\n"
           "  mnistcu eval --dataset fashion --weights fashion.f32\n"
@@ -535,7 +535,7 @@ static int parse_range(const char *opt, const char *text, double lo, double hi, 
     return 1;
 }
 
-/* --augment: affine, elastic, all, or KEY=VALUE[,KEY=VALUE...] with keys
+/* --augment: none, affine, elastic, all, or KEY=VALUE[,KEY=VALUE...] with keys
    rotate (degrees), scale, shift (pixels), elastic (alpha), sigma. */
 static int parse_augment(const char *v, cli_options *o)
 {
@@ -543,6 +543,10 @@ static int parse_augment(const char *v, cli_options *o)
     const char *p = v;
     memset(a, 0, sizeof *a);
     o->augment_text = v;
+    if (strcmp(v, "none") == 0) {
+        o->augment_text = NULL;
+        return 1;
+    }
     if (strcmp(v, "affine") == 0 || strcmp(v, "all") == 0) {
         a->rotate = 10.0f;
         a->scale = 0.1f;
@@ -576,7 +580,7 @@ static int parse_augment(const char *v, cli_options *o)
         p = *end ? end + 1 : end;
         if (!*p) return 1;
     }
-    usage_error("--augment: expected affine, elastic, all, or KEY=VALUE,... with rotate (0..90 degrees), scale "
+    usage_error("--augment: expected none, affine, elastic, all, or KEY=VALUE,... with rotate (0..90 degrees), scale "
                 "(0..0.5), shift (0..64 pixels), elastic (alpha, 0..1000), sigma (0.5..8), got '%s'", v);
     return 0;
 }
