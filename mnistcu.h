@@ -234,7 +234,14 @@ extern "C" {
     X(ERR_DEFLATE_SYMBOL,          "deflate: invalid symbol") \
     X(ERR_DEFLATE_DISTANCE,        "deflate: distance too far back") \
     X(ERR_DEFLATE_TRUNCATED,       "deflate: input ends inside the stream") \
-    X(ERR_DIVERGED,                "training diverged: the loss or a weight is not finite")
+    X(ERR_DIVERGED,                "training diverged: the loss or a weight is not finite") \
+    X(ERR_ST_HEADER_SIZE,          "safetensors: header length beyond the file or the cap") \
+    X(ERR_ST_JSON,                 "safetensors: header is not valid JSON of the format") \
+    X(ERR_ST_DTYPE,                "safetensors: unknown dtype, or not the one a tensor needs") \
+    X(ERR_ST_SHAPE,                "safetensors: shape overflows, or disagrees with its bytes or the model") \
+    X(ERR_ST_OFFSETS,              "safetensors: data offsets overlap, leave a gap or run past the data") \
+    X(ERR_ST_METADATA,             "safetensors: metadata missing or invalid for a mnistcu file") \
+    X(ERR_ST_TENSORS,              "safetensors: a tensor the model needs is missing, or an unknown one is present")
 
 typedef enum mnistcu_result {
 #define MNISTCU__RESULT_ENUM(name, text) MNISTCU_##name,
@@ -659,6 +666,23 @@ MNISTCU_DEF mnistcu_result mnistcu_model_compute_grads_targets(mnistcu_model *m,
 MNISTCU_DEF mnistcu_result mnistcu_model_apply_grads(mnistcu_model *m, const mnistcu_optim_desc *opt);
 MNISTCU_DEF uint64_t mnistcu_model_steps(const mnistcu_model *m); /* optimizer steps taken */
 
+/* ---- model files ------------------------------------------------------------
+   safetensors (https://github.com/huggingface/safetensors): the parameters and
+   buffers under torch.nn.Sequential's names and layouts (PyTorch loads them
+   with load_state_dict(strict=True)), and metadata that makes the model from
+   the file alone: its spec, input shape, normalisation, loss, class names,
+   the library version. Written atomically (PATH.tmp, synced, renamed);
+   read as hostile input (see >>safetensors; every problem has its own
+   MNISTCU_ERR_ST_* code). A model loaded keeps the saved normalisation, so
+   evaluate and predict need no other option. */
+MNISTCU_DEF mnistcu_result mnistcu_model_save(mnistcu_model *m, const char *path);
+MNISTCU_DEF mnistcu_result mnistcu_model_load(mnistcu_ctx *ctx, const char *path, mnistcu_model **out);
+MNISTCU_DEF mnistcu_result mnistcu_model_load_memory(mnistcu_ctx *ctx, const void *data, size_t size,
+                                                     mnistcu_model **out);
+/* Names of the outputs (count = the model's classes, 1-63 bytes each), kept in the model file; NULL, 0 clears. */
+MNISTCU_DEF mnistcu_result mnistcu_model_set_class_names(mnistcu_model *m, const char *const *names, size_t count);
+MNISTCU_DEF const char *mnistcu_model_class_name(const mnistcu_model *m, size_t i); /* NULL when none */
+
 /* ---- training, evaluation, prediction ------------------------------------- */
 typedef struct mnistcu_progress {
     int epoch, epochs;            /* 1-based epoch */
@@ -821,6 +845,7 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
 #include <math.h>
 #include <float.h>
 #include <time.h>
+#include <errno.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -3595,6 +3620,7 @@ struct mnistcu_model {
     int batch_targets;    /* the batch has float targets instead of class labels */
     int32_t *iws;         /* one block: labels [B], pred [B] */
     int32_t *labels, *pred;
+    char *class_names;    /* classes names, each NUL-terminated, one after the other; NULL: none */
     void *cuda;           /* mnistcu__cuda_model when on the GPU */
 };
 
@@ -5939,6 +5965,7 @@ static void mnistcu__model_free(mnistcu__object *o)
         mnistcu__free(m->ctx, m->buffers);
         mnistcu__model_free_ws(m);
     }
+    mnistcu__free(m->ctx, m->class_names);
     mnistcu__free(m->ctx, m->tensors);
     mnistcu__free(m->ctx, m);
 }
@@ -7875,6 +7902,1022 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
     mnistcu__free(m->ctx, x);
     return r;
 }
+/* >>safetensors -----------------------------------------------------------------
+   Model files in the safetensors format (https://github.com/huggingface/safetensors):
+   8 bytes, the little-endian length N of a JSON header; N bytes of header
+   (an object: each tensor's name -> {"dtype", "shape", "data_offsets": [begin,
+   end]} relative to the data buffer, plus "__metadata__", an object of string
+   -> string); then the data buffer, tensors little-endian, row-major, one
+   after the other. The header is padded with spaces so that the data starts
+   at a multiple of 8.
+   Tensors carry the names and layouts torch.nn.Sequential's state_dict gives
+   ("0.weight", "3.num_batches_tracked" as I64), so PyTorch loads a weights
+   file strictly. The metadata makes a model from the file alone:
+     format "mnistcu", format_version "1", kind "weights" or "checkpoint",
+     spec (mnistcu_model_spec), input_shape "C,H,W", classes, class_names (a
+     JSON array, when known), norm_scale, norm_shift, norm_u8 (when the model
+     was trained), loss, label_smoothing, loss_sum, margin, hinge_p,
+     library_version.
+   A checkpoint adds tensors named "mnistcu.*" and keys "train.*" (see
+   >>checkpoint). Reading trusts nothing: the header's length is capped and
+   must fit the file, the JSON is parsed strictly (UTF-8, escapes, no duplicate
+   keys, integers only where integers belong), every dtype must be known and
+   the one the tensor needs, every shape product is overflow-checked against
+   its byte range, and the ranges must tile the data buffer exactly: sorted,
+   starting at 0, each beginning where the last ended, the last ending at the
+   end of the file. Each problem has its own result code. Files are written
+   atomically: to PATH.tmp, flushed and synced, then renamed over PATH. */
+#ifndef MNISTCU_MODEL_MAX_BYTES
+#define MNISTCU_MODEL_MAX_BYTES ((size_t)1 << 30)
+#endif
+#define MNISTCU__ST_MAX_HEADER ((size_t)100 << 20) /* the safetensors reference's own cap */
+#define MNISTCU__ST_MAX_TENSORS 4096
+#define MNISTCU__ST_MAX_META 128
+#define MNISTCU__ST_NAME 96
+
+static const struct { const char *name; int size; } mnistcu__st_dtypes[] = {
+    {"F32", 4}, {"I64", 8}, {"F64", 8}, {"U32", 4}, {"I32", 4}, {"U64", 8}, {"F16", 2}, {"BF16", 2}, {"I16", 2},
+    {"U16", 2}, {"I8", 1}, {"U8", 1}, {"BOOL", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}};
+enum { MNISTCU__ST_F32 = 0, MNISTCU__ST_I64 = 1, MNISTCU__ST_F64 = 2, MNISTCU__ST_U32 = 3 };
+
+typedef struct mnistcu__st_tensor {
+    char name[MNISTCU__ST_NAME];
+    int dtype;                 /* index into mnistcu__st_dtypes */
+    int ndim;
+    uint64_t shape[8];
+    uint64_t count;            /* elements */
+    uint64_t begin, end;       /* bytes of the data buffer */
+} mnistcu__st_tensor;
+
+typedef struct mnistcu__st_file {
+    unsigned char *buf;        /* the whole file (owned) */
+    size_t size;
+    const unsigned char *data; /* the data buffer */
+    size_t data_size;
+    mnistcu__st_tensor *t;     /* [nt] in header order */
+    int nt;
+    char *meta_key[MNISTCU__ST_MAX_META], *meta_val[MNISTCU__ST_MAX_META];
+    int nmeta;
+} mnistcu__st_file;
+
+static int mnistcu__little_endian(void)
+{
+    const uint16_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+/* n elements of esize bytes from src (little-endian) to dst in host order, or back. */
+static void mnistcu__le_copy(void *dst, const void *src, size_t n, int esize)
+{
+    size_t i;
+    int k;
+    if (mnistcu__little_endian()) {
+        memcpy(dst, src, n * (size_t)esize);
+        return;
+    }
+    for (i = 0; i < n; ++i)
+        for (k = 0; k < esize; ++k)
+            ((unsigned char *)dst)[i * esize + k] = ((const unsigned char *)src)[i * esize + esize - 1 - k];
+}
+
+static void mnistcu__st_free(mnistcu_ctx *ctx, mnistcu__st_file *f)
+{
+    int k;
+    for (k = 0; k < f->nmeta; ++k) {
+        mnistcu__free(ctx, f->meta_key[k]);
+        mnistcu__free(ctx, f->meta_val[k]);
+    }
+    mnistcu__free(ctx, f->t);
+    mnistcu__free(ctx, f->buf);
+    memset(f, 0, sizeof *f);
+}
+
+/* ---- a strict JSON reader for the header ---------------------------------- */
+typedef struct mnistcu__json {
+    const unsigned char *start, *p, *end;
+    mnistcu_ctx *ctx;
+    const char *what;     /* the file, for messages */
+} mnistcu__json;
+
+static mnistcu_result mnistcu__json_fail(mnistcu__json *j, const char *why)
+{
+    return mnistcu__fail(j->ctx, MNISTCU_ERR_ST_JSON, "%.300s: safetensors header: %s (at header byte %lu)", j->what,
+                         why, (unsigned long)(j->p - j->start));
+}
+
+static void mnistcu__json_ws(mnistcu__json *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) ++j->p;
+}
+
+static int mnistcu__json_eat(mnistcu__json *j, char c)
+{
+    mnistcu__json_ws(j);
+    if (j->p < j->end && *j->p == (unsigned char)c) {
+        ++j->p;
+        return 1;
+    }
+    return 0;
+}
+
+static int mnistcu__hex4(const unsigned char *p, uint32_t *v)
+{
+    int k;
+    *v = 0;
+    for (k = 0; k < 4; ++k) {
+        int c = p[k], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                        : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return 0;
+        *v = *v * 16 + (uint32_t)d;
+    }
+    return 1;
+}
+
+/* A string into a new allocation (*out, NUL-terminated, at most cap bytes): escapes
+   decoded, raw bytes checked to be UTF-8, no control characters, no NUL. */
+static mnistcu_result mnistcu__json_string(mnistcu__json *j, char **out, size_t cap)
+{
+    size_t len = 0;
+    char *s;
+    *out = NULL;
+    mnistcu__json_ws(j);
+    if (j->p >= j->end || *j->p != '"') return mnistcu__json_fail(j, "expected a string");
+    ++j->p;
+    s = (char *)mnistcu__alloc(j->ctx, cap + 1);
+    if (!s) return mnistcu__fail(j->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "safetensors header: out of memory");
+    for (;;) {
+        unsigned char c;
+        uint32_t u;
+        int n, k;
+        if (j->p >= j->end) goto bad_end;
+        c = *j->p++;
+        if (c == '"') break;
+        if (c < 0x20) {
+            mnistcu__free(j->ctx, s);
+            return mnistcu__json_fail(j, "control character inside a string");
+        }
+        if (c == '\\') {
+            if (j->p >= j->end) goto bad_end;
+            c = *j->p++;
+            switch (c) {
+            case '"': case '\\': case '/': u = c; break;
+            case 'b': u = 8; break;
+            case 'f': u = 12; break;
+            case 'n': u = 10; break;
+            case 'r': u = 13; break;
+            case 't': u = 9; break;
+            case 'u':
+                if (j->end - j->p < 4 || !mnistcu__hex4(j->p, &u)) goto bad_escape;
+                j->p += 4;
+                if (u >= 0xD800 && u <= 0xDBFF) { /* a surrogate pair */
+                    uint32_t lo;
+                    if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' || !mnistcu__hex4(j->p + 2, &lo) ||
+                        lo < 0xDC00 || lo > 0xDFFF)
+                        goto bad_escape;
+                    j->p += 6;
+                    u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+                } else if (u >= 0xDC00 && u <= 0xDFFF) {
+                    goto bad_escape;
+                }
+                break;
+            default: goto bad_escape;
+            }
+            if (u == 0) goto bad_escape;
+            n = u < 0x80 ? 1 : u < 0x800 ? 2 : u < 0x10000 ? 3 : 4;
+            if (len + (size_t)n > cap) goto too_long;
+            if (n == 1) s[len++] = (char)u;
+            else {
+                s[len++] = (char)((n == 2 ? 0xC0 : n == 3 ? 0xE0 : 0xF0) | (u >> (6 * (n - 1))));
+                for (k = n - 2; k >= 0; --k) s[len++] = (char)(0x80 | ((u >> (6 * k)) & 0x3F));
+            }
+            continue;
+        }
+        /* raw UTF-8: the lead byte says how many continuation bytes follow */
+        n = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 && c >= 0xC2 ? 1 : (c & 0xF0) == 0xE0 ? 2
+          : (c & 0xF8) == 0xF0 && c <= 0xF4 ? 3 : -1;
+        if (n < 0 || j->end - j->p < n) {
+            mnistcu__free(j->ctx, s);
+            return mnistcu__json_fail(j, "a string is not valid UTF-8");
+        }
+        for (k = 0; k < n; ++k)
+            if ((j->p[k] & 0xC0) != 0x80) {
+                mnistcu__free(j->ctx, s);
+                return mnistcu__json_fail(j, "a string is not valid UTF-8");
+            }
+        if (len + 1 + (size_t)n > cap) goto too_long;
+        s[len++] = (char)c;
+        for (k = 0; k < n; ++k) s[len++] = (char)*j->p++;
+    }
+    s[len] = 0;
+    *out = s;
+    return MNISTCU_OK;
+bad_end:
+    mnistcu__free(j->ctx, s);
+    return mnistcu__json_fail(j, "the header ends inside a string");
+bad_escape:
+    mnistcu__free(j->ctx, s);
+    return mnistcu__json_fail(j, "invalid escape in a string");
+too_long:
+    mnistcu__free(j->ctx, s);
+    return mnistcu__json_fail(j, "a string is longer than allowed");
+}
+
+/* A non-negative integer (no sign, fraction, exponent or leading zero), at most 2^63 - 1. */
+static mnistcu_result mnistcu__json_uint(mnistcu__json *j, uint64_t *v)
+{
+    const unsigned char *start;
+    mnistcu__json_ws(j);
+    start = j->p;
+    *v = 0;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+        uint64_t d = (uint64_t)(*j->p - '0');
+        if (*v > (UINT64_C(0x7FFFFFFFFFFFFFFF) - d) / 10) return mnistcu__json_fail(j, "an integer is too large");
+        *v = *v * 10 + d;
+        ++j->p;
+    }
+    if (j->p == start) return mnistcu__json_fail(j, "expected a non-negative integer");
+    if (j->p - start > 1 && *start == '0') return mnistcu__json_fail(j, "an integer has a leading zero");
+    if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E'))
+        return mnistcu__json_fail(j, "expected an integer, found a fraction or exponent");
+    return MNISTCU_OK;
+}
+
+/* [int, int, ...] into v (at most max values). */
+static mnistcu_result mnistcu__json_uints(mnistcu__json *j, uint64_t *v, int max, int *n)
+{
+    mnistcu_result r;
+    *n = 0;
+    if (!mnistcu__json_eat(j, '[')) return mnistcu__json_fail(j, "expected an array");
+    if (mnistcu__json_eat(j, ']')) return MNISTCU_OK;
+    do {
+        if (*n == max) return mnistcu__json_fail(j, "an array is longer than allowed");
+        if ((r = mnistcu__json_uint(j, &v[(*n)++]))) return r;
+    } while (mnistcu__json_eat(j, ','));
+    if (!mnistcu__json_eat(j, ']')) return mnistcu__json_fail(j, "expected ',' or ']'");
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__st_tensor_entry(mnistcu__json *j, mnistcu__st_tensor *t)
+{
+    int seen = 0, k, n;
+    mnistcu_result r;
+    uint64_t off[3];
+    if (!mnistcu__json_eat(j, '{')) return mnistcu__json_fail(j, "a tensor entry is not an object");
+    if (mnistcu__json_eat(j, '}')) return mnistcu__json_fail(j, "a tensor entry is empty");
+    do {
+        char *key = NULL;
+        int which;
+        if ((r = mnistcu__json_string(j, &key, 32))) return r;
+        which = !strcmp(key, "dtype") ? 1 : !strcmp(key, "shape") ? 2 : !strcmp(key, "data_offsets") ? 4 : 0;
+        mnistcu__free(j->ctx, key);
+        if (!which) return mnistcu__json_fail(j, "a tensor entry has a key other than dtype, shape, data_offsets");
+        if (seen & which) return mnistcu__json_fail(j, "a tensor entry repeats a key");
+        seen |= which;
+        if (!mnistcu__json_eat(j, ':')) return mnistcu__json_fail(j, "expected ':'");
+        if (which == 1) {
+            char *dt = NULL;
+            if ((r = mnistcu__json_string(j, &dt, 16))) return r;
+            t->dtype = -1;
+            for (k = 0; k < (int)(sizeof mnistcu__st_dtypes / sizeof mnistcu__st_dtypes[0]); ++k)
+                if (!strcmp(dt, mnistcu__st_dtypes[k].name)) t->dtype = k;
+            if (t->dtype < 0) {
+                r = mnistcu__fail(j->ctx, MNISTCU_ERR_ST_DTYPE, "%.300s: tensor \"%s\": unknown dtype \"%.20s\"", j->what,
+                                  t->name, dt);
+                mnistcu__free(j->ctx, dt);
+                return r;
+            }
+            mnistcu__free(j->ctx, dt);
+        } else if (which == 2) {
+            if ((r = mnistcu__json_uints(j, t->shape, 8, &t->ndim))) return r;
+        } else {
+            if ((r = mnistcu__json_uints(j, off, 3, &n))) return r;
+            if (n != 2) return mnistcu__json_fail(j, "data_offsets must hold two integers");
+            t->begin = off[0];
+            t->end = off[1];
+        }
+    } while (mnistcu__json_eat(j, ','));
+    if (!mnistcu__json_eat(j, '}')) return mnistcu__json_fail(j, "expected ',' or '}'");
+    if (seen != 7) return mnistcu__json_fail(j, "a tensor entry lacks dtype, shape or data_offsets");
+    return MNISTCU_OK;
+}
+
+/* Parses and validates a whole file held in f->buf (see the rules above). */
+static mnistcu_result mnistcu__st_parse(mnistcu_ctx *ctx, mnistcu__st_file *f, const char *what)
+{
+    mnistcu__json j;
+    uint64_t n = 0;
+    mnistcu_result r;
+    int k, i, meta_seen = 0;
+    if (f->size < 8)
+        return mnistcu__fail(ctx, MNISTCU_ERR_ST_HEADER_SIZE, "%.300s: %lu bytes, too short for a safetensors file",
+                             what, (unsigned long)f->size);
+    for (k = 7; k >= 0; --k) n = (n << 8) | f->buf[k];
+    if (n < 2 || n > MNISTCU__ST_MAX_HEADER || n > f->size - 8)
+        return mnistcu__fail(ctx, MNISTCU_ERR_ST_HEADER_SIZE,
+                             "%.300s: the header length %llu is %s (the file holds %lu bytes after it; at most %lu)", what,
+                             MNISTCU__ULL(n), n < 2 ? "too small" : "beyond the file or the cap",
+                             (unsigned long)(f->size - 8), (unsigned long)MNISTCU__ST_MAX_HEADER);
+    f->data = f->buf + 8 + n;
+    f->data_size = f->size - 8 - (size_t)n;
+    j.start = j.p = f->buf + 8;
+    j.end = f->buf + 8 + n;
+    j.ctx = ctx;
+    j.what = what;
+    f->t = (mnistcu__st_tensor *)mnistcu__calloc(ctx, 16 * sizeof *f->t);
+    if (!f->t) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: out of memory", what);
+    if (!mnistcu__json_eat(&j, '{')) return mnistcu__json_fail(&j, "the header is not a JSON object");
+    if (!mnistcu__json_eat(&j, '}')) {
+        int cap = 16;
+        do {
+            char *key = NULL;
+            if ((r = mnistcu__json_string(&j, &key, MNISTCU__ST_NAME - 1))) return r;
+            if (!mnistcu__json_eat(&j, ':')) {
+                mnistcu__free(ctx, key);
+                return mnistcu__json_fail(&j, "expected ':'");
+            }
+            if (!strcmp(key, "__metadata__")) {
+                mnistcu__free(ctx, key);
+                if (meta_seen++) return mnistcu__json_fail(&j, "__metadata__ appears twice");
+                if (!mnistcu__json_eat(&j, '{')) return mnistcu__json_fail(&j, "__metadata__ is not an object");
+                if (mnistcu__json_eat(&j, '}')) continue;
+                do {
+                    if (f->nmeta == MNISTCU__ST_MAX_META) return mnistcu__json_fail(&j, "too many metadata keys");
+                    if ((r = mnistcu__json_string(&j, &f->meta_key[f->nmeta], 63))) return r;
+                    f->nmeta++;
+                    for (i = 0; i + 1 < f->nmeta; ++i)
+                        if (!strcmp(f->meta_key[i], f->meta_key[f->nmeta - 1]))
+                            return mnistcu__json_fail(&j, "a metadata key appears twice");
+                    if (!mnistcu__json_eat(&j, ':')) return mnistcu__json_fail(&j, "expected ':'");
+                    if ((r = mnistcu__json_string(&j, &f->meta_val[f->nmeta - 1], 65536))) {
+                        if (r == MNISTCU_ERR_ST_JSON)
+                            return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA,
+                                                 "%.300s: metadata \"%s\": values must be strings (%s)", what,
+                                                 f->meta_key[f->nmeta - 1], mnistcu_ctx_error(ctx));
+                        return r;
+                    }
+                } while (mnistcu__json_eat(&j, ','));
+                if (!mnistcu__json_eat(&j, '}')) return mnistcu__json_fail(&j, "expected ',' or '}' in __metadata__");
+                continue;
+            }
+            if (f->nt == MNISTCU__ST_MAX_TENSORS) {
+                mnistcu__free(ctx, key);
+                return mnistcu__json_fail(&j, "more tensors than allowed");
+            }
+            if (f->nt == cap) {
+                mnistcu__st_tensor *nt = (mnistcu__st_tensor *)mnistcu__calloc(ctx, 2 * (size_t)cap * sizeof *nt);
+                if (!nt) {
+                    mnistcu__free(ctx, key);
+                    return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: out of memory", what);
+                }
+                memcpy(nt, f->t, (size_t)cap * sizeof *nt);
+                mnistcu__free(ctx, f->t);
+                f->t = nt;
+                cap *= 2;
+            }
+            if (!key[0]) {
+                mnistcu__free(ctx, key);
+                return mnistcu__json_fail(&j, "a tensor has an empty name");
+            }
+            snprintf(f->t[f->nt].name, MNISTCU__ST_NAME, "%s", key);
+            mnistcu__free(ctx, key);
+            for (i = 0; i < f->nt; ++i)
+                if (!strcmp(f->t[i].name, f->t[f->nt].name)) return mnistcu__json_fail(&j, "a tensor name appears twice");
+            if ((r = mnistcu__st_tensor_entry(&j, &f->t[f->nt]))) return r;
+            f->nt++;
+        } while (mnistcu__json_eat(&j, ','));
+        if (!mnistcu__json_eat(&j, '}')) return mnistcu__json_fail(&j, "expected ',' or '}'");
+    }
+    mnistcu__json_ws(&j);
+    if (j.p != j.end) return mnistcu__json_fail(&j, "bytes after the header object");
+    /* Shapes against byte ranges, then the ranges must tile the data buffer. */
+    for (i = 0; i < f->nt; ++i) {
+        mnistcu__st_tensor *t = &f->t[i];
+        uint64_t count = 1, bytes;
+        for (k = 0; k < t->ndim; ++k) {
+            if (t->shape[k] && count > UINT64_C(0xFFFFFFFFFFFFFFFF) / t->shape[k])
+                return mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\": the shape's product overflows",
+                                     what, t->name);
+            count *= t->shape[k];
+        }
+        if (count > UINT64_C(0xFFFFFFFFFFFFFFFF) / 8)
+            return mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\": too many elements", what, t->name);
+        bytes = count * (uint64_t)mnistcu__st_dtypes[t->dtype].size;
+        t->count = count;
+        if (t->end < t->begin || t->end - t->begin != bytes)
+            return mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE,
+                                 "%.300s: tensor \"%s\": shape and dtype make %llu bytes, its offsets [%llu, %llu) %llu",
+                                 what, t->name, MNISTCU__ULL(bytes), MNISTCU__ULL(t->begin), MNISTCU__ULL(t->end),
+                                 MNISTCU__ULL(t->end >= t->begin ? t->end - t->begin : 0));
+    }
+    {
+        uint64_t at = 0;
+        int done;
+        for (done = 0; done < f->nt; ++done) { /* the tensor that begins where the last one ended (empty ones first) */
+            int next = -1, sized = -1;
+            for (i = 0; i < f->nt && next < 0; ++i) {
+                if (f->t[i].begin != at) continue; /* visited ones carry bit 63 and never match */
+                if (f->t[i].end == at) next = i;
+                else if (sized >= 0)
+                    return mnistcu__fail(ctx, MNISTCU_ERR_ST_OFFSETS,
+                                         "%.300s: tensors \"%s\" and \"%s\" overlap at data byte %llu", what,
+                                         f->t[sized].name, f->t[i].name, MNISTCU__ULL(at));
+                else sized = i;
+            }
+            if (next < 0) next = sized;
+            if (next < 0)
+                return mnistcu__fail(ctx, MNISTCU_ERR_ST_OFFSETS,
+                                     "%.300s: no tensor begins at data byte %llu: the offsets leave a gap or overlap",
+                                     what, MNISTCU__ULL(at));
+            at = f->t[next].end;
+            f->t[next].begin |= UINT64_C(1) << 63; /* visited */
+        }
+        for (i = 0; i < f->nt; ++i) f->t[i].begin &= ~(UINT64_C(1) << 63);
+        if (at != (uint64_t)f->data_size)
+            return mnistcu__fail(ctx, MNISTCU_ERR_ST_OFFSETS,
+                                 "%.300s: the tensors cover %llu bytes of data, the file holds %lu after the header", what,
+                                 MNISTCU__ULL(at), (unsigned long)f->data_size);
+    }
+    return MNISTCU_OK;
+}
+
+/* ---- writing ---------------------------------------------------------------- */
+typedef struct mnistcu__text {
+    char *p;
+    size_t len, cap;
+    int oom;
+    mnistcu_ctx *ctx;
+} mnistcu__text;
+
+static void mnistcu__text_put(mnistcu__text *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        char *np;
+        while (cap < b->len + n + 1) cap *= 2;
+        np = (char *)mnistcu__alloc(b->ctx, cap);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        if (b->len) memcpy(np, b->p, b->len);
+        mnistcu__free(b->ctx, b->p);
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void mnistcu__text_printf(mnistcu__text *b, const char *fmt, ...) MNISTCU__PRINTF(2, 3);
+static void mnistcu__text_printf(mnistcu__text *b, const char *fmt, ...)
+{
+    char tmp[256];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof tmp) b->oom = 1;
+    else mnistcu__text_put(b, tmp, (size_t)n);
+}
+
+/* s as a JSON string: quotes, backslashes and control characters escaped. */
+static void mnistcu__text_json(mnistcu__text *b, const char *s)
+{
+    mnistcu__text_put(b, "\"", 1);
+    for (; *s; ++s) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            mnistcu__text_put(b, e, 2);
+        } else if (c < 0x20) {
+            mnistcu__text_printf(b, "\\u%04x", c);
+        } else {
+            mnistcu__text_put(b, s, 1);
+        }
+    }
+    mnistcu__text_put(b, "\"", 1);
+}
+
+typedef struct mnistcu__st_out {
+    const char *name;
+    int dtype;                 /* MNISTCU__ST_F32, _I64, _F64, _U32 */
+    int ndim;
+    int64_t shape[4];
+    const void *data;          /* host order */
+    size_t count;
+} mnistcu__st_out;
+
+/* fsync where POSIX declares it (a strict -std=c99 build hides it: then the
+   file is flushed, and the rename still never exposes a partial file). */
+#ifndef MNISTCU_FSYNC
+#if (defined(__unix__) || defined(__APPLE__)) && (!defined(__STRICT_ANSI__) || defined(_POSIX_C_SOURCE))
+#include <unistd.h>
+#define MNISTCU_FSYNC(f) fsync(fileno(f))
+#else
+#define MNISTCU_FSYNC(f) 0
+#endif
+#endif
+
+/* Writes a safetensors file atomically: PATH.tmp, flushed and synced, renamed over PATH. */
+static mnistcu_result mnistcu__st_write(mnistcu_ctx *ctx, const char *path, const mnistcu__st_out *t, int nt,
+                                        const char *const *mk, const char *const *mv, int nm)
+{
+    mnistcu__text h, tmp;
+    uint64_t off = 0, n;
+    unsigned char len8[8], chunk[4096];
+    FILE *f = NULL;
+    mnistcu_result r = MNISTCU_OK;
+    int i, k, ok;
+    memset(&h, 0, sizeof h);
+    memset(&tmp, 0, sizeof tmp);
+    h.ctx = tmp.ctx = ctx;
+    mnistcu__text_put(&h, "{\"__metadata__\":{", 17);
+    for (i = 0; i < nm; ++i) {
+        if (i) mnistcu__text_put(&h, ",", 1);
+        mnistcu__text_json(&h, mk[i]);
+        mnistcu__text_put(&h, ":", 1);
+        mnistcu__text_json(&h, mv[i]);
+    }
+    mnistcu__text_put(&h, "}", 1);
+    for (i = 0; i < nt; ++i) {
+        uint64_t bytes = (uint64_t)t[i].count * (uint64_t)mnistcu__st_dtypes[t[i].dtype].size;
+        mnistcu__text_put(&h, ",", 1);
+        mnistcu__text_json(&h, t[i].name);
+        mnistcu__text_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", mnistcu__st_dtypes[t[i].dtype].name);
+        for (k = 0; k < t[i].ndim; ++k) mnistcu__text_printf(&h, "%s%lld", k ? "," : "", (long long)t[i].shape[k]);
+        mnistcu__text_printf(&h, "],\"data_offsets\":[%llu,%llu]}", MNISTCU__ULL(off), MNISTCU__ULL(off + bytes));
+        off += bytes;
+    }
+    mnistcu__text_put(&h, "}", 1);
+    while (!h.oom && (8 + h.len) % 8) mnistcu__text_put(&h, " ", 1);
+    mnistcu__text_put(&tmp, path, strlen(path));
+    mnistcu__text_put(&tmp, ".tmp", 4);
+    if (h.oom || tmp.oom) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: out of memory for the header", path);
+        goto done;
+    }
+    n = h.len;
+    for (k = 0; k < 8; ++k) len8[k] = (unsigned char)(n >> (8 * k));
+    f = fopen(tmp.p, "wb");
+    if (!f) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot create the file (%s)", tmp.p, strerror(errno));
+        goto done;
+    }
+    ok = fwrite(len8, 1, 8, f) == 8 && fwrite(h.p, 1, h.len, f) == h.len;
+    for (i = 0; ok && i < nt; ++i) {
+        int es = mnistcu__st_dtypes[t[i].dtype].size;
+        size_t per = sizeof chunk / (size_t)es, done_n;
+        for (done_n = 0; ok && done_n < t[i].count; done_n += per) {
+            size_t c = MNISTCU__MIN(per, t[i].count - done_n);
+            mnistcu__le_copy(chunk, (const unsigned char *)t[i].data + done_n * (size_t)es, c, es);
+            ok = fwrite(chunk, (size_t)es, c, f) == c;
+        }
+    }
+    ok = ok && fflush(f) == 0 && MNISTCU_FSYNC(f) == 0;
+    ok = fclose(f) == 0 && ok;
+    f = NULL;
+    if (!ok) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: writing failed (%s); %.300s is unchanged", tmp.p,
+                          strerror(errno), path);
+        remove(tmp.p);
+        goto done;
+    }
+#ifdef _WIN32
+    remove(path); /* rename does not replace on Windows */
+#endif
+    if (rename(tmp.p, path) != 0) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot rename %.300s over it (%s)", path, tmp.p, strerror(errno));
+        remove(tmp.p);
+    }
+done:
+    mnistcu__free(ctx, h.p);
+    mnistcu__free(ctx, tmp.p);
+    return r;
+}
+
+static const char *mnistcu__st_meta(const mnistcu__st_file *f, const char *key)
+{
+    int k;
+    for (k = 0; k < f->nmeta; ++k)
+        if (!strcmp(f->meta_key[k], key)) return f->meta_val[k];
+    return NULL;
+}
+
+static const mnistcu__st_tensor *mnistcu__st_find(const mnistcu__st_file *f, const char *name)
+{
+    int k;
+    for (k = 0; k < f->nt; ++k)
+        if (!strcmp(f->t[k].name, name)) return &f->t[k];
+    return NULL;
+}
+
+static const char *const mnistcu__loss_names[] = {"", "ce", "mse", "bce", "hinge"};
+
+/* A metadata number: the whole string a finite decimal. */
+static int mnistcu__meta_double(const char *s, double *v)
+{
+    char *end;
+    if (!s || !((*s >= '0' && *s <= '9') || *s == '-' || *s == '+' || *s == '.')) return 0;
+    *v = strtod(s, &end);
+    return *end == 0 && mnistcu__finite_d(*v);
+}
+
+/* ---- the model's file ---------------------------------------------------------- */
+static int mnistcu__has_tensor(const mnistcu_model *m, const char *name)
+{
+    int i;
+    for (i = 0; i < m->num_tensors; ++i)
+        if (!strcmp(m->tensors[i].name, name)) return 1;
+    return 0;
+}
+
+
+/* The tensors of m as host arrays in *host (params, buffers, then the
+   num_batches_tracked counters), described in out[] (room for num_tensors). */
+static mnistcu_result mnistcu__model_tensors_out(mnistcu_model *m, mnistcu__st_out *out, float **host)
+{
+    size_t np = m->num_params, nb = m->num_buffers;
+    int64_t *counts;
+    mnistcu_result r;
+    int i, k;
+    *host = (float *)mnistcu__alloc(m->ctx, (np + nb) * sizeof(float) + (size_t)m->num_tensors * sizeof(int64_t) + 8);
+    if (!*host) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_save: out of memory");
+    counts = (int64_t *)(void *)(((uintptr_t)(*host + np + nb) + 7) & ~(uintptr_t)7);
+    if ((r = mnistcu__model_copy(m, *host, m->params, np * sizeof(float), 0)) ||
+        (nb && (r = mnistcu__model_copy(m, *host + np, m->buffers, nb * sizeof(float), 0))))
+        return r;
+    for (i = 0; i < m->num_tensors; ++i) {
+        const mnistcu__tensor *t = &m->tensors[i];
+        out[i].name = t->name;
+        out[i].ndim = t->ndim;
+        for (k = 0; k < t->ndim; ++k) out[i].shape[k] = t->shape[k];
+        out[i].count = t->count;
+        if (t->arena == 2) {
+            counts[i] = m->layers[t->layer].batches;
+            out[i].dtype = MNISTCU__ST_I64;
+            out[i].data = &counts[i];
+        } else {
+            out[i].dtype = MNISTCU__ST_F32;
+            out[i].data = (t->arena == 0 ? *host : *host + np) + t->offset;
+        }
+    }
+    return MNISTCU_OK;
+}
+
+#define MNISTCU__META_TEXT 48
+/* The metadata of a model file: keys and values (values in vals[k][MNISTCU__META_TEXT], the spec and the
+   class names in their own buffers). */
+typedef struct mnistcu__model_meta {
+    const char *key[40], *val[40];
+    char num[40][MNISTCU__META_TEXT];
+    int n;
+    char spec[2048];
+    mnistcu__text names;
+} mnistcu__model_meta;
+
+static void mnistcu__meta_add(mnistcu__model_meta *mm, const char *key, const char *val)
+{
+    mm->key[mm->n] = key;
+    mm->val[mm->n] = val;
+    mm->n++;
+}
+
+static void mnistcu__meta_num(mnistcu__model_meta *mm, const char *key, double v, int as_float)
+{
+    if (as_float) mnistcu__float_text((float)v, mm->num[mm->n], MNISTCU__META_TEXT);
+    else snprintf(mm->num[mm->n], MNISTCU__META_TEXT, "%.17g", v);
+    mnistcu__meta_add(mm, key, mm->num[mm->n]);
+}
+
+static mnistcu_result mnistcu__model_meta_make(mnistcu_model *m, const char *kind, mnistcu__model_meta *mm)
+{
+    mnistcu_result r;
+    memset(mm, 0, sizeof *mm);
+    mm->names.ctx = m->ctx;
+    if ((r = mnistcu_model_spec(m, mm->spec, sizeof mm->spec)))
+        return mnistcu__fail(m->ctx, r, "model_save: the spec does not fit in %lu bytes", (unsigned long)sizeof mm->spec);
+    mnistcu__meta_add(mm, "format", "mnistcu");
+    mnistcu__meta_add(mm, "format_version", "1");
+    mnistcu__meta_add(mm, "kind", kind);
+    mnistcu__meta_add(mm, "spec", mm->spec);
+    snprintf(mm->num[mm->n], MNISTCU__META_TEXT, "%d,%d,%d", m->desc.input_c, m->desc.input_h, m->desc.input_w);
+    mnistcu__meta_add(mm, "input_shape", mm->num[mm->n]);
+    mnistcu__meta_num(mm, "classes", (double)m->classes, 0);
+    if (m->class_names) {
+        const char *p = m->class_names;
+        size_t c;
+        mnistcu__text_put(&mm->names, "[", 1);
+        for (c = 0; c < m->classes; ++c) {
+            if (c) mnistcu__text_put(&mm->names, ",", 1);
+            mnistcu__text_json(&mm->names, p);
+            p += strlen(p) + 1;
+        }
+        mnistcu__text_put(&mm->names, "]", 1);
+        if (mm->names.oom) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_save: out of memory");
+        mnistcu__meta_add(mm, "class_names", mm->names.p);
+    }
+    if (m->has_norm) {
+        mnistcu__meta_num(mm, "norm_scale", m->norm_scale, 1);
+        mnistcu__meta_num(mm, "norm_shift", m->norm_shift, 1);
+        mnistcu__meta_add(mm, "norm_u8", m->norm_u8 ? "1" : "0");
+    }
+    mnistcu__meta_add(mm, "loss", mnistcu__loss_names[m->loss]);
+    mnistcu__meta_num(mm, "label_smoothing", m->lossp.smoothing, 1);
+    mnistcu__meta_num(mm, "loss_sum", m->lossp.sum, 0);
+    mnistcu__meta_num(mm, "margin", m->lossp.margin, 1);
+    mnistcu__meta_num(mm, "hinge_p", m->lossp.p, 0);
+    mnistcu__meta_add(mm, "library_version", MNISTCU_VERSION_STRING);
+    return MNISTCU_OK;
+}
+
+/* Saves m with extra tensors and metadata (checkpoints). */
+static mnistcu_result mnistcu__model_save(mnistcu_model *m, const char *path, const char *kind,
+                                          const mnistcu__st_out *extra, int nextra, const char *const *xk,
+                                          const char *const *xv, int nx)
+{
+    mnistcu__model_meta *mm;
+    mnistcu__st_out *out;
+    float *host = NULL;
+    mnistcu_result r;
+    int i;
+    if (!path || !*path) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_save: no path given");
+    mm = (mnistcu__model_meta *)mnistcu__alloc(m->ctx, sizeof *mm);
+    out = (mnistcu__st_out *)mnistcu__alloc(m->ctx, ((size_t)m->num_tensors + (size_t)nextra) * sizeof *out + 1);
+    if (!mm || !out) {
+        mnistcu__free(m->ctx, mm);
+        mnistcu__free(m->ctx, out);
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_save: out of memory");
+    }
+    if (!(r = mnistcu__model_meta_make(m, kind, mm)) && !(r = mnistcu__model_tensors_out(m, out, &host))) {
+        for (i = 0; i < nextra; ++i) out[m->num_tensors + i] = extra[i];
+        for (i = 0; i < nx && mm->n < 40; ++i) mnistcu__meta_add(mm, xk[i], xv[i]);
+        r = mnistcu__st_write(m->ctx, path, out, m->num_tensors + nextra, mm->key, mm->val, mm->n);
+    }
+    mnistcu__free(m->ctx, host);
+    mnistcu__free(m->ctx, mm->names.p);
+    mnistcu__free(m->ctx, mm);
+    mnistcu__free(m->ctx, out);
+    return r;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_save(mnistcu_model *m, const char *path)
+{
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    return mnistcu__model_save(m, path, "weights", NULL, 0, NULL, NULL, 0);
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_set_class_names(mnistcu_model *m, const char *const *names, size_t count)
+{
+    size_t c, bytes = 0;
+    char *buf, *p;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!names || count == 0) {
+        mnistcu__free(m->ctx, m->class_names);
+        m->class_names = NULL;
+        return MNISTCU_OK;
+    }
+    if (count != m->classes)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "model_set_class_names: %lu names for %lu outputs",
+                             (unsigned long)count, (unsigned long)m->classes);
+    for (c = 0; c < count; ++c) {
+        size_t n = names[c] ? strlen(names[c]) : 0;
+        if (n == 0 || n > 63)
+            return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_set_class_names: name %lu is %s",
+                                 (unsigned long)c, n ? "longer than 63 bytes" : "empty");
+        bytes += n + 1;
+    }
+    buf = (char *)mnistcu__alloc(m->ctx, bytes);
+    if (!buf) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_set_class_names: out of memory");
+    for (p = buf, c = 0; c < count; ++c) {
+        size_t n = strlen(names[c]) + 1;
+        memcpy(p, names[c], n);
+        p += n;
+    }
+    mnistcu__free(m->ctx, m->class_names);
+    m->class_names = buf;
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF const char *mnistcu_model_class_name(const mnistcu_model *m, size_t i)
+{
+    const char *p;
+    if (!m || !m->class_names || i >= m->classes) return NULL;
+    for (p = m->class_names; i; --i) p += strlen(p) + 1;
+    return p;
+}
+
+/* class_names metadata: a JSON array of count strings, into m. */
+static mnistcu_result mnistcu__meta_class_names(mnistcu_model *m, const char *text, const char *what)
+{
+    mnistcu__json j;
+    char *names[MNISTCU_MAX_CLASSES];
+    size_t n = 0, k;
+    mnistcu_result r = MNISTCU_OK;
+    j.start = j.p = (const unsigned char *)text;
+    j.end = j.p + strlen(text);
+    j.ctx = m->ctx;
+    j.what = what;
+    if (!mnistcu__json_eat(&j, '[')) r = MNISTCU_ERR_ST_JSON;
+    while (!r && n < MNISTCU_MAX_CLASSES) {
+        if ((r = mnistcu__json_string(&j, &names[n], 63))) break;
+        n++;
+        if (!mnistcu__json_eat(&j, ',')) break;
+    }
+    if (!r && !mnistcu__json_eat(&j, ']')) r = MNISTCU_ERR_ST_JSON;
+    mnistcu__json_ws(&j);
+    if (!r && j.p != j.end) r = MNISTCU_ERR_ST_JSON;
+    if (!r) r = mnistcu_model_set_class_names(m, (const char *const *)names, n);
+    for (k = 0; k < n; ++k) mnistcu__free(m->ctx, names[k]);
+    if (r)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_ST_METADATA,
+                             "%.300s: metadata class_names must be a JSON array of one name (1-63 bytes) per output",
+                             what);
+    return MNISTCU_OK;
+}
+
+/* The model a parsed file describes, with its weights (strict: every tensor present, none unknown). */
+static mnistcu_result mnistcu__model_from_st(mnistcu_ctx *ctx, const mnistcu__st_file *f, const char *what,
+                                             mnistcu_model **out)
+{
+    mnistcu_model_desc d;
+    mnistcu_model *m = NULL;
+    const char *v;
+    float *host = NULL;
+    mnistcu_result r;
+    double x;
+    int i, k;
+    *out = NULL;
+    v = mnistcu__st_meta(f, "format");
+    if (!v || strcmp(v, "mnistcu") != 0)
+        return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA,
+                             "%.300s: not a mnistcu model file (its metadata has no format \"mnistcu\": the model's "
+                             "architecture is unknown)", what);
+    v = mnistcu__st_meta(f, "format_version");
+    if (!v || strcmp(v, "1") != 0)
+        return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: format_version \"%.20s\", this library reads \"1\"",
+                             what, v ? v : "(none)");
+    v = mnistcu__st_meta(f, "spec");
+    if (!v) return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: the metadata has no spec", what);
+    if ((r = mnistcu_model_desc_parse(ctx, v, &d)))
+        return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: metadata spec: %.400s", what, mnistcu_ctx_error(ctx));
+    if ((v = mnistcu__st_meta(f, "loss"))) {
+        for (k = 1; k <= MNISTCU_LOSS_HINGE; ++k)
+            if (!strcmp(v, mnistcu__loss_names[k])) d.loss = (mnistcu_loss)k;
+        if (d.loss == MNISTCU_LOSS_DEFAULT)
+            return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: metadata loss \"%.20s\" unknown", what, v);
+    }
+#define MNISTCU__META_NUM(key, lo, hi, dst, cast)                                                                \
+    if ((v = mnistcu__st_meta(f, key))) {                                                                          \
+        if (!mnistcu__meta_double(v, &x) || x < (lo) || x > (hi))                                                  \
+            return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: metadata %s \"%.40s\" out of range", what, \
+                                 key, v);                                                                          \
+        dst = (cast)x;                                                                                             \
+    }
+    MNISTCU__META_NUM("label_smoothing", 0.0, 1.0, d.label_smoothing, float)
+    MNISTCU__META_NUM("loss_sum", 0.0, 1.0, d.loss_sum, int)
+    MNISTCU__META_NUM("margin", 0.0, 1e30, d.margin, float)
+    MNISTCU__META_NUM("hinge_p", 1.0, 2.0, d.hinge_p, int)
+    if ((r = mnistcu_model_create(ctx, &d, &m)))
+        return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: the model it describes cannot be made: %.400s", what,
+                             mnistcu_ctx_error(ctx));
+    if ((v = mnistcu__st_meta(f, "classes")) && (!mnistcu__meta_double(v, &x) || x != (double)m->classes)) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: metadata classes \"%.20s\", the spec gives %lu", what,
+                          v, (unsigned long)m->classes);
+        goto fail;
+    }
+    if ((v = mnistcu__st_meta(f, "class_names")) && (r = mnistcu__meta_class_names(m, v, what))) goto fail;
+    {
+        const char *sc = mnistcu__st_meta(f, "norm_scale"), *sh = mnistcu__st_meta(f, "norm_shift");
+        const char *u8 = mnistcu__st_meta(f, "norm_u8");
+        double a, b;
+        if (sc || sh) {
+            if (!mnistcu__meta_double(sc, &a) || !mnistcu__meta_double(sh, &b) || fabs(a) > FLT_MAX ||
+                fabs(b) > FLT_MAX || (u8 && strcmp(u8, "0") && strcmp(u8, "1"))) {
+                r = mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA,
+                                  "%.300s: metadata norm_scale, norm_shift and norm_u8 must be finite numbers (and 0 or "
+                                  "1)", what);
+                goto fail;
+            }
+            m->has_norm = 1;
+            m->norm_scale = (float)a;
+            m->norm_shift = (float)b;
+            m->norm_u8 = !u8 || !strcmp(u8, "1");
+        }
+    }
+    /* Every tensor of the model, with its dtype and shape; no other (but mnistcu.* of checkpoints). */
+    for (i = 0; i < f->nt; ++i)
+        if (strncmp(f->t[i].name, "mnistcu.", 8) != 0 && !mnistcu__has_tensor(m, f->t[i].name)) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_TENSORS, "%.300s: tensor \"%s\" is not one of the model's (%.200s)",
+                              what, f->t[i].name, mnistcu__st_meta(f, "spec"));
+            goto fail;
+        }
+    host = (float *)mnistcu__alloc(ctx, (m->num_params + m->num_buffers + 1) * sizeof(float));
+    if (!host) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: out of memory", what);
+        goto fail;
+    }
+    for (i = 0; i < m->num_tensors; ++i) {
+        const mnistcu__tensor *mt = &m->tensors[i];
+        const mnistcu__st_tensor *t = mnistcu__st_find(f, mt->name);
+        int want = mt->arena == 2 ? MNISTCU__ST_I64 : MNISTCU__ST_F32, same = t && t->ndim == mt->ndim;
+        if (!t) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_TENSORS, "%.300s: tensor \"%s\" of the model is missing", what,
+                              mt->name);
+            goto fail;
+        }
+        if (t->dtype != want) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_DTYPE, "%.300s: tensor \"%s\" is %s, the model needs %s", what,
+                              mt->name, mnistcu__st_dtypes[t->dtype].name, mnistcu__st_dtypes[want].name);
+            goto fail;
+        }
+        for (k = 0; same && k < mt->ndim; ++k) same = t->shape[k] == (uint64_t)mt->shape[k];
+        if (!same) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\" has another shape than the model's", what,
+                              mt->name);
+            goto fail;
+        }
+        if (mt->arena == 2) {
+            int64_t c;
+            mnistcu__le_copy(&c, f->data + t->begin, 1, 8);
+            if (c < 0) {
+                r = mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\" is negative", what, mt->name);
+                goto fail;
+            }
+            m->layers[mt->layer].batches = c;
+        } else {
+            float *dst = (mt->arena == 0 ? host : host + m->num_params) + mt->offset;
+            size_t e;
+            mnistcu__le_copy(dst, f->data + t->begin, mt->count, 4);
+            for (e = 0; e < mt->count; ++e)
+                if (!mnistcu__finite_f(dst[e])) {
+                    r = mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\" holds a value that is not "
+                                                                 "finite at element %lu", what, mt->name,
+                                      (unsigned long)e);
+                    goto fail;
+                }
+        }
+    }
+    if ((r = mnistcu__model_copy(m, m->params, host, m->num_params * sizeof(float), 1)) ||
+        (m->num_buffers &&
+         (r = mnistcu__model_copy(m, m->buffers, host + m->num_params, m->num_buffers * sizeof(float), 1))))
+        goto fail;
+    mnistcu__free(ctx, host);
+    *out = m;
+    return MNISTCU_OK;
+fail:
+    mnistcu__free(ctx, host);
+    mnistcu_model_destroy(m);
+    return r;
+#undef MNISTCU__META_NUM
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_load_memory(mnistcu_ctx *ctx, const void *data, size_t size,
+                                                     mnistcu_model **out)
+{
+    mnistcu__st_file f;
+    mnistcu_result r;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!out || (!data && size))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_load_memory: NULL argument");
+    *out = NULL;
+    memset(&f, 0, sizeof f);
+    f.buf = (unsigned char *)mnistcu__alloc(ctx, size ? size : 1);
+    if (!f.buf) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_load_memory: out of memory");
+    if (size) memcpy(f.buf, data, size);
+    f.size = size;
+    r = mnistcu__st_parse(ctx, &f, "model in memory");
+    if (!r) r = mnistcu__model_from_st(ctx, &f, "model in memory", out);
+    mnistcu__st_free(ctx, &f);
+    return r;
+}
+
+static mnistcu_result mnistcu__st_read(mnistcu_ctx *ctx, const char *path, mnistcu__st_file *f)
+{
+    mnistcu_result r;
+    memset(f, 0, sizeof *f);
+    if ((r = mnistcu__read_file(ctx, path, MNISTCU_MODEL_MAX_BYTES, &f->buf, &f->size))) return r;
+    if ((r = mnistcu__st_parse(ctx, f, path))) mnistcu__st_free(ctx, f);
+    return r;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_load(mnistcu_ctx *ctx, const char *path, mnistcu_model **out)
+{
+    mnistcu__st_file f;
+    mnistcu_result r;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!path || !out) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_load: NULL argument");
+    *out = NULL;
+    if ((r = mnistcu__st_read(ctx, path, &f))) return r;
+    r = mnistcu__model_from_st(ctx, &f, path, out);
+    mnistcu__st_free(ctx, &f);
+    return r;
+}
+
 /* >>cuda ------------------------------------------------------------------------
    The CUDA backend: the same operations as >>cpu_ops, one kernel each, on one
    stream. Shapes as in the legend above >>cpu_ops. Every launch is checked;
