@@ -553,6 +553,11 @@ typedef struct mnistcu_model_info {
     int layer_count;                     /* layers of every kind (mnistcu_model_layer_info) */
     int input_shape[3];                  /* C, H, W of one sample */
     size_t num_buffers;                  /* floats of running statistics (the buffer arena) */
+    mnistcu_loss loss;                   /* resolved */
+    int has_norm;                        /* 1 when the model normalises inputs as its training set (trained or
+                                            loaded): x = stored * norm_scale + norm_shift */
+    int norm_u8;                         /* ... for data stored as bytes */
+    float norm_scale, norm_shift;
 } mnistcu_model_info;
 
 typedef struct mnistcu_layer_info {
@@ -815,6 +820,9 @@ MNISTCU_DEF float mnistcu_schedule_lr(const mnistcu_schedule_desc *schedule, flo
    included. */
 MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
                                          mnistcu_train_result *result);
+/* The logits [count][classes] of every sample of ds, in EVAL mode, normalised
+   as mnistcu_evaluate normalises them. */
+MNISTCU_DEF mnistcu_result mnistcu_evaluate_logits(mnistcu_model *m, const mnistcu_dataset *ds, float *logits);
 /* confusion: NULL or classes*classes counts, row = true label, column = prediction. */
 MNISTCU_DEF mnistcu_result mnistcu_evaluate(mnistcu_model *m, const mnistcu_dataset *ds, mnistcu_metrics *out,
                                             int64_t *confusion);
@@ -6502,6 +6510,11 @@ MNISTCU_DEF void mnistcu_model_info_get(const mnistcu_model *m, mnistcu_model_in
     info->input_shape[1] = m->desc.input_h;
     info->input_shape[2] = m->desc.input_w;
     info->num_buffers = m->num_buffers;
+    info->loss = m->loss;
+    info->has_norm = m->has_norm;
+    info->norm_u8 = m->norm_u8;
+    info->norm_scale = m->norm_scale;
+    info->norm_shift = m->norm_shift;
 }
 
 MNISTCU_DEF mnistcu_result mnistcu_model_layer_info(const mnistcu_model *m, int layer, mnistcu_layer_info *info)
@@ -7796,6 +7809,37 @@ done:
     mnistcu__free(m->ctx, st.loss);
     mnistcu__free(m->ctx, st.correct);
     mnistcu__free(m->ctx, pred);
+    return r;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_evaluate_logits(mnistcu_model *m, const mnistcu_dataset *ds, float *logits)
+{
+    mnistcu_result r;
+    mnistcu__stats st;
+    uint32_t *idx;
+    size_t n, i, chunk, s;
+    mnistcu_mode mode;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!logits) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate_logits: logits is NULL");
+    if ((r = mnistcu__check_dataset(m, ds, "evaluate_logits"))) return r;
+    n = ds->count;
+    chunk = mnistcu__eval_chunk(m, n);
+    if ((r = mnistcu__model_reserve(m, chunk))) return r;
+    idx = (uint32_t *)mnistcu__alloc(m->ctx, n * sizeof(uint32_t));
+    if (!idx) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "evaluate_logits: out of memory");
+    for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
+    mode = m->mode;
+    m->mode = MNISTCU_MODE_EVAL;
+    memset(&st, 0, sizeof st);
+    st.steps = (n + chunk - 1) / chunk;
+    r = mnistcu__epoch_begin(m, ds, idx, n, &st);
+    for (s = 0; !r && s * chunk < n; ++s) {
+        size_t b = MNISTCU__MIN(chunk, n - s * chunk);
+        if (!(r = mnistcu__gather(m, ds, idx, s * chunk, b, NULL)) && !(r = mnistcu__forward(m, b)))
+            r = mnistcu__model_copy(m, logits + s * chunk * m->classes, m->logits, b * m->classes * sizeof(float), 0);
+    }
+    m->mode = mode;
+    mnistcu__free(m->ctx, idx);
     return r;
 }
 

@@ -77,8 +77,9 @@ static void print_help(FILE *f)
           "  --dataset NAME        mnist or fashion (default: mnist)\n"
           "  --init NAME           weights: torch (PyTorch's default), he, he_normal, xavier,\n"
           "                        xavier_normal (default: torch; a spec's :init= wins)\n"
-          "  --model SPEC          the model: lenet5, fashion-cnn, or a spec string of layers\n"
-          "                        (see Models below); overrides --layers and --act\n"
+          "  --model SPEC|FILE     the model: lenet5, fashion-cnn, a spec string of layers\n"
+          "                        (see Models below), or a model file (train continues\n"
+          "                        from its weights); overrides --layers and --act\n"
           "  --layers SPEC         an MLP's widths, input first (default: 784-128-10)\n"
           "  --act NAME            the MLP's hidden activation: relu, tanh, sigmoid, identity\n"
           "                        (default: relu)\n"
@@ -124,8 +125,9 @@ static void print_help(FILE *f)
           "  --augment SPEC        warp each training image on the fly: affine (rotate=10,\n"
           "                        scale=0.1,shift=2), elastic (elastic=34,sigma=4, Simard\n"
           "                        2003), all, or KEY=VALUE,... of rotate (degrees), scale,\n"
-          "                        shift (pixels), elastic (alpha), sigma; none (default)\n"
-          "  --schedule S          learning rate per epoch: constant, step:N:G (times G every\n"
+          "                        shift (pixels), elastic (alpha), sigma; none (default)\n",
+          f);
+    fputs("  --schedule S          learning rate per epoch: constant, step:N:G (times G every\n"
           "                        N epochs), multistep:E1,E2,...:G (times G at each epoch\n"
           "                        E), exp:G (times G each epoch), expdecay:K (lr e^-Kt),\n"
           "                        cosine[:MIN] (cosine from --lr down to MIN at the end),\n"
@@ -150,10 +152,15 @@ static void print_help(FILE *f)
           "  --no-shuffle          keep the training order fixed\n"
           "  --progress-every N    steps between progress-bar updates on a terminal\n"
           "                        (default: about 20 per epoch; 0: epoch lines only)\n"
-          "  --save-weights FILE   write the trained weights (format below)\n"
+          "  --save FILE           write the trained model as safetensors: weights under\n"
+          "                        PyTorch's names, the architecture, normalisation, loss\n"
+          "                        and class names (eval --model FILE needs nothing else)\n"
+          "  --save-weights FILE   write the raw weights only (legacy format below)\n"
           "\n"
           "Evaluation (eval only):\n"
-          "  --weights FILE        weights written by train --save-weights (required)\n",
+          "  --model FILE          a model file written by train --save (or --model SPEC\n"
+          "                        with --weights FILE from train --save-weights)\n"
+          "  --save-logits FILE    write the test set's logits, raw float32 [N][classes]\n",
           f);
     fputs("\n"
           "Models (--model): a preset, or the input shape and one token per layer:\n"
@@ -197,8 +204,9 @@ static void print_help(FILE *f)
           "  mnistcu train --layers 784-800-10 --epochs 60 --lr 0.05 --momentum 0.9 \\\n"
           "                --schedule cosine --augment elastic    (an MLP past 99% on MNIST)\n"
           "  mnistcu train --optim adam --lr 0.001 --loss ce --label-smoothing 0.1\n"
-          "  mnistcu train --dataset fashion --save-weights fashion.f32\n"
-          "  mnistcu eval --dataset fashion --weights fashion.f32\n"
+          "  mnistcu train --dataset fashion --model fashion-cnn --save fashion.safetensors\n"
+          "  mnistcu eval --dataset fashion --model fashion.safetensors\n"
+          "  mnistcu info fashion.safetensors\n"
           "  mnistcu info data/mnist/train-labels-idx1-ubyte.gz\n",
           f);
 }
@@ -395,7 +403,7 @@ typedef enum option_id {
     OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE, OPT_WARMUP, OPT_PER_STEP, OPT_EARLY_STOP,
     OPT_LOG, OPT_LOG_EVERY, OPT_PLOT, OPT_INIT, OPT_OPTIM, OPT_BETAS, OPT_EPS, OPT_AMSGRAD, OPT_ALPHA, OPT_CENTERED,
     OPT_DAMPENING, OPT_LR_DECAY, OPT_INITIAL_ACC, OPT_L2, OPT_CLIP, OPT_LOSS, OPT_LABEL_SMOOTHING, OPT_MARGIN,
-    OPT_HINGE_P, OPT_REDUCTION, OPT_AUGMENT
+    OPT_HINGE_P, OPT_REDUCTION, OPT_AUGMENT, OPT_SAVE, OPT_SAVE_LOGITS
 } option_id;
 
 typedef struct option_spec {
@@ -454,6 +462,8 @@ static const option_spec option_table[] = {
     {"--hinge-p", OPT_HINGE_P, 1, CMD_BOTH},
     {"--reduction", OPT_REDUCTION, 1, CMD_BOTH},
     {"--augment", OPT_AUGMENT, 1, CMD_TRAIN},
+    {"--save", OPT_SAVE, 1, CMD_TRAIN},
+    {"--save-logits", OPT_SAVE_LOGITS, 1, CMD_EVAL},
 };
 
 typedef struct cli_options {
@@ -497,6 +507,9 @@ typedef struct cli_options {
     int no_shuffle;
     long long progress_every;    /* -1: automatic */
     const char *save_weights;
+    const char *save;            /* --save: the model file (safetensors) */
+    const char *save_logits;     /* eval --save-logits */
+    int model_file;              /* --model names a model file */
     /* evaluation */
     const char *weights;
 } cli_options;
@@ -776,6 +789,8 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
     case OPT_NO_SHUFFLE: o->no_shuffle = 1; return 1;
     case OPT_PROGRESS_EVERY: return parse_integer(name, v, 0, 1LL << 40, &o->progress_every);
     case OPT_SAVE_WEIGHTS: o->save_weights = v; return 1;
+    case OPT_SAVE: o->save = v; return 1;
+    case OPT_SAVE_LOGITS: o->save_logits = v; return 1;
     case OPT_WEIGHTS: o->weights = v; return 1;
     case OPT_OPTIM: {
         static const char *const names[] = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
@@ -920,8 +935,17 @@ static int parse_options(int argc, char **argv, int command, cli_options *o)
                                                         : o->margin != 0.0f ? "--margin" : "--hinge-p", o->loss_name);
         return PARSE_ERROR;
     }
-    if (command == CMD_EVAL && !o->weights) {
-        usage_error("eval needs --weights FILE (written by train --save-weights)");
+    if (o->model) { /* a file (a saved model) or a spec */
+        FILE *f = fopen(o->model, "rb");
+        o->model_file = f != NULL;
+        if (f) fclose(f);
+    }
+    if (command == CMD_EVAL && !o->weights && !o->model_file) {
+        usage_error("eval needs --model FILE (written by train --save) or --weights FILE (train --save-weights)");
+        return PARSE_ERROR;
+    }
+    if (o->model_file && o->weights) {
+        usage_error("--weights goes with a spec in --model, not with a model file (%s)", o->model);
         return PARSE_ERROR;
     }
     return PARSE_OK;
@@ -986,7 +1010,9 @@ static int create_model(mnistcu_ctx *ctx, cli_options *o, const mnistcu_dataset 
 {
     mnistcu_model_desc desc;
     mnistcu_result r;
-    if (o->model) {
+    if (o->model_file) { /* everything comes from the file: architecture, weights, normalisation, loss */
+        r = mnistcu_model_load(ctx, o->model, net);
+    } else if (o->model) {
         char spec[1200];
         const char *s = o->model;
         while (*s == ' ') ++s;
@@ -1021,26 +1047,40 @@ static int create_model(mnistcu_ctx *ctx, cli_options *o, const mnistcu_dataset 
     return 1;
 }
 
+/* The datasets' class names, kept in model files (a loaded model keeps its own). */
+static void set_class_names(mnistcu_model *net, const cli_options *o)
+{
+    static const char *const fashion[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                            "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
+    static const char *const digits[10] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
+    mnistcu_model_info mi;
+    mnistcu_model_info_get(net, &mi);
+    if (mi.classes != 10 || mnistcu_model_class_name(net, 0)) return;
+    mnistcu_model_set_class_names(net, strcmp(o->dataset, "fashion") == 0 ? fashion : digits, 10);
+}
+
 /* The layers, one line each: what a model summary shows. */
-static void print_layer_table(const mnistcu_model *net)
+static void print_layer_table_to(FILE *out, const mnistcu_model *net)
 {
     mnistcu_model_info info;
     int i;
     mnistcu_model_info_get(net, &info);
-    fprintf(stderr, "  #  layer                 torch          output        params\n");
+    fprintf(out, "  #  layer                 torch          output        params\n");
     for (i = 0; i < info.layer_count; ++i) {
         mnistcu_layer_info li;
         char shape[48];
         if (mnistcu_model_layer_info(net, i, &li) != MNISTCU_OK) return;
         if (li.out_shape[1] == 1 && li.out_shape[2] == 1) snprintf(shape, sizeof shape, "%d", li.out_shape[0]);
         else snprintf(shape, sizeof shape, "%dx%dx%d", li.out_shape[0], li.out_shape[1], li.out_shape[2]);
-        fprintf(stderr, "%3d  %-20s  %-13s  %-12s  %7zu\n", i, li.spec, li.torch_name, shape, li.num_params);
+        fprintf(out, "%3d  %-20s  %-13s  %-12s  %7zu\n", i, li.spec, li.torch_name, shape, li.num_params);
     }
-    fprintf(stderr, "     input %dx%dx%d, %zu parameters", info.input_shape[0], info.input_shape[1],
+    fprintf(out, "     input %dx%dx%d, %zu parameters", info.input_shape[0], info.input_shape[1],
             info.input_shape[2], info.num_params);
-    if (info.num_buffers) fprintf(stderr, ", %zu running statistics", info.num_buffers);
-    fprintf(stderr, "\n");
+    if (info.num_buffers) fprintf(out, ", %zu running statistics", info.num_buffers);
+    fprintf(out, "\n");
 }
+
+static void print_layer_table(const mnistcu_model *net) { print_layer_table_to(stderr, net); }
 
 /* ==========================================================================
    Progress on stderr
@@ -1262,7 +1302,8 @@ static void json_string(FILE *f, const char *text)
 static void json_field_str(const char *key, const char *value)
 {
     printf(",\"%s\":", key);
-    json_string(stdout, value);
+    if (value) json_string(stdout, value);
+    else printf("null");
 }
 
 /* ,"key":value in the printf format fmt, or ,"key":null when it is not finite. */
@@ -1821,6 +1862,7 @@ static int cmd_train(int argc, char **argv)
     /* 3. Model. */
     if (!create_model(ctx, &o, train, &net)) goto done;
     if (!o.quiet) print_layer_table(net);
+    set_class_names(net, &o);
 
     /* 4. Train. */
     memset(&desc, 0, sizeof desc);
@@ -1874,6 +1916,10 @@ static int cmd_train(int argc, char **argv)
     if (!o.quiet)
         fprintf(stderr, "trained %d epochs in %.2f s\n", result.epochs, result.seconds);
 
+    if (o.save) {
+        if (failed(ctx, mnistcu_model_save(net, o.save))) goto done;
+        if (!o.quiet) fprintf(stderr, "model written to %s\n", o.save);
+    }
     if (o.save_weights) {
         if (!save_weights(ctx, net, o.save_weights)) goto done;
         if (!o.quiet) fprintf(stderr, "weights written to %s\n", o.save_weights);
@@ -1941,6 +1987,35 @@ done:
    mnistcu eval
    ========================================================================== */
 
+/* The logits of every sample of ds, raw float32 [count][classes] in the
+   machine's byte order (for comparing with other frameworks:
+   tools/mnistcu_torch.py check). */
+static int save_logits(mnistcu_ctx *ctx, mnistcu_model *net, const mnistcu_dataset *ds, const char *path)
+{
+    mnistcu_dataset_info di;
+    mnistcu_model_info mi;
+    float *z;
+    FILE *f;
+    int ok;
+    mnistcu_dataset_info_get(ds, &di);
+    mnistcu_model_info_get(net, &mi);
+    z = (float *)malloc(di.count * mi.classes * sizeof(float));
+    if (!z) {
+        cli_error("out_of_memory", "--save-logits: out of memory");
+        return 0;
+    }
+    if (failed(ctx, mnistcu_evaluate_logits(net, ds, z))) {
+        free(z);
+        return 0;
+    }
+    f = fopen(path, "wb");
+    ok = f && fwrite(z, sizeof(float), di.count * mi.classes, f) == di.count * mi.classes;
+    if (f && fclose(f) != 0) ok = 0;
+    free(z);
+    if (!ok) cli_error("io", "--save-logits: cannot write %s: %s", path, strerror(errno));
+    return ok;
+}
+
 static int cmd_eval(int argc, char **argv)
 {
     cli_options o;
@@ -1958,7 +2033,7 @@ static int cmd_eval(int argc, char **argv)
 
     if (!create_context(o.device, o.seed, o.threads, &ctx)) goto done;
     if (!load_split(ctx, &o, MNISTCU_SPLIT_TEST, &test)) goto done;
-    if (o.norm == MNISTCU_NORM_STANDARD) {
+    if (o.norm == MNISTCU_NORM_STANDARD && !o.model_file) { /* a model file keeps its normalisation */
         /* The mean and deviation come from the training set, as in train. */
         if (!load_split(ctx, &o, MNISTCU_SPLIT_TRAIN, &train) ||
             failed(ctx, mnistcu_dataset_normalize_like(test, train)))
@@ -1966,12 +2041,14 @@ static int cmd_eval(int argc, char **argv)
         mnistcu_dataset_destroy(train);
     }
     if (!create_model(ctx, &o, test, &net) ||
-        !load_weights(ctx, net, o.weights, o.model ? o.model_spec : o.layers))
+        (!o.model_file && !load_weights(ctx, net, o.weights, o.model ? o.model_spec : o.layers)))
         goto done;
     if (!o.quiet)
         fprintf(stderr, "evaluating %s (%s) from %s on the %s test set, on %s\n", o.model ? o.model_spec : o.layers,
-                o.model ? "--model" : act_name(o.act), o.weights, o.dataset, mnistcu_ctx_device_name(ctx));
+                o.model ? "--model" : act_name(o.act), o.model_file ? o.model : o.weights, o.dataset,
+                mnistcu_ctx_device_name(ctx));
     if (!evaluate_and_report(ctx, net, test, &o, &m)) goto done;
+    if (o.save_logits && !save_logits(ctx, net, test, o.save_logits)) goto done;
 
     printf("{\"command\":\"eval\"");
     json_field_num("test_accuracy", "%.6f", m.accuracy);
@@ -1984,7 +2061,8 @@ static int cmd_eval(int argc, char **argv)
     json_field_str("norm", norm_name(o.norm));
     json_field_str("dataset", o.dataset);
     json_field_str("model", o.model_spec);
-    json_field_str("weights", o.weights);
+    if (o.model_file) json_field_str("model_file", o.model);
+    else json_field_str("weights", o.weights);
     printf(",\"params\":%zu,\"num_params\":%zu", mnistcu_model_num_params(net), mnistcu_model_num_params(net));
     json_field_str("device", mnistcu_ctx_device_name(ctx));
     json_field_str("version", MNISTCU_VERSION_STRING);
@@ -1995,7 +2073,8 @@ done:
     if (status == EXIT_ERROR) {
         printf("{\"command\":\"eval\"");
         json_error_fields();
-        json_field_str("weights", o.weights);
+        if (o.model_file) json_field_str("model_file", o.model);
+        else json_field_str("weights", o.weights);
         json_field_str("layers", o.layers);
         json_field_str("dataset", o.dataset);
         json_field_str("version", MNISTCU_VERSION_STRING);
@@ -2053,6 +2132,64 @@ static void histogram_add(histogram *h, long v)
     h->n++;
 }
 
+static const char *loss_name(mnistcu_loss l)
+{
+    return l == MNISTCU_LOSS_MSE ? "mse" : l == MNISTCU_LOSS_BCE ? "bce" : l == MNISTCU_LOSS_HINGE ? "hinge" : "ce";
+}
+
+/* info on a model file: its layers, parameters, normalisation and class names. */
+static int info_model(const char *path)
+{
+    mnistcu_ctx *ctx = NULL;
+    mnistcu_model *net = NULL;
+    mnistcu_model_info mi;
+    char spec[2048];
+    size_t c;
+    if (!create_context(MNISTCU_DEVICE_CPU, 0, 0, &ctx) || failed(ctx, mnistcu_model_load(ctx, path, &net))) {
+        printf("{\"command\":\"info\"");
+        json_field_str("file", path);
+        json_error_fields();
+        json_field_str("version", MNISTCU_VERSION_STRING);
+        printf("}\n");
+        mnistcu_ctx_destroy(ctx);
+        return EXIT_ERROR;
+    }
+    mnistcu_model_info_get(net, &mi);
+    mnistcu_model_spec(net, spec, sizeof spec);
+    printf("file      %s\nformat    safetensors, a mnistcu model\nmodel     %s\n", path, spec);
+    print_layer_table_to(stdout, net);
+    printf("loss      %s\n", loss_name(mi.loss));
+    if (mi.has_norm) printf("inputs    x = pixel * %g %+g\n", (double)mi.norm_scale, (double)mi.norm_shift);
+    else printf("inputs    no normalisation recorded (x = pixel / 255 for images)\n");
+    if (mnistcu_model_class_name(net, 0)) {
+        printf("classes   ");
+        for (c = 0; c < mi.classes; ++c) printf("%s%s", c ? ", " : "", mnistcu_model_class_name(net, c));
+        printf("\n");
+    }
+    printf("{\"command\":\"info\"");
+    json_field_str("file", path);
+    json_field_str("format", "safetensors");
+    json_field_str("model", spec);
+    printf(",\"num_params\":%zu,\"num_buffers\":%zu,\"classes\":%zu", mi.num_params, mi.num_buffers, mi.classes);
+    json_field_str("loss", loss_name(mi.loss));
+    if (mi.has_norm) {
+        json_field_num("norm_scale", "%.9g", (double)mi.norm_scale);
+        json_field_num("norm_shift", "%.9g", (double)mi.norm_shift);
+    }
+    if (mnistcu_model_class_name(net, 0)) {
+        printf(",\"class_names\":[");
+        for (c = 0; c < mi.classes; ++c) {
+            if (c) printf(",");
+            json_string(stdout, mnistcu_model_class_name(net, c));
+        }
+        printf("]");
+    }
+    json_field_str("version", MNISTCU_VERSION_STRING);
+    printf("}\n");
+    mnistcu_ctx_destroy(ctx);
+    return EXIT_OK;
+}
+
 static int cmd_info(int argc, char **argv)
 {
     const char *path = NULL, *type_name;
@@ -2081,6 +2218,15 @@ static int cmd_info(int argc, char **argv)
     if (!path) {
         usage_error("info needs a FILE");
         return EXIT_USAGE;
+    }
+
+    /* A model file (safetensors: a length, then a JSON object) or an IDX file. */
+    {
+        unsigned char head[9];
+        FILE *f = fopen(path, "rb");
+        int is_model = f && fread(head, 1, 9, f) == 9 && head[8] == '{' && (head[0] | head[1]) != 0;
+        if (f) fclose(f);
+        if (is_model) return info_model(path);
     }
 
     /* Reading a file needs no GPU: a CPU context starts instantly. */

@@ -491,6 +491,31 @@ for bad in "--optim sgd --amsgrad" "--optim adam --momentum 0.9" "--optim rmspro
     fi
 done
 
+# ---- model files --------------------------------------------------------------------
+run train $SMALL --quiet --save "$TMP/m.safetensors"
+acc=$(tail -n 1 "$TMP/out" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["test_accuracy"])' 2>/dev/null)
+run eval --model "$TMP/m.safetensors" --device cpu --quiet --save-logits "$TMP/m.logits"
+if [ "$status" -eq 0 ] && json_check "j['test_accuracy'] == $acc and j['model'] == '784 dense32 relu dense10'" &&
+   [ "$(wc -c <"$TMP/m.logits")" -eq 400000 ] && ! ls "$TMP" | grep -q '\.tmp$'; then
+    pass "train --save, then eval --model FILE alone: the same accuracy ($acc), logits written"
+else
+    fail "train --save, then eval --model FILE alone (exit $status): $(tail -n 1 "$TMP/out")"
+fi
+run info "$TMP/m.safetensors"
+if [ "$status" -eq 0 ] && json_check 'j["format"] == "safetensors" and j["num_params"] == 25450 and j["class_names"][3] == "3"' &&
+   grep -q 'Linear' "$TMP/out"; then
+    pass "info on a model file: layers, parameters, class names"
+else
+    fail "info on a model file (exit $status): $(tail -n 1 "$TMP/out")"
+fi
+head -c 300 "$TMP/m.safetensors" >"$TMP/cut.safetensors"
+run eval --model "$TMP/cut.safetensors" --device cpu
+if [ "$status" -eq 1 ] && json_check 'j["error"] == "st_header_size"' && [ "$(errors_printed)" -eq 1 ]; then
+    pass "eval of a truncated model file: one error naming the header, valid JSON"
+else
+    fail "eval of a truncated model file (exit $status): $(tail -n 1 "$TMP/out")"
+fi
+
 # ---- summary ---------------------------------------------------------------------------
 if [ "$failures" -ne 0 ]; then
     echo "cli test: $failures of $checks checks failed"

@@ -36,7 +36,11 @@ independent check (and draws the digit strokes).  What is written:
     digits/          drawn digits 0-9 (two variants each, digit_<label>_<v>.png),
                      digits/MANIFEST.txt (`name label`) and digits/preview.png,
                      a contact sheet showing each digit and the MNIST-style
-                     28x28 input it becomes (see mnist_preprocess below).
+                     28x28 input it becomes (see mnist_preprocess below: crop
+                     to the ink, fit in 20x20 by area averaging, centre of mass
+                     at the centre, ink bright).  Those inputs are for a person
+                     to look at; no file holds them, as resampling details may
+                     differ from the library's.
 
 The grayscale conversion, integer arithmetic throughout (the .gray files are
 computed from the sample values encoded, not by decoding the files):
@@ -503,7 +507,7 @@ def valid_png_specs():
     add("split.png", 2, 8, 14, 10, idat_split=[1, 1, 3, 50, 7, 100],
         note="IDAT split in 7 chunks (1, 1, 3, 50, 7, 100 bytes and the rest)")
     add("splits.png", 0, 8, 24, 24, zopt={"level": 0}, idat_split=[2, 5, 300],
-        note="stored deflate blocks, IDAT split inside them")
+        note="IDAT split inside the stored blocks")
     add("anc.png", 6, 8, 12, 9, before_idat=[
         text_chunk("Title", "mnistcu fixture"),
         [b"gAMA", struct.pack(">I", 45455)],
@@ -572,9 +576,9 @@ def valid_pgms():
     p5("p5_8.pgm", 12, 9, 255, b"P5\n# written by make_image_fixtures.py\n12 9\n255\n", first=[10, 35, 32, 13],
        note="the raster starts with bytes LF, '#', space, CR")
     p5("p5_16.pgm", 10, 7, 65535, b"P5 10 7 65535\n", note="big-endian 16-bit samples")
-    p5("p5_15.pgm", 8, 5, 15, b"P5\n8 5\n15\n", note="maxval 15: one byte a sample")
+    p5("p5_15.pgm", 8, 5, 15, b"P5\n8 5\n15\n", note="one byte a sample")
     p5("p5_1000.pgm", 9, 4, 1000, b"P5\r\n# maxval 1000: two bytes a sample\r\n9\t4\r\n1000\n",
-       note="maxval 1000: two bytes a sample")
+       note="two bytes a sample, big-endian")
     p5("p5_1x1.pgm", 1, 1, 255, b"P5\n1\n1\n255\t", first=[200], note="tab after maxval")
 
     def p2(name, w, h, maxval, header, tail=b"\n", leading_zero=False, note=""):
@@ -589,7 +593,7 @@ def valid_pgms():
     p2("p2.pgm", 7, 6, 255,
        b"P2\n# comment line\n#another one\n  7 # width, then a comment after whitespace\n\t6\n"
        b"# maxval next\n255\n", leading_zero=True,
-       note="comments, tabs, CR LF and blank lines, a value written 007")
+       note="comments, tabs, CR LF and blank lines, a value written 008")
     p2("p2_15.pgm", 6, 5, 15, b"P2 6 5 15 ", tail=b"", note="header on one line, no newline at the end")
     p2("p2_1000.pgm", 5, 5, 1000, b"P2\r\n#c\r\n5 5\r\n1000\r\n", tail=b"\r\n\r\n")
     return out
@@ -634,7 +638,8 @@ def malformed(specs):
     out = []
 
     def bad(name, data, base, cls, note, w=None, h=None):
-        out.append(Bad(name, data, base.w if w is None else w, base.h if h is None else h, cls, note))
+        out.append(Bad(name, data, base.w if w is None else w, base.h if h is None else h, cls,
+                       "%s (from %s)" % (note, base.name)))
 
     def find(chunks, ctype):
         return next(i for i, c in enumerate(chunks) if c[0] == ctype)

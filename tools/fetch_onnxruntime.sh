@@ -16,8 +16,8 @@
 #   Progress and errors go to stderr; on failure it exits 1.
 #
 # Version: onnxruntime-node 1.30.0 (ONNX Runtime 1.30.0, N-API 6), installed and run with Node 20
-# and npm 11 on Debian 12 x64; it runs opset-13 models (it accepts opsets up to the 20s and IR
-# versions up to 10 and more). Override with ONNXRUNTIME_NODE_VERSION=X.Y.Z in the environment.
+# and npm 11 on Debian 12 x64. It runs opset-13 models (IR 7) and loads anything from IR 3 / opset 7
+# up to IR 12 / opset 25. Override with ONNXRUNTIME_NODE_VERSION=X.Y.Z in the environment.
 #
 # npm runs with --ignore-scripts: the package's post-install script would try to download GPU
 # (CUDA/TensorRT) binaries, which are neither needed nor reachable here. About 290 MiB on disk,

@@ -29,7 +29,8 @@ Exit status: 0 the outputs agree (max_diff <= tol), 1 they differ (or the model 
 2 the checker rejects the model (or it cannot be read), 3 skipped: no ONNX Runtime available,
 4 bad arguments or files.
 
-Runs with Python 3.8+ and onnx 1.12 or newer, with or without onnxruntime.
+Tested with Python 3.11, onnx 1.12 and numpy 1.24 (no onnxruntime: the node runtime), and with
+Python 3.12, onnx 1.23, onnxruntime 1.30 and numpy 2.5.
 """
 
 import argparse
@@ -221,6 +222,9 @@ def run_python(ort, model_path, x, n, c, h, w):
         if n % chunk:
             raise Failure(EXIT_DIFFER, "the model has a fixed batch dimension of %d, which does not divide N = %d"
                           % (chunk, n))
+        if chunk != n:
+            sys.stderr.write("onnx_check: warning: the model input has a fixed batch dimension of %d (a dynamic one "
+                             "is expected); running %d batches of %d\n" % (chunk, n // chunk, chunk))
     out_name = sess.get_outputs()[0].name
     x = x.reshape(n, c * h * w)
     parts, seconds, used = [], 0.0, None
