@@ -46,7 +46,7 @@ TEST_HDR := tests/harness.h tests/asserts.h tests/test_util.h
 MNISTCU_MIRROR ?= $(wildcard ../shared/datasets)
 export MNISTCU_MIRROR
 
-.PHONY: all help data run test test-cpu test-cli test-compile test-harness test-fixtures test-gpu fuzz bench clean
+.PHONY: all help data run test test-cpu test-cli test-compile test-harness test-fixtures test-interop test-gpu fuzz bench clean
 
 all: $(B)/mnistcu $(B)/mnistcu-cpu $(B)/train_mnist $(B)/perceptron $(B)/regression
 	@if [ -n "$(NVCC)" ]; then echo "CUDA: built with $(NVCC) ($(NVCC_ARCH))"; \
@@ -106,12 +106,12 @@ run: data $(B)/mnistcu
 	$(B)/mnistcu train --data data --dataset mnist --layers 784-128-10 --epochs 10 --momentum 0.9 --lr 0.01
 
 # ---- tests --------------------------------------------------------------------
-test: test-harness test-compile test-cpu test-cli test-fixtures fuzz
+PYTHON_TORCH ?= /usr/bin/python3
+test: test-harness test-compile test-cpu test-cli test-fixtures test-interop fuzz
 	@echo "make test: all passed"
 
 # The committed PyTorch fixtures are reproduced by their scripts (with the PyTorch
 # here: Debian's python3-torch 1.13 on the CPU; they were written with 2.11).
-PYTHON_TORCH ?= /usr/bin/python3
 test-fixtures:
 	@if $(PYTHON_TORCH) -c 'import torch, numpy' >/dev/null 2>&1; then \
 	  $(PYTHON_TORCH) tests/make_optim_fixtures.py --check && \
@@ -129,6 +129,11 @@ test-cpu: $(B)/tests
 test-cli: $(B)/mnistcu-cpu
 	sh data/fetch.sh mnist
 	sh tests/cli_test.sh $(B)/mnistcu-cpu
+
+# Model files across frameworks: PyTorch (strict load, the same logits), ONNX Runtime.
+test-interop: $(B)/mnistcu-cpu
+	sh data/fetch.sh mnist
+	PYTHON_TORCH=$(PYTHON_TORCH) sh tests/interop_test.sh $(B)/mnistcu-cpu data
 
 test-harness: | $(B)
 	$(CC) -std=c99 $(WARN) -o $(B)/harness_selftest tests/test_harness_selftest.c tests/test_harness_selftest2.c

@@ -787,6 +787,22 @@ typedef struct mnistcu_train_desc {
                                             seconds, images/s; numbers that are not finite are null */
     size_t log_every;                    /* 0: epoch ends only */
     mnistcu_augment_desc augment;        /* zero: no augmentation */
+    /* Checkpoints (model files of kind "checkpoint", see >>checkpoint): a run resumed from one continues
+       to the same bits as the run that was not stopped, on the CPU and on the GPU. */
+    const char *checkpoint_path;         /* NULL: none; else written there (atomically) every checkpoint_every
+                                            epochs, every checkpoint_every_steps steps, and when training ends */
+    int checkpoint_every;                /* epochs between checkpoints (0: 1) */
+    size_t checkpoint_every_steps;       /* also every N steps inside an epoch (0: at epoch ends only) */
+    int checkpoint_keep;                 /* 0: the latest only; K: also keep the last K as
+                                            STEM-eEEEE-sSSSSSS.safetensors beside checkpoint_path */
+    int checkpoint_best;                 /* 1: with a validation set, also STEM-best.safetensors at each epoch
+                                            with a new lowest validation loss */
+    const char *checkpoint_note;         /* NULL, or text kept in the checkpoint (mnistcu_checkpoint_info) */
+    const char *resume_from;             /* NULL, or a checkpoint to continue from: the model's weights and
+                                            optimizer state, the position in the epoch, the generators, the
+                                            schedule and early stopping come from it. The settings (but epochs,
+                                            which may grow), batch size, dataset size and the context's seed
+                                            must be the checkpoint's */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -812,6 +828,19 @@ typedef struct mnistcu_metrics {
 } mnistcu_metrics;
 
 MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out);
+
+/* What a checkpoint holds: where training stood and the settings to resume with. */
+typedef struct mnistcu_checkpoint_info {
+    int epoch;                 /* the epoch it was taken in (1-based) */
+    size_t step, steps;        /* steps done in that epoch, and per epoch (step == steps: at its end) */
+    size_t total_steps;        /* optimizer steps of the training so far */
+    uint64_t seed;             /* the context's seed: resume in a context made with it */
+    mnistcu_train_desc train;  /* epochs, batch size, optimizer, schedule, augmentation, early stopping (no
+                                  pointers: give the datasets, paths and callbacks again) */
+    char spec[2048];           /* the model */
+    char note[1024];           /* checkpoint_note, "" when none */
+} mnistcu_checkpoint_info;
+MNISTCU_DEF mnistcu_result mnistcu_checkpoint_info_get(mnistcu_ctx *ctx, const char *path, mnistcu_checkpoint_info *info);
 /* The learning rate of 0-based epoch t of T under a schedule (NULL: constant), from the base rate lr. */
 MNISTCU_DEF float mnistcu_schedule_lr(const mnistcu_schedule_desc *schedule, float lr, int t, int T);
 /* MNISTCU_ERR_DIVERGED when the loss or a weight stops being finite (see ERRORS):
@@ -7029,923 +7058,6 @@ MNISTCU_DEF mnistcu_result mnistcu_model_apply_grads(mnistcu_model *m, const mni
     return mnistcu__update(m, &o);
 }
 
-/* >>train ----------------------------------------------------------------------
-   One epoch: a shuffled index (host RNG, so CPU and GPU see the same batches),
-   then for each batch: gather, forward, loss, backward, update. The loss and
-   the number of correct predictions of every step are kept per step and summed
-   in step order only where a report is due, so the GPU never waits for the host
-   inside an epoch unless the caller asks for progress. */
-#ifdef __CUDACC__
-static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx,
-                                                size_t n, size_t steps);
-static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
-                                           float scale, float shift, const mnistcu__aug *aug);
-static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
-static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
-static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
-#endif
-
-typedef struct mnistcu__stats {
-    double *loss;      /* [steps] loss summed over each step's samples */
-    int64_t *correct;  /* [steps] correct predictions of each step */
-    size_t steps;
-} mnistcu__stats;
-
-static mnistcu_result mnistcu__epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t n,
-                                           mnistcu__stats *st)
-{
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_epoch_begin(m, ds, idx, n, st->steps);
-#endif
-    (void)m; (void)ds; (void)idx; (void)n; (void)st;
-    return MNISTCU_OK;
-}
-
-/* How the model normalises ds: as its training set when it was trained on data
-   stored the same way, else as the dataset says. */
-static void mnistcu__norm_for(const mnistcu_model *m, const mnistcu_dataset *ds, float *scale, float *shift)
-{
-    int same_kind = m->norm_u8 == (ds->u8 != NULL);
-    *scale = m->has_norm && same_kind ? m->norm_scale : ds->scale;
-    *shift = m->has_norm && same_kind ? m->norm_shift : ds->shift;
-}
-
-/* x and labels of samples idx[offset .. offset+B) into act[0] and labels;
-   aug: NULL, or the training batch's augmentation. */
-static mnistcu_result mnistcu__gather(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t offset,
-                                      size_t B, const mnistcu__aug *aug)
-{
-    size_t i, j, F = ds->features;
-    float scale, shift;
-    mnistcu__norm_for(m, ds, &scale, &shift);
-    m->batch_targets = ds->targets != NULL;
-    if (aug && !aug->on) aug = NULL;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_gather(m, ds, offset, B, scale, shift, aug);
-#endif
-    if (aug) {
-        int32_t *work = (int32_t *)mnistcu__alloc(m->ctx, 4 * F * sizeof(int32_t));
-        if (!work) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "augment: out of memory");
-        for (i = 0; i < B; ++i) {
-            size_t smp = idx[offset + i];
-            mnistcu__cpu_augment(aug, ds->u8 + smp * F, ds->rows, ds->cols, (uint32_t)i, m->steps, scale, shift,
-                                 m->input + i * F, work);
-            m->labels[i] = ds->labels[smp];
-            if (ds->targets)
-                memcpy(m->targets + i * ds->target_dim, ds->targets + smp * ds->target_dim,
-                       ds->target_dim * sizeof(float));
-        }
-        mnistcu__free(m->ctx, work);
-        return MNISTCU_OK;
-    }
-    for (i = 0; i < B; ++i) {
-        size_t s = idx[offset + i];
-        float *x = m->input + i * F;
-        if (ds->u8) {
-            const uint8_t *src = ds->u8 + s * F;
-            for (j = 0; j < F; ++j) x[j] = (float)src[j] * scale + shift;
-        } else {
-            const float *src = ds->f32 + s * F;
-            for (j = 0; j < F; ++j) x[j] = src[j] * scale + shift;
-        }
-        m->labels[i] = ds->labels[s];
-        if (ds->targets) memcpy(m->targets + i * ds->target_dim, ds->targets + s * ds->target_dim, ds->target_dim * sizeof(float));
-    }
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__step_stats(mnistcu_model *m, size_t B, size_t step, mnistcu__stats *st)
-{
-    double sum = 0.0;
-    int64_t correct = 0;
-    size_t i;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_step_stats(m, B, step);
-#endif
-    for (i = 0; i < B; ++i) {
-        sum += (double)m->sample_loss[i];
-        correct += m->pred[i] == m->labels[i];
-    }
-    st->loss[step] = sum;
-    st->correct[step] = correct;
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__read_stats(mnistcu_model *m, const mnistcu__stats *st, size_t from, size_t to,
-                                          double *loss, int64_t *correct)
-{
-    size_t i;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_read_stats(m, from, to, loss, correct);
-#endif
-    (void)m;
-    for (i = from; i < to; ++i) {
-        *loss += st->loss[i];
-        *correct += st->correct[i];
-    }
-    return MNISTCU_OK;
-}
-
-/* ---- divergence -------------------------------------------------------------
-   Where training reads its statistics anyway (every progress report, every
-   epoch end) it checks that the loss of the steps since the last check is
-   finite, and so is every parameter (a non-finite gradient or momentum reaches
-   the parameters in the same step). A check that passes copies the parameters
-   and the momentum aside, on the model's device; one that fails puts a copy
-   back and stops training with MNISTCU_ERR_DIVERGED.
-   Which copy: the weights of a check are only known to give a finite loss once
-   the next step has computed it. So two copies are kept, the newest and the one
-   before; if the first step after the newest is the one whose loss is not
-   finite, the one before is put back. Either way the model keeps finite
-   weights whose loss was finite (or, if the very first step failed, those it
-   started with). On the GPU a kernel checks the parameters into a flag in
-   device memory, queued just before the statistics are read: the flag arrives
-   with them, and no step waits for the host. */
-typedef struct mnistcu__finite_copy_slot {
-    float *params;     /* [num_params] parameters checked finite */
-    float *state;      /* [state_floats] the optimizer state; allocated once the model has one */
-    float *buffers;    /* [num_buffers] batch norm's running statistics taken with them */
-    int has_state;     /* state holds the optimizer state taken with params */
-    int state_sig;     /* ... its layout, and the steps taken with it */
-    uint64_t state_steps;
-    int epoch;         /* where they were taken: the epoch (0: before training) */
-    size_t step;       /* and the steps done in it */
-} mnistcu__finite_copy_slot;
-
-typedef struct mnistcu__finite_guard {
-    int on;            /* 0: mnistcu_train_desc.no_divergence_check */
-    float lr;          /* the learning rate, for the message */
-    mnistcu__finite_copy_slot slot[2];
-    int newest;        /* slot[newest] is the last copy, slot[!newest] the one before */
-    int copies;        /* copies taken: 1 means slot[!newest] holds none yet */
-    int *dev_flags;    /* CUDA: [MNISTCU__FINITE_BLOCKS] per-block flags, then the flag of all */
-    int *host_flag;    /* CUDA: pinned host copy of that flag */
-} mnistcu__finite_guard;
-
-#ifdef __CUDACC__
-static mnistcu_result mnistcu__cuda_malloc(mnistcu_ctx *ctx, void **p, size_t bytes, const char *what);
-static void mnistcu__cuda_free(mnistcu_ctx *ctx, void *p);
-static mnistcu_result mnistcu__cuda_device_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync);
-static mnistcu_result mnistcu__cuda_finite_begin(mnistcu_model *m, mnistcu__finite_guard *g);
-static void mnistcu__cuda_finite_end(mnistcu_model *m, mnistcu__finite_guard *g);
-static mnistcu_result mnistcu__cuda_finite_queue(mnistcu_model *m, mnistcu__finite_guard *g);
-static mnistcu_result mnistcu__cuda_finite_flag(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite);
-#endif
-
-/* n floats on the model's device: dst = src, or dst = 0 when src is NULL. */
-static mnistcu_result mnistcu__finite_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync)
-{
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_device_copy(m, dst, src, n, sync);
-#endif
-    (void)m; (void)sync;
-    if (src) memcpy(dst, src, n * sizeof(float));
-    else memset(dst, 0, n * sizeof(float));
-    return MNISTCU_OK;
-}
-
-static mnistcu_result mnistcu__finite_alloc(mnistcu_model *m, float **p, size_t n)
-{
-    *p = NULL;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA)
-        return mnistcu__cuda_malloc(m->ctx, (void **)p, n * sizeof(float), "divergence check: a copy of the weights");
-#endif
-    *p = (float *)mnistcu__alloc(m->ctx, n * sizeof(float));
-    if (!*p)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY,
-                             "divergence check: out of memory for a copy of %llu weights", MNISTCU__ULL(n));
-    return MNISTCU_OK;
-}
-
-static void mnistcu__finite_free(mnistcu_model *m, float *p)
-{
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) {
-        mnistcu__cuda_free(m->ctx, p);
-        return;
-    }
-#endif
-    mnistcu__free(m->ctx, p);
-}
-
-/* Copies the parameters and momentum aside, over the older of the two copies,
-   which becomes the newest. */
-static mnistcu_result mnistcu__finite_snapshot(mnistcu_model *m, mnistcu__finite_guard *g, int epoch, size_t step)
-{
-    mnistcu__finite_copy_slot *c = &g->slot[g->copies ? !g->newest : g->newest];
-    mnistcu_result r;
-    if (!c->params && (r = mnistcu__finite_alloc(m, &c->params, m->num_params))) return r;
-    if ((r = mnistcu__finite_copy(m, c->params, m->params, m->num_params, 0))) return r;
-    if (m->num_buffers) {
-        if (!c->buffers && (r = mnistcu__finite_alloc(m, &c->buffers, m->num_buffers))) return r;
-        if ((r = mnistcu__finite_copy(m, c->buffers, m->buffers, m->num_buffers, 0))) return r;
-    }
-    c->has_state = m->state_sig != 0 && m->state_floats != 0;
-    c->state_sig = m->state_sig;
-    c->state_steps = m->state_steps;
-    if (c->has_state) {
-        if (!c->state && (r = mnistcu__finite_alloc(m, &c->state, m->state_floats))) return r;
-        if ((r = mnistcu__finite_copy(m, c->state, m->state, m->state_floats, 0))) return r;
-    }
-    c->epoch = epoch;
-    c->step = step;
-    g->newest = (int)(c - g->slot);
-    g->copies++;
-    return MNISTCU_OK;
-}
-
-/* Just before the statistics of a report are read: on the GPU, queue the check
-   of the parameters, whose flag then comes back with the statistics. */
-static mnistcu_result mnistcu__finite_queue(mnistcu_model *m, mnistcu__finite_guard *g)
-{
-#ifdef __CUDACC__
-    if (g->on && m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_finite_queue(m, g);
-#endif
-    (void)m; (void)g;
-    return MNISTCU_OK;
-}
-
-/* *all_finite: 1 when no parameter is NaN or infinite. On the GPU this reads
-   the flag that mnistcu__finite_queue asked for. */
-static mnistcu_result mnistcu__finite_params(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite)
-{
-    size_t i;
-    int ok = 1;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_finite_flag(m, g, all_finite);
-#endif
-    (void)g;
-    for (i = 0; i < m->num_params; ++i) ok &= mnistcu__finite_f(m->params[i]);
-    *all_finite = ok;
-    return MNISTCU_OK;
-}
-
-/* Before training: the weights must be finite (there would be nothing good to
-   keep otherwise), and they are the first copy. */
-static mnistcu_result mnistcu__finite_begin(mnistcu_model *m, mnistcu__finite_guard *g, int on, float lr)
-{
-    mnistcu_result r;
-    int ok = 1;
-    memset(g, 0, sizeof *g);
-    g->on = on;
-    g->lr = lr;
-    if (!on) return MNISTCU_OK;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_finite_begin(m, g))) return r;
-#endif
-    if ((r = mnistcu__finite_queue(m, g)) || (r = mnistcu__finite_params(m, g, &ok))) return r;
-    if (!ok)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT,
-                             "train: a weight of the model is not finite before training (NaN or infinite); give it "
-                             "finite weights (mnistcu_model_set_params), or set no_divergence_check to train anyway");
-    return mnistcu__finite_snapshot(m, g, 0, 0);
-}
-
-static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
-{
-    int k;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_finite_end(m, g);
-#endif
-    for (k = 0; k < 2; ++k) {
-        mnistcu__finite_free(m, g->slot[k].params);
-        mnistcu__finite_free(m, g->slot[k].state);
-        mnistcu__finite_free(m, g->slot[k].buffers);
-    }
-    memset(g, 0, sizeof *g);
-}
-
-/* Loss of step i of the epoch (summed over its samples), read at this report. */
-static double mnistcu__step_loss(const mnistcu_model *m, const mnistcu__stats *st, size_t i)
-{
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_step_loss(m, i);
-#endif
-    (void)m;
-    return st->loss[i];
-}
-
-/* At a report p, its statistics read: the check. On success the parameters
-   are copied aside; on failure a copy is put back (see above), res describes
-   the training so far, and the result is MNISTCU_ERR_DIVERGED. */
-static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_guard *g, const mnistcu__stats *st,
-                                            const mnistcu_progress *p, mnistcu_train_result *res)
-{
-    const mnistcu__finite_copy_slot *c = &g->slot[g->newest];
-    size_t from = c->epoch == p->epoch ? c->step : 0, bad_step = p->step, i;
-    int loss_ok = 1, params_ok = 1, first_after;
-    double bad_loss = 0.0;
-    char kept[128];
-    mnistcu_result r;
-    if (!g->on) return MNISTCU_OK;
-    /* Per-sample losses are >= 0, so the running mean is finite exactly when
-       every step's loss is; only then do the parameters need looking at. */
-    if (!mnistcu__finite_d(p->train_loss)) {
-        loss_ok = 0;
-        for (i = from; i < p->step; ++i) {
-            bad_loss = mnistcu__step_loss(m, st, i);
-            if (!mnistcu__finite_d(bad_loss)) {
-                bad_step = i + 1;
-                break;
-            }
-        }
-    } else if ((r = mnistcu__finite_params(m, g, &params_ok))) {
-        return r;
-    }
-    if (loss_ok && params_ok) return mnistcu__finite_snapshot(m, g, p->epoch, p->step);
-
-    /* The newest copy's own loss is that of the step after it: when that is
-       the step that failed, the copy before is the last good one. */
-    first_after = c->epoch == 0 || c->step == p->steps ? p->epoch == c->epoch + 1 && bad_step == 1
-                                                       : p->epoch == c->epoch && bad_step == c->step + 1;
-    if (!loss_ok && first_after && g->copies > 1) c = &g->slot[!g->newest];
-    if (m->num_buffers && (r = mnistcu__finite_copy(m, m->buffers, c->buffers, m->num_buffers, 0))) return r;
-    if ((r = mnistcu__finite_copy(m, m->params, c->params, m->num_params, !c->has_state))) return r;
-    if (c->has_state && (r = mnistcu__finite_copy(m, m->state, c->state, m->state_floats, 1))) return r;
-    m->state_sig = c->has_state ? c->state_sig : 0; /* none: the next step makes it anew */
-    m->state_steps = c->has_state ? c->state_steps : 0;
-    res->epochs = p->epoch;
-    res->train_loss = p->train_loss;
-    res->train_accuracy = p->train_accuracy;
-    res->seconds = p->seconds;
-    res->diverged_epoch = p->epoch;
-    res->diverged_step = bad_step;
-    if (c->epoch == 0) snprintf(kept, sizeof kept, "the weights it had before training");
-    else snprintf(kept, sizeof kept, "the weights of epoch %d, step %llu, the last ones finite with a finite loss",
-                  c->epoch, MNISTCU__ULL(c->step));
-    if (!loss_ok)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_DIVERGED,
-                             "training diverged in epoch %d at step %llu of %llu: the loss is %s. The model keeps %s. "
-                             "Try a lower learning rate (this run: %g).", p->epoch, MNISTCU__ULL(bad_step),
-                             MNISTCU__ULL(p->steps), bad_loss != bad_loss ? "NaN" : "infinite", kept, (double)g->lr);
-    return mnistcu__fail(m->ctx, MNISTCU_ERR_DIVERGED,
-                         "training diverged in epoch %d by step %llu of %llu: a weight is not finite (the loss still "
-                         "was). The model keeps %s. Try a lower learning rate (this run: %g).", p->epoch,
-                         MNISTCU__ULL(bad_step), MNISTCU__ULL(p->steps), kept, (double)g->lr);
-}
-
-MNISTCU_DEF float mnistcu_schedule_lr(const mnistcu_schedule_desc *schedule, float lr, int t, int T)
-{
-    double pi = 3.14159265358979323846, base = (double)lr, g;
-    int k, passed = 0;
-    if (!schedule || t < 0) return lr;
-    if (schedule->warmup > 0) {
-        if (t < schedule->warmup) {
-            double s0 = schedule->warmup_start != 0.0f ? (double)schedule->warmup_start : 0.1;
-            return (float)(base * (s0 + (1.0 - s0) * (double)t / (double)schedule->warmup));
-        }
-        t -= schedule->warmup;
-        T -= schedule->warmup;
-    }
-    g = schedule->gamma != 0.0f ? (double)schedule->gamma : 0.1;
-    switch (schedule->kind) {
-    case MNISTCU_SCHEDULE_STEP:
-        return (float)(base * pow(g, (double)(t / (schedule->step_size > 0 ? schedule->step_size : 1))));
-    case MNISTCU_SCHEDULE_COSINE:
-        if (T <= 0) return lr;
-        return (float)((double)schedule->min_lr +
-                       (base - (double)schedule->min_lr) * (1.0 + cos(pi * (double)t / (double)T)) / 2.0);
-    case MNISTCU_SCHEDULE_MULTISTEP:
-        for (k = 0; k < MNISTCU_MAX_MILESTONES && schedule->milestones[k] > 0; ++k) passed += schedule->milestones[k] <= t;
-        return (float)(base * pow(g, (double)passed));
-    case MNISTCU_SCHEDULE_EXPONENTIAL: return (float)(base * pow((double)schedule->gamma, (double)t));
-    case MNISTCU_SCHEDULE_EXP_DECAY: return (float)(base * exp(-(double)schedule->decay * (double)t));
-    case MNISTCU_SCHEDULE_ONE_CYCLE: {
-        double pct = schedule->pct_start != 0.0f ? (double)schedule->pct_start : 0.3;
-        double lo = base / (schedule->div_factor != 0.0f ? (double)schedule->div_factor : 25.0);
-        double end = lo / (schedule->final_div_factor != 0.0f ? (double)schedule->final_div_factor : 1e4);
-        double up = pct * (double)T - 1.0, top = (double)T - 1.0, a, b, f;
-        if ((double)t <= up) a = lo, b = base, f = up > 0.0 ? (double)t / up : 1.0;
-        else a = base, b = end, f = top > up ? ((double)t - up) / (top - up) : 1.0;
-        return (float)(b + (a - b) / 2.0 * (cos(pi * f) + 1.0));
-    }
-    default: return lr; /* CONSTANT; PLATEAU moves with the validation loss, in mnistcu_train */
-    }
-}
-
-/* ReduceLROnPlateau's state (mode min, relative threshold 1e-4, no cooldown):
-   the best loss so far, the epochs since, the rate. */
-typedef struct mnistcu__plateau { double best, lr; int bad; } mnistcu__plateau;
-
-static void mnistcu__plateau_start(mnistcu__plateau *p, float lr)
-{
-    p->best = HUGE_VAL;
-    p->lr = (double)lr;
-    p->bad = 0;
-}
-
-/* After an epoch whose validation loss was metric: the rate for the next. */
-static void mnistcu__plateau_step(mnistcu__plateau *p, const mnistcu_schedule_desc *s, double metric)
-{
-    double factor = s->factor != 0.0f ? (double)s->factor : 0.1, next;
-    int patience = s->patience ? s->patience : 10;
-    if (metric < p->best * (1.0 - 1e-4)) {
-        p->best = metric;
-        p->bad = 0;
-    } else {
-        p->bad++;
-    }
-    if (p->bad > patience) {
-        next = MNISTCU__MAX(p->lr * factor, (double)s->min_lr);
-        if (p->lr - next > 1e-8) p->lr = next;
-        p->bad = 0;
-    }
-}
-
-static mnistcu_result mnistcu__check_schedule(mnistcu_ctx *ctx, const mnistcu_schedule_desc *s, float lr)
-{
-    int k, ok = 1;
-    if ((unsigned)s->kind > MNISTCU_SCHEDULE_PLATEAU || s->step_size < 0 || s->patience < 0 ||
-        !(s->pct_start >= 0.0f && s->pct_start < 1.0f) || !(s->div_factor >= 0.0f && s->div_factor < FLT_MAX) ||
-        !(s->final_div_factor >= 0.0f && s->final_div_factor < FLT_MAX) || !(s->factor >= 0.0f && s->factor < 1.0f) || !(s->gamma >= 0.0f && s->gamma <= 1.0f) ||
-        !(s->min_lr >= 0.0f && s->min_lr <= lr) || !(s->decay >= 0.0f && s->decay < FLT_MAX) || s->warmup < 0 ||
-        !(s->warmup_start >= 0.0f && s->warmup_start <= 1.0f) || (s->kind == MNISTCU_SCHEDULE_EXPONENTIAL && s->gamma == 0.0f))
-        ok = 0;
-    for (k = 0; k < MNISTCU_MAX_MILESTONES && ok; ++k)
-        if (s->milestones[k] < 0 || (k > 0 && s->milestones[k] && s->milestones[k] <= s->milestones[k - 1]) ||
-            (k > 0 && s->milestones[k] && !s->milestones[k - 1]))
-            ok = 0;
-    if (!ok)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
-                             "train: schedule kind %d, step_size %d, gamma %g (0..1; EXPONENTIAL needs one), min_lr %g "
-                             "(0..the learning rate), decay %g, warmup %d, warmup_start %g (0..1) or milestones "
-                             "(increasing, then 0) out of range", (int)s->kind, s->step_size, (double)s->gamma,
-                             (double)s->min_lr, (double)s->decay, s->warmup, (double)s->warmup_start);
-    return MNISTCU_OK;
-}
-
-/* One JSON number: null when it is not finite, as JSON has no NaN or infinity. */
-static void mnistcu__json_num(FILE *f, const char *key, double v)
-{
-    if (v == v && v <= DBL_MAX && v >= -DBL_MAX) fprintf(f, ",\"%s\":%.9g", key, v);
-    else fprintf(f, ",\"%s\":null", key);
-}
-
-/* The training log's line for a report. */
-static int mnistcu__log_line(FILE *f, const mnistcu_progress *p)
-{
-    fprintf(f, "{\"epoch\":%d,\"step\":%llu,\"steps\":%llu,\"epoch_end\":%s", p->epoch, MNISTCU__ULL(p->step),
-            MNISTCU__ULL(p->steps), p->epoch_end ? "true" : "false");
-    mnistcu__json_num(f, "lr", p->learning_rate);
-    mnistcu__json_num(f, "train_loss", p->train_loss);
-    mnistcu__json_num(f, "train_accuracy", p->train_accuracy);
-    if (p->has_validation) {
-        mnistcu__json_num(f, "val_loss", p->val_loss);
-        mnistcu__json_num(f, "val_accuracy", p->val_accuracy);
-    }
-    mnistcu__json_num(f, "seconds", p->seconds);
-    mnistcu__json_num(f, "images_per_second", p->images_per_second);
-    fprintf(f, "}\n");
-    return fflush(f) == 0 && !ferror(f);
-}
-
-MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out)
-{
-    mnistcu_train_desc d;
-    if (!out) return;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    if (d.epochs == 0) d.epochs = 10;
-    if (d.batch_size == 0) d.batch_size = 64;
-    if (d.optim.kind == MNISTCU_OPTIM_DEFAULT) d.optim.kind = MNISTCU_OPTIM_SGD;
-    if (d.optim.learning_rate == 0.0f) d.optim.learning_rate = 0.1f;
-    if (d.schedule.kind == MNISTCU_SCHEDULE_DEFAULT) d.schedule.kind = MNISTCU_SCHEDULE_CONSTANT;
-    if (d.schedule.kind == MNISTCU_SCHEDULE_STEP && d.schedule.step_size == 0) d.schedule.step_size = 1;
-    if ((d.schedule.kind == MNISTCU_SCHEDULE_STEP || d.schedule.kind == MNISTCU_SCHEDULE_MULTISTEP) &&
-        d.schedule.gamma == 0.0f)
-        d.schedule.gamma = 0.1f;
-    if (d.schedule.warmup > 0 && d.schedule.warmup_start == 0.0f) d.schedule.warmup_start = 0.1f;
-    *out = d;
-}
-
-static mnistcu_result mnistcu__check_dataset(const mnistcu_model *m, const mnistcu_dataset *ds, const char *what)
-{
-    if (!ds) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: dataset is NULL", what);
-    if (ds->ctx != m->ctx)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: dataset and model belong to different contexts",
-                             what);
-    if (ds->features != m->inputs)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: samples have %lu features, the model takes %lu inputs", what,
-                             (unsigned long)ds->features, (unsigned long)m->inputs);
-    if ((size_t)ds->num_classes > m->classes)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: dataset has %d classes, the model outputs %lu", what,
-                             ds->num_classes, (unsigned long)m->classes);
-    if (ds->targets && ds->target_dim != m->classes)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: dataset has %lu targets per sample, the model outputs %lu",
-                             what, (unsigned long)ds->target_dim, (unsigned long)m->classes);
-    if (ds->targets && m->loss == MNISTCU_LOSS_HINGE)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT,
-                             "%s: the hinge loss needs class labels; this dataset has float targets", what);
-    return MNISTCU_OK;
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
-                                         mnistcu_train_result *result)
-{
-    mnistcu_train_desc d;
-    mnistcu_optim_desc o;
-    mnistcu_ctx *ctx;
-    mnistcu_result r;
-    mnistcu__stats st;
-    mnistcu__finite_guard guard;
-    mnistcu_train_result res;
-    uint32_t *idx = NULL;
-    size_t n, B, steps, i;
-    double t_train = 0.0;
-    int epoch, stop = 0, since_best = 0;
-    mnistcu_mode mode;
-    mnistcu__plateau plateau;
-    FILE *logf = NULL;
-    float *best_params = NULL, *best_buffers = NULL; /* early stopping: the best epoch's, on the model's device */
-    mnistcu__aug aug;
-
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    ctx = m->ctx;
-    mode = m->mode;
-    memset(&res, 0, sizeof res);
-    memset(&st, 0, sizeof st);
-    memset(&guard, 0, sizeof guard);
-    if (result) *result = res;
-    if ((r = mnistcu__check_dataset(m, train, "train"))) return r;
-    if (desc && desc->validation && (r = mnistcu__check_dataset(m, desc->validation, "train (validation set)")))
-        return r;
-    mnistcu_train_desc_resolve(desc, &d);
-    if (d.epochs < 0 || d.batch_size < 0)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: epochs %d and batch_size %d must be positive",
-                             d.epochs, d.batch_size);
-    n = train->count;
-    B = (size_t)d.batch_size;
-    if (B > n)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: batch_size %lu is larger than the dataset (%lu)",
-                             (unsigned long)B, (unsigned long)n);
-    if ((r = mnistcu__resolve_optim(ctx, &d.optim, &o)) || (r = mnistcu__check_schedule(ctx, &d.schedule, o.learning_rate)))
-        return r;
-    if ((r = mnistcu__model_reserve(m, B))) return r;
-    steps = (n + B - 1) / B; /* the last partial batch is trained too */
-    if (d.schedule.per_step && steps * (size_t)d.epochs > 2147483647u)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: a per-step schedule counts at most 2^31 - 1 steps");
-    if (d.early_stop < 0 || (d.early_stop && !d.validation))
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
-                             "train: early_stop %d: give a patience of 1 or more epochs, and a validation set",
-                             d.early_stop);
-    if (d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && (!d.validation || d.schedule.per_step))
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
-                             "train: the PLATEAU schedule follows the validation loss at each epoch's end: give a "
-                             "validation set, and no per_step");
-    mnistcu__aug_make(&d.augment, ctx->desc.seed, &aug);
-    if (aug.on && (r = mnistcu__aug_check(ctx, &d.augment, train))) return r;
-    mnistcu__plateau_start(&plateau, d.optim.learning_rate);
-    idx = (uint32_t *)mnistcu__alloc(ctx, n * sizeof(uint32_t));
-    st.steps = steps;
-    st.loss = (double *)mnistcu__alloc(ctx, steps * sizeof(double));
-    st.correct = (int64_t *)mnistcu__alloc(ctx, steps * sizeof(int64_t));
-    if (!idx || !st.loss || !st.correct) {
-        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu indices", (unsigned long)n);
-        goto done;
-    }
-    if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;
-    if (d.log_path && !(logf = fopen(d.log_path, "w"))) {
-        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: cannot open the log %.300s for writing", d.log_path);
-        goto done;
-    }
-    if (d.early_stop && !d.keep_last &&
-        ((r = mnistcu__finite_alloc(m, &best_params, m->num_params)) ||
-         (m->num_buffers && (r = mnistcu__finite_alloc(m, &best_buffers, m->num_buffers)))))
-        goto done;
-    m->mode = MNISTCU_MODE_TRAIN;
-    m->has_norm = 1; /* evaluation and predict_u8 normalise as this training set does */
-    m->norm_u8 = train->u8 != NULL;
-    m->norm_scale = train->scale;
-    m->norm_shift = train->shift;
-
-    for (epoch = 1; epoch <= d.epochs && !stop; ++epoch) {
-        double t_epoch = mnistcu__now(), loss_sum = 0.0;
-        int64_t correct = 0;
-        size_t step, reported = 0, seen = 0;
-        if (!d.schedule.per_step)
-            o.learning_rate = d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && epoch > d.schedule.warmup
-                                  ? (float)plateau.lr
-                                  : mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate, epoch - 1, d.epochs);
-        for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
-        if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
-        if ((r = mnistcu__epoch_begin(m, train, idx, n, &st))) goto done;
-        for (step = 0; step < steps && !stop; ++step) {
-            size_t b = MNISTCU__MIN(B, n - step * B);
-            if (d.schedule.per_step)
-                o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate,
-                                                      (int)((size_t)(epoch - 1) * steps + step), (int)(steps * (size_t)d.epochs));
-            if ((r = mnistcu__gather(m, train, idx, step * B, b, &aug)) || (r = mnistcu__forward(m, b)) ||
-                (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, &st)) ||
-                (r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, &o)))
-                goto done;
-            seen += b;
-            res.steps++;
-            if (step + 1 == steps || (d.progress && d.progress_every && (step + 1) % d.progress_every == 0) ||
-                (logf && d.log_every && (step + 1) % d.log_every == 0)) {
-                mnistcu_progress p;
-                if ((r = mnistcu__finite_queue(m, &guard)) ||
-                    (r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct)))
-                    goto done;
-                reported = step + 1;
-                memset(&p, 0, sizeof p);
-                p.epoch = epoch;
-                p.epochs = d.epochs;
-                p.step = step + 1;
-                p.steps = steps;
-                p.samples = seen;
-                p.train_loss = loss_sum / (double)seen;
-                p.has_accuracy = train->targets == NULL;
-                p.train_accuracy = p.has_accuracy ? (double)correct / (double)seen : mnistcu__nan();
-                p.epoch_end = step + 1 == steps;
-                p.seconds = t_train + (mnistcu__now() - t_epoch);
-                p.images_per_second = (double)seen / MNISTCU__MAX(mnistcu__now() - t_epoch, 1e-9);
-                p.learning_rate = o.learning_rate;
-                if ((r = mnistcu__finite_check(m, &guard, &st, &p, &res))) goto done;
-                if (p.epoch_end) {
-                    t_train += mnistcu__now() - t_epoch;
-                    p.seconds = t_train;
-                    res.epochs = epoch;
-                    res.train_loss = p.train_loss;
-                    res.train_accuracy = p.train_accuracy;
-                    res.seconds = t_train;
-                    if (d.validation) {
-                        mnistcu_metrics vm;
-                        if ((r = mnistcu_evaluate(m, d.validation, &vm, NULL))) goto done;
-                        p.has_validation = res.has_validation = 1;
-                        p.val_loss = res.val_loss = vm.loss;
-                        p.val_accuracy = res.val_accuracy = vm.accuracy;
-                        if (d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && epoch > d.schedule.warmup)
-                            mnistcu__plateau_step(&plateau, &d.schedule, vm.loss);
-                        if (!res.best_epoch || vm.loss < res.best_val_loss) { /* a new best: keep its weights */
-                            res.best_epoch = epoch;
-                            res.best_val_loss = vm.loss;
-                            since_best = 0;
-                            if (best_params &&
-                                ((r = mnistcu__finite_copy(m, best_params, m->params, m->num_params, 0)) ||
-                                 (best_buffers &&
-                                  (r = mnistcu__finite_copy(m, best_buffers, m->buffers, m->num_buffers, 0)))))
-                                goto done;
-                        } else if (d.early_stop && ++since_best >= d.early_stop && epoch < d.epochs) {
-                            stop = 1;
-                            res.early_stopped = 1;
-                        }
-                    }
-                    if (!p.has_accuracy && p.has_validation)
-                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
-                                     "epoch %d/%d  loss %.6g  val loss %.6g  %.2f s  %.0f img/s  lr %g", epoch, d.epochs,
-                                     p.train_loss, p.val_loss, p.seconds, p.images_per_second, p.learning_rate);
-                    else if (!p.has_accuracy)
-                        mnistcu__log(ctx, MNISTCU_LOG_INFO, "epoch %d/%d  loss %.6g  %.2f s  %.0f img/s  lr %g", epoch,
-                                     d.epochs, p.train_loss, p.seconds, p.images_per_second, p.learning_rate);
-                    else if (p.has_validation)
-                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
-                                     "epoch %d/%d  loss %.4f  acc %.2f%%  val loss %.4f  val acc %.2f%%  %.2f s  %.0f img/s"
-                                     "  lr %g", epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.val_loss,
-                                     100.0 * p.val_accuracy, p.seconds, p.images_per_second, p.learning_rate);
-                    else
-                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
-                                     "epoch %d/%d  loss %.4f  acc %.2f%%  %.2f s  %.0f img/s  lr %g", epoch, d.epochs,
-                                     p.train_loss, 100.0 * p.train_accuracy, p.seconds, p.images_per_second,
-                                     p.learning_rate);
-                }
-                if (logf && !mnistcu__log_line(logf, &p)) {
-                    r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: writing the log %.300s failed", d.log_path);
-                    goto done;
-                }
-                if (d.progress && d.progress(d.progress_user, &p)) stop = 1;
-                if (stop && !p.epoch_end) { /* stopped inside an epoch: report what was trained */
-                    t_train += mnistcu__now() - t_epoch;
-                    res.epochs = epoch;
-                    res.train_loss = p.train_loss;
-                    res.train_accuracy = p.train_accuracy;
-                    res.seconds = t_train;
-                }
-            }
-        }
-    }
-    /* early stopping: the best epoch's weights back, unless it was the last */
-    if (best_params && res.best_epoch && res.best_epoch != res.epochs &&
-        ((r = mnistcu__finite_copy(m, m->params, best_params, m->num_params, 1)) ||
-         (best_buffers && (r = mnistcu__finite_copy(m, m->buffers, best_buffers, m->num_buffers, 1)))))
-        goto done;
-    if (result) *result = res;
-    r = MNISTCU_OK;
-done:
-    if (result && r == MNISTCU_ERR_DIVERGED) *result = res;
-    if (logf && fclose(logf) != 0 && r == MNISTCU_OK)
-        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: closing the log %.300s failed", d.log_path);
-    mnistcu__finite_free(m, best_params);
-    mnistcu__finite_free(m, best_buffers);
-    mnistcu__finite_end(m, &guard);
-    m->mode = mode;
-    mnistcu__free(ctx, idx);
-    mnistcu__free(ctx, st.loss);
-    mnistcu__free(ctx, st.correct);
-    return r;
-}
-
-/* >>evaluate ------------------------------------------------------------------- */
-
-MNISTCU_DEF mnistcu_result mnistcu_evaluate(mnistcu_model *m, const mnistcu_dataset *ds, mnistcu_metrics *out,
-                                            int64_t *confusion)
-{
-    mnistcu_result r;
-    mnistcu__stats st;
-    uint32_t *idx = NULL;
-    int32_t *pred = NULL, *labels;
-    size_t n, i, chunk, steps, s, C;
-    double loss = 0.0;
-    int64_t correct = 0;
-    mnistcu_mode mode;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!out) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate: out is NULL");
-    memset(out, 0, sizeof *out);
-    if ((r = mnistcu__check_dataset(m, ds, "evaluate"))) return r;
-    n = ds->count;
-    C = m->classes;
-    chunk = mnistcu__eval_chunk(m, n);
-    if ((r = mnistcu__model_reserve(m, chunk))) return r;
-    mode = m->mode;
-    m->mode = MNISTCU_MODE_EVAL;
-    steps = (n + chunk - 1) / chunk;
-    memset(&st, 0, sizeof st);
-    st.steps = steps;
-    idx = (uint32_t *)mnistcu__alloc(m->ctx, n * sizeof(uint32_t));
-    st.loss = (double *)mnistcu__alloc(m->ctx, steps * sizeof(double));
-    st.correct = (int64_t *)mnistcu__alloc(m->ctx, steps * sizeof(int64_t));
-    if (confusion) pred = (int32_t *)mnistcu__alloc(m->ctx, chunk * sizeof(int32_t));
-    if (!idx || !st.loss || !st.correct || (confusion && !pred)) {
-        r = mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "evaluate: out of memory");
-        goto done;
-    }
-    for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
-    if (confusion && ds->targets) {
-        r = mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate: no confusion matrix for float targets");
-        goto done;
-    }
-    if (confusion) memset(confusion, 0, C * C * sizeof(int64_t));
-    if ((r = mnistcu__epoch_begin(m, ds, idx, n, &st))) goto done;
-    for (s = 0; s < steps; ++s) {
-        size_t b = MNISTCU__MIN(chunk, n - s * chunk);
-        if ((r = mnistcu__gather(m, ds, idx, s * chunk, b, NULL)) || (r = mnistcu__forward(m, b)) ||
-            (r = mnistcu__loss(m, b, 0)) || (r = mnistcu__step_stats(m, b, s, &st)))
-            goto done;
-        if (confusion) {
-            if ((r = mnistcu__model_copy(m, pred, m->pred, b * sizeof(int32_t), 0))) goto done;
-            labels = ds->labels + s * chunk;
-            for (i = 0; i < b; ++i) confusion[(size_t)labels[i] * C + (size_t)pred[i]]++;
-        }
-    }
-    if ((r = mnistcu__read_stats(m, &st, 0, steps, &loss, &correct))) goto done;
-    out->count = n;
-    out->correct = (size_t)correct;
-    out->loss = loss / (double)n;
-    out->has_accuracy = ds->targets == NULL;
-    out->accuracy = out->has_accuracy ? (double)correct / (double)n : mnistcu__nan();
-done:
-    m->mode = mode;
-    mnistcu__free(m->ctx, idx);
-    mnistcu__free(m->ctx, st.loss);
-    mnistcu__free(m->ctx, st.correct);
-    mnistcu__free(m->ctx, pred);
-    return r;
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_evaluate_logits(mnistcu_model *m, const mnistcu_dataset *ds, float *logits)
-{
-    mnistcu_result r;
-    mnistcu__stats st;
-    uint32_t *idx;
-    size_t n, i, chunk, s;
-    mnistcu_mode mode;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!logits) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate_logits: logits is NULL");
-    if ((r = mnistcu__check_dataset(m, ds, "evaluate_logits"))) return r;
-    n = ds->count;
-    chunk = mnistcu__eval_chunk(m, n);
-    if ((r = mnistcu__model_reserve(m, chunk))) return r;
-    idx = (uint32_t *)mnistcu__alloc(m->ctx, n * sizeof(uint32_t));
-    if (!idx) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "evaluate_logits: out of memory");
-    for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
-    mode = m->mode;
-    m->mode = MNISTCU_MODE_EVAL;
-    memset(&st, 0, sizeof st);
-    st.steps = (n + chunk - 1) / chunk;
-    r = mnistcu__epoch_begin(m, ds, idx, n, &st);
-    for (s = 0; !r && s * chunk < n; ++s) {
-        size_t b = MNISTCU__MIN(chunk, n - s * chunk);
-        if (!(r = mnistcu__gather(m, ds, idx, s * chunk, b, NULL)) && !(r = mnistcu__forward(m, b)))
-            r = mnistcu__model_copy(m, logits + s * chunk * m->classes, m->logits, b * m->classes * sizeof(float), 0);
-    }
-    m->mode = mode;
-    mnistcu__free(m->ctx, idx);
-    return r;
-}
-
-/* >>predict --------------------------------------------------------------------- */
-MNISTCU_DEF mnistcu_result mnistcu_model_forward(mnistcu_model *m, const float *x, size_t n, float *logits)
-{
-    mnistcu_result r;
-    size_t off, in, C, chunk;
-    int i;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!x || !logits || n == 0)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_forward: x, logits and n must be given");
-    in = m->inputs;
-    C = m->classes;
-    chunk = mnistcu__eval_chunk(m, n);
-    /* In TRAIN mode the n samples are one batch, as in PyTorch: batch norm's
-       statistics and dropout's element count must not restart in chunks. */
-    for (i = 0; i < m->num_layers && m->mode == MNISTCU_MODE_TRAIN; ++i)
-        if (m->layers[i].d.kind == MNISTCU_LAYER_BATCHNORM || m->layers[i].d.kind == MNISTCU_LAYER_DROPOUT) chunk = n;
-    if ((r = mnistcu__model_reserve(m, chunk))) return r;
-    for (off = 0; off < n; off += chunk) {
-        size_t b = MNISTCU__MIN(chunk, n - off);
-        if ((r = mnistcu__model_copy(m, m->input, x + off * in, b * in * sizeof(float), 1)) ||
-            (r = mnistcu__forward(m, b)) ||
-            (r = mnistcu__model_copy(m, logits + off * C, m->logits, b * C * sizeof(float), 0)))
-            return r;
-    }
-    return MNISTCU_OK;
-}
-
-/* Softmax and arg-max of logits already on the host. */
-/* Class (argmax) and probabilities of logits z [n][C], in place: a softmax for
-   SOFTMAX_CE and HINGE, a sigmoid per output for BCE, the outputs themselves for MSE. */
-static void mnistcu__host_softmax(float *z, size_t n, size_t C, int32_t *labels, int want_probs, mnistcu_loss loss)
-{
-    size_t i, j;
-    for (i = 0; i < n; ++i) {
-        float *row = z + i * C, mx = row[0], s = 0.0f;
-        size_t arg = 0;
-        for (j = 1; j < C; ++j)
-            if (row[j] > mx) {
-                mx = row[j];
-                arg = j;
-            }
-        if (labels) labels[i] = (int32_t)arg;
-        if (want_probs && loss == MNISTCU_LOSS_BCE) {
-            for (j = 0; j < C; ++j) {
-                float e = expf(-fabsf(row[j]));
-                row[j] = row[j] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-            }
-        } else if (want_probs && loss != MNISTCU_LOSS_MSE) {
-            for (j = 0; j < C; ++j) s += (row[j] = expf(row[j] - mx));
-            for (j = 0; j < C; ++j) row[j] /= s;
-        }
-    }
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_predict(mnistcu_model *m, const float *x, size_t n, int32_t *labels, float *probs)
-{
-    mnistcu_result r;
-    float *z;
-    size_t C, bytes;
-    mnistcu_mode mode;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!x || n == 0 || (!labels && !probs))
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict: x, n and labels or probs must be given");
-    C = m->classes;
-    if (!mnistcu__mul3(n, C, sizeof(float), &bytes))
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "predict: %lu samples overflow", (unsigned long)n);
-    z = probs ? probs : (float *)mnistcu__alloc(m->ctx, bytes);
-    if (!z) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict: out of memory");
-    mode = m->mode;
-    m->mode = MNISTCU_MODE_EVAL;
-    r = mnistcu_model_forward(m, x, n, z);
-    m->mode = mode;
-    if (r == MNISTCU_OK) mnistcu__host_softmax(z, n, C, labels, probs != NULL, m->loss);
-    if (z != probs) mnistcu__free(m->ctx, z);
-    return r;
-}
-
-MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *pixels, size_t n, int32_t *labels,
-                                              float *probs)
-{
-    mnistcu_result r = MNISTCU_OK;
-    float *x, scale, shift;
-    size_t in, C, i, off, chunk, bytes;
-    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
-    if (!pixels || n == 0 || (!labels && !probs))
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict_u8: pixels, n and labels or probs must be given");
-    in = m->inputs;
-    C = m->classes;
-    scale = m->has_norm && m->norm_u8 ? m->norm_scale : 1.0f / 255.0f;
-    shift = m->has_norm && m->norm_u8 ? m->norm_shift : 0.0f;
-    chunk = MNISTCU__MIN(n, (size_t)MNISTCU__EVAL_CHUNK);
-    if (!mnistcu__mul3(chunk, in, sizeof(float), &bytes))
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "predict_u8: %lu inputs overflow", (unsigned long)in);
-    x = (float *)mnistcu__alloc(m->ctx, bytes);
-    if (!x) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict_u8: out of memory");
-    for (off = 0; off < n && r == MNISTCU_OK; off += chunk) {
-        size_t b = MNISTCU__MIN(chunk, n - off);
-        for (i = 0; i < b * in; ++i) x[i] = (float)pixels[off * in + i] * scale + shift;
-        r = mnistcu_predict(m, x, b, labels ? labels + off : NULL, probs ? probs + off * C : NULL);
-    }
-    mnistcu__free(m->ctx, x);
-    return r;
-}
 /* >>safetensors -----------------------------------------------------------------
    Model files in the safetensors format (https://github.com/huggingface/safetensors):
    8 bytes, the little-endian length N of a JSON header; N bytes of header
@@ -8784,6 +7896,77 @@ static mnistcu_result mnistcu__meta_class_names(mnistcu_model *m, const char *te
     return MNISTCU_OK;
 }
 
+/* The tensors of m from a parsed file, strictly: every tensor of the model with
+   its dtype and shape, no other (but the mnistcu.* of checkpoints), finite values. */
+static mnistcu_result mnistcu__st_load_tensors(mnistcu_model *m, const mnistcu__st_file *f, const char *what)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    float *host = NULL;
+    mnistcu_result r;
+    int i, k;
+    /* Every tensor of the model, with its dtype and shape; no other (but mnistcu.* of checkpoints). */
+    for (i = 0; i < f->nt; ++i)
+        if (strncmp(f->t[i].name, "mnistcu.", 8) != 0 && !mnistcu__has_tensor(m, f->t[i].name)) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_TENSORS, "%.300s: tensor \"%s\" is not one of the model's (%.200s)",
+                              what, f->t[i].name, mnistcu__st_meta(f, "spec"));
+            goto done;
+        }
+    host = (float *)mnistcu__alloc(ctx, (m->num_params + m->num_buffers + 1) * sizeof(float));
+    if (!host) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: out of memory", what);
+        goto done;
+    }
+    for (i = 0; i < m->num_tensors; ++i) {
+        const mnistcu__tensor *mt = &m->tensors[i];
+        const mnistcu__st_tensor *t = mnistcu__st_find(f, mt->name);
+        int want = mt->arena == 2 ? MNISTCU__ST_I64 : MNISTCU__ST_F32, same = t && t->ndim == mt->ndim;
+        if (!t) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_TENSORS, "%.300s: tensor \"%s\" of the model is missing", what,
+                              mt->name);
+            goto done;
+        }
+        if (t->dtype != want) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_DTYPE, "%.300s: tensor \"%s\" is %s, the model needs %s", what,
+                              mt->name, mnistcu__st_dtypes[t->dtype].name, mnistcu__st_dtypes[want].name);
+            goto done;
+        }
+        for (k = 0; same && k < mt->ndim; ++k) same = t->shape[k] == (uint64_t)mt->shape[k];
+        if (!same) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\" has another shape than the model's", what,
+                              mt->name);
+            goto done;
+        }
+        if (mt->arena == 2) {
+            int64_t c;
+            mnistcu__le_copy(&c, f->data + t->begin, 1, 8);
+            if (c < 0) {
+                r = mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\" is negative", what, mt->name);
+                goto done;
+            }
+            m->layers[mt->layer].batches = c;
+        } else {
+            float *dst = (mt->arena == 0 ? host : host + m->num_params) + mt->offset;
+            size_t e;
+            mnistcu__le_copy(dst, f->data + t->begin, mt->count, 4);
+            for (e = 0; e < mt->count; ++e)
+                if (!mnistcu__finite_f(dst[e])) {
+                    r = mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\" holds a value that is not "
+                                                                 "finite at element %lu", what, mt->name,
+                                      (unsigned long)e);
+                    goto done;
+                }
+        }
+    }
+    if ((r = mnistcu__model_copy(m, m->params, host, m->num_params * sizeof(float), 1)) ||
+        (m->num_buffers &&
+         (r = mnistcu__model_copy(m, m->buffers, host + m->num_params, m->num_buffers * sizeof(float), 1))))
+        goto done;
+    r = MNISTCU_OK;
+done:
+    mnistcu__free(ctx, host);
+    return r;
+}
+
 /* The model a parsed file describes, with its weights (strict: every tensor present, none unknown). */
 static mnistcu_result mnistcu__model_from_st(mnistcu_ctx *ctx, const mnistcu__st_file *f, const char *what,
                                              mnistcu_model **out)
@@ -8791,10 +7974,9 @@ static mnistcu_result mnistcu__model_from_st(mnistcu_ctx *ctx, const mnistcu__st
     mnistcu_model_desc d;
     mnistcu_model *m = NULL;
     const char *v;
-    float *host = NULL;
     mnistcu_result r;
     double x;
-    int i, k;
+    int k;
     *out = NULL;
     v = mnistcu__st_meta(f, "format");
     if (!v || strcmp(v, "mnistcu") != 0)
@@ -8853,68 +8035,10 @@ static mnistcu_result mnistcu__model_from_st(mnistcu_ctx *ctx, const mnistcu__st
             m->norm_u8 = !u8 || !strcmp(u8, "1");
         }
     }
-    /* Every tensor of the model, with its dtype and shape; no other (but mnistcu.* of checkpoints). */
-    for (i = 0; i < f->nt; ++i)
-        if (strncmp(f->t[i].name, "mnistcu.", 8) != 0 && !mnistcu__has_tensor(m, f->t[i].name)) {
-            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_TENSORS, "%.300s: tensor \"%s\" is not one of the model's (%.200s)",
-                              what, f->t[i].name, mnistcu__st_meta(f, "spec"));
-            goto fail;
-        }
-    host = (float *)mnistcu__alloc(ctx, (m->num_params + m->num_buffers + 1) * sizeof(float));
-    if (!host) {
-        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: out of memory", what);
-        goto fail;
-    }
-    for (i = 0; i < m->num_tensors; ++i) {
-        const mnistcu__tensor *mt = &m->tensors[i];
-        const mnistcu__st_tensor *t = mnistcu__st_find(f, mt->name);
-        int want = mt->arena == 2 ? MNISTCU__ST_I64 : MNISTCU__ST_F32, same = t && t->ndim == mt->ndim;
-        if (!t) {
-            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_TENSORS, "%.300s: tensor \"%s\" of the model is missing", what,
-                              mt->name);
-            goto fail;
-        }
-        if (t->dtype != want) {
-            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_DTYPE, "%.300s: tensor \"%s\" is %s, the model needs %s", what,
-                              mt->name, mnistcu__st_dtypes[t->dtype].name, mnistcu__st_dtypes[want].name);
-            goto fail;
-        }
-        for (k = 0; same && k < mt->ndim; ++k) same = t->shape[k] == (uint64_t)mt->shape[k];
-        if (!same) {
-            r = mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\" has another shape than the model's", what,
-                              mt->name);
-            goto fail;
-        }
-        if (mt->arena == 2) {
-            int64_t c;
-            mnistcu__le_copy(&c, f->data + t->begin, 1, 8);
-            if (c < 0) {
-                r = mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\" is negative", what, mt->name);
-                goto fail;
-            }
-            m->layers[mt->layer].batches = c;
-        } else {
-            float *dst = (mt->arena == 0 ? host : host + m->num_params) + mt->offset;
-            size_t e;
-            mnistcu__le_copy(dst, f->data + t->begin, mt->count, 4);
-            for (e = 0; e < mt->count; ++e)
-                if (!mnistcu__finite_f(dst[e])) {
-                    r = mnistcu__fail(ctx, MNISTCU_ERR_ST_SHAPE, "%.300s: tensor \"%s\" holds a value that is not "
-                                                                 "finite at element %lu", what, mt->name,
-                                      (unsigned long)e);
-                    goto fail;
-                }
-        }
-    }
-    if ((r = mnistcu__model_copy(m, m->params, host, m->num_params * sizeof(float), 1)) ||
-        (m->num_buffers &&
-         (r = mnistcu__model_copy(m, m->buffers, host + m->num_params, m->num_buffers * sizeof(float), 1))))
-        goto fail;
-    mnistcu__free(ctx, host);
+    if ((r = mnistcu__st_load_tensors(m, f, what))) goto fail;
     *out = m;
     return MNISTCU_OK;
 fail:
-    mnistcu__free(ctx, host);
     mnistcu_model_destroy(m);
     return r;
 #undef MNISTCU__META_NUM
@@ -8962,6 +8086,1461 @@ MNISTCU_DEF mnistcu_result mnistcu_model_load(mnistcu_ctx *ctx, const char *path
     return r;
 }
 
+/* >>train ----------------------------------------------------------------------
+   One epoch: a shuffled index (host RNG, so CPU and GPU see the same batches),
+   then for each batch: gather, forward, loss, backward, update. The loss and
+   the number of correct predictions of every step are kept per step and summed
+   in step order only where a report is due, so the GPU never waits for the host
+   inside an epoch unless the caller asks for progress. */
+#ifdef __CUDACC__
+static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx,
+                                                size_t n, size_t steps);
+static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
+                                           float scale, float shift, const mnistcu__aug *aug);
+static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
+static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
+static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
+#endif
+
+typedef struct mnistcu__stats {
+    double *loss;      /* [steps] loss summed over each step's samples */
+    int64_t *correct;  /* [steps] correct predictions of each step */
+    size_t steps;
+} mnistcu__stats;
+
+static mnistcu_result mnistcu__epoch_begin(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t n,
+                                           mnistcu__stats *st)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_epoch_begin(m, ds, idx, n, st->steps);
+#endif
+    (void)m; (void)ds; (void)idx; (void)n; (void)st;
+    return MNISTCU_OK;
+}
+
+/* How the model normalises ds: as its training set when it was trained on data
+   stored the same way, else as the dataset says. */
+static void mnistcu__norm_for(const mnistcu_model *m, const mnistcu_dataset *ds, float *scale, float *shift)
+{
+    int same_kind = m->norm_u8 == (ds->u8 != NULL);
+    *scale = m->has_norm && same_kind ? m->norm_scale : ds->scale;
+    *shift = m->has_norm && same_kind ? m->norm_shift : ds->shift;
+}
+
+/* x and labels of samples idx[offset .. offset+B) into act[0] and labels;
+   aug: NULL, or the training batch's augmentation. */
+static mnistcu_result mnistcu__gather(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t offset,
+                                      size_t B, const mnistcu__aug *aug)
+{
+    size_t i, j, F = ds->features;
+    float scale, shift;
+    mnistcu__norm_for(m, ds, &scale, &shift);
+    m->batch_targets = ds->targets != NULL;
+    if (aug && !aug->on) aug = NULL;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_gather(m, ds, offset, B, scale, shift, aug);
+#endif
+    if (aug) {
+        int32_t *work = (int32_t *)mnistcu__alloc(m->ctx, 4 * F * sizeof(int32_t));
+        if (!work) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "augment: out of memory");
+        for (i = 0; i < B; ++i) {
+            size_t smp = idx[offset + i];
+            mnistcu__cpu_augment(aug, ds->u8 + smp * F, ds->rows, ds->cols, (uint32_t)i, m->steps, scale, shift,
+                                 m->input + i * F, work);
+            m->labels[i] = ds->labels[smp];
+            if (ds->targets)
+                memcpy(m->targets + i * ds->target_dim, ds->targets + smp * ds->target_dim,
+                       ds->target_dim * sizeof(float));
+        }
+        mnistcu__free(m->ctx, work);
+        return MNISTCU_OK;
+    }
+    for (i = 0; i < B; ++i) {
+        size_t s = idx[offset + i];
+        float *x = m->input + i * F;
+        if (ds->u8) {
+            const uint8_t *src = ds->u8 + s * F;
+            for (j = 0; j < F; ++j) x[j] = (float)src[j] * scale + shift;
+        } else {
+            const float *src = ds->f32 + s * F;
+            for (j = 0; j < F; ++j) x[j] = src[j] * scale + shift;
+        }
+        m->labels[i] = ds->labels[s];
+        if (ds->targets) memcpy(m->targets + i * ds->target_dim, ds->targets + s * ds->target_dim, ds->target_dim * sizeof(float));
+    }
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__step_stats(mnistcu_model *m, size_t B, size_t step, mnistcu__stats *st)
+{
+    double sum = 0.0;
+    int64_t correct = 0;
+    size_t i;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_step_stats(m, B, step);
+#endif
+    for (i = 0; i < B; ++i) {
+        sum += (double)m->sample_loss[i];
+        correct += m->pred[i] == m->labels[i];
+    }
+    st->loss[step] = sum;
+    st->correct[step] = correct;
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__read_stats(mnistcu_model *m, const mnistcu__stats *st, size_t from, size_t to,
+                                          double *loss, int64_t *correct)
+{
+    size_t i;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_read_stats(m, from, to, loss, correct);
+#endif
+    (void)m;
+    for (i = from; i < to; ++i) {
+        *loss += st->loss[i];
+        *correct += st->correct[i];
+    }
+    return MNISTCU_OK;
+}
+
+/* ---- divergence -------------------------------------------------------------
+   Where training reads its statistics anyway (every progress report, every
+   epoch end) it checks that the loss of the steps since the last check is
+   finite, and so is every parameter (a non-finite gradient or momentum reaches
+   the parameters in the same step). A check that passes copies the parameters
+   and the momentum aside, on the model's device; one that fails puts a copy
+   back and stops training with MNISTCU_ERR_DIVERGED.
+   Which copy: the weights of a check are only known to give a finite loss once
+   the next step has computed it. So two copies are kept, the newest and the one
+   before; if the first step after the newest is the one whose loss is not
+   finite, the one before is put back. Either way the model keeps finite
+   weights whose loss was finite (or, if the very first step failed, those it
+   started with). On the GPU a kernel checks the parameters into a flag in
+   device memory, queued just before the statistics are read: the flag arrives
+   with them, and no step waits for the host. */
+typedef struct mnistcu__finite_copy_slot {
+    float *params;     /* [num_params] parameters checked finite */
+    float *state;      /* [state_floats] the optimizer state; allocated once the model has one */
+    float *buffers;    /* [num_buffers] batch norm's running statistics taken with them */
+    int has_state;     /* state holds the optimizer state taken with params */
+    int state_sig;     /* ... its layout, and the steps taken with it */
+    uint64_t state_steps;
+    int epoch;         /* where they were taken: the epoch (0: before training) */
+    size_t step;       /* and the steps done in it */
+} mnistcu__finite_copy_slot;
+
+typedef struct mnistcu__finite_guard {
+    int on;            /* 0: mnistcu_train_desc.no_divergence_check */
+    float lr;          /* the learning rate, for the message */
+    mnistcu__finite_copy_slot slot[2];
+    int newest;        /* slot[newest] is the last copy, slot[!newest] the one before */
+    int copies;        /* copies taken: 1 means slot[!newest] holds none yet */
+    int *dev_flags;    /* CUDA: [MNISTCU__FINITE_BLOCKS] per-block flags, then the flag of all */
+    int *host_flag;    /* CUDA: pinned host copy of that flag */
+} mnistcu__finite_guard;
+
+#ifdef __CUDACC__
+static mnistcu_result mnistcu__cuda_malloc(mnistcu_ctx *ctx, void **p, size_t bytes, const char *what);
+static void mnistcu__cuda_free(mnistcu_ctx *ctx, void *p);
+static mnistcu_result mnistcu__cuda_device_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync);
+static mnistcu_result mnistcu__cuda_finite_begin(mnistcu_model *m, mnistcu__finite_guard *g);
+static void mnistcu__cuda_finite_end(mnistcu_model *m, mnistcu__finite_guard *g);
+static mnistcu_result mnistcu__cuda_finite_queue(mnistcu_model *m, mnistcu__finite_guard *g);
+static mnistcu_result mnistcu__cuda_finite_flag(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite);
+#endif
+
+/* n floats on the model's device: dst = src, or dst = 0 when src is NULL. */
+static mnistcu_result mnistcu__finite_copy(mnistcu_model *m, float *dst, const float *src, size_t n, int sync)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_device_copy(m, dst, src, n, sync);
+#endif
+    (void)m; (void)sync;
+    if (src) memcpy(dst, src, n * sizeof(float));
+    else memset(dst, 0, n * sizeof(float));
+    return MNISTCU_OK;
+}
+
+static mnistcu_result mnistcu__finite_alloc(mnistcu_model *m, float **p, size_t n)
+{
+    *p = NULL;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA)
+        return mnistcu__cuda_malloc(m->ctx, (void **)p, n * sizeof(float), "divergence check: a copy of the weights");
+#endif
+    *p = (float *)mnistcu__alloc(m->ctx, n * sizeof(float));
+    if (!*p)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY,
+                             "divergence check: out of memory for a copy of %llu weights", MNISTCU__ULL(n));
+    return MNISTCU_OK;
+}
+
+static void mnistcu__finite_free(mnistcu_model *m, float *p)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) {
+        mnistcu__cuda_free(m->ctx, p);
+        return;
+    }
+#endif
+    mnistcu__free(m->ctx, p);
+}
+
+/* Copies the parameters and momentum aside, over the older of the two copies,
+   which becomes the newest. */
+static mnistcu_result mnistcu__finite_snapshot(mnistcu_model *m, mnistcu__finite_guard *g, int epoch, size_t step)
+{
+    mnistcu__finite_copy_slot *c = &g->slot[g->copies ? !g->newest : g->newest];
+    mnistcu_result r;
+    if (!c->params && (r = mnistcu__finite_alloc(m, &c->params, m->num_params))) return r;
+    if ((r = mnistcu__finite_copy(m, c->params, m->params, m->num_params, 0))) return r;
+    if (m->num_buffers) {
+        if (!c->buffers && (r = mnistcu__finite_alloc(m, &c->buffers, m->num_buffers))) return r;
+        if ((r = mnistcu__finite_copy(m, c->buffers, m->buffers, m->num_buffers, 0))) return r;
+    }
+    c->has_state = m->state_sig != 0 && m->state_floats != 0;
+    c->state_sig = m->state_sig;
+    c->state_steps = m->state_steps;
+    if (c->has_state) {
+        if (!c->state && (r = mnistcu__finite_alloc(m, &c->state, m->state_floats))) return r;
+        if ((r = mnistcu__finite_copy(m, c->state, m->state, m->state_floats, 0))) return r;
+    }
+    c->epoch = epoch;
+    c->step = step;
+    g->newest = (int)(c - g->slot);
+    g->copies++;
+    return MNISTCU_OK;
+}
+
+/* Just before the statistics of a report are read: on the GPU, queue the check
+   of the parameters, whose flag then comes back with the statistics. */
+static mnistcu_result mnistcu__finite_queue(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+#ifdef __CUDACC__
+    if (g->on && m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_finite_queue(m, g);
+#endif
+    (void)m; (void)g;
+    return MNISTCU_OK;
+}
+
+/* *all_finite: 1 when no parameter is NaN or infinite. On the GPU this reads
+   the flag that mnistcu__finite_queue asked for. */
+static mnistcu_result mnistcu__finite_params(mnistcu_model *m, mnistcu__finite_guard *g, int *all_finite)
+{
+    size_t i;
+    int ok = 1;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_finite_flag(m, g, all_finite);
+#endif
+    (void)g;
+    for (i = 0; i < m->num_params; ++i) ok &= mnistcu__finite_f(m->params[i]);
+    *all_finite = ok;
+    return MNISTCU_OK;
+}
+
+/* Before training: the weights must be finite (there would be nothing good to
+   keep otherwise), and they are the first copy. */
+static mnistcu_result mnistcu__finite_begin(mnistcu_model *m, mnistcu__finite_guard *g, int on, float lr)
+{
+    mnistcu_result r;
+    int ok = 1;
+    memset(g, 0, sizeof *g);
+    g->on = on;
+    g->lr = lr;
+    if (!on) return MNISTCU_OK;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_finite_begin(m, g))) return r;
+#endif
+    if ((r = mnistcu__finite_queue(m, g)) || (r = mnistcu__finite_params(m, g, &ok))) return r;
+    if (!ok)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "train: a weight of the model is not finite before training (NaN or infinite); give it "
+                             "finite weights (mnistcu_model_set_params), or set no_divergence_check to train anyway");
+    return mnistcu__finite_snapshot(m, g, 0, 0);
+}
+
+static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+    int k;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_finite_end(m, g);
+#endif
+    for (k = 0; k < 2; ++k) {
+        mnistcu__finite_free(m, g->slot[k].params);
+        mnistcu__finite_free(m, g->slot[k].state);
+        mnistcu__finite_free(m, g->slot[k].buffers);
+    }
+    memset(g, 0, sizeof *g);
+}
+
+/* Loss of step i of the epoch (summed over its samples), read at this report. */
+static double mnistcu__step_loss(const mnistcu_model *m, const mnistcu__stats *st, size_t i)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_step_loss(m, i);
+#endif
+    (void)m;
+    return st->loss[i];
+}
+
+/* At a report p, its statistics read: the check. On success the parameters
+   are copied aside; on failure a copy is put back (see above), res describes
+   the training so far, and the result is MNISTCU_ERR_DIVERGED. */
+static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_guard *g, const mnistcu__stats *st,
+                                            const mnistcu_progress *p, mnistcu_train_result *res)
+{
+    const mnistcu__finite_copy_slot *c = &g->slot[g->newest];
+    size_t from = c->epoch == p->epoch ? c->step : 0, bad_step = p->step, i;
+    int loss_ok = 1, params_ok = 1, first_after;
+    double bad_loss = 0.0;
+    char kept[128];
+    mnistcu_result r;
+    if (!g->on) return MNISTCU_OK;
+    /* Per-sample losses are >= 0, so the running mean is finite exactly when
+       every step's loss is; only then do the parameters need looking at. */
+    if (!mnistcu__finite_d(p->train_loss)) {
+        loss_ok = 0;
+        for (i = from; i < p->step; ++i) {
+            bad_loss = mnistcu__step_loss(m, st, i);
+            if (!mnistcu__finite_d(bad_loss)) {
+                bad_step = i + 1;
+                break;
+            }
+        }
+    } else if ((r = mnistcu__finite_params(m, g, &params_ok))) {
+        return r;
+    }
+    if (loss_ok && params_ok) return mnistcu__finite_snapshot(m, g, p->epoch, p->step);
+
+    /* The newest copy's own loss is that of the step after it: when that is
+       the step that failed, the copy before is the last good one. */
+    first_after = c->epoch == 0 || c->step == p->steps ? p->epoch == c->epoch + 1 && bad_step == 1
+                                                       : p->epoch == c->epoch && bad_step == c->step + 1;
+    if (!loss_ok && first_after && g->copies > 1) c = &g->slot[!g->newest];
+    if (m->num_buffers && (r = mnistcu__finite_copy(m, m->buffers, c->buffers, m->num_buffers, 0))) return r;
+    if ((r = mnistcu__finite_copy(m, m->params, c->params, m->num_params, !c->has_state))) return r;
+    if (c->has_state && (r = mnistcu__finite_copy(m, m->state, c->state, m->state_floats, 1))) return r;
+    m->state_sig = c->has_state ? c->state_sig : 0; /* none: the next step makes it anew */
+    m->state_steps = c->has_state ? c->state_steps : 0;
+    res->epochs = p->epoch;
+    res->train_loss = p->train_loss;
+    res->train_accuracy = p->train_accuracy;
+    res->seconds = p->seconds;
+    res->diverged_epoch = p->epoch;
+    res->diverged_step = bad_step;
+    if (c->epoch == 0) snprintf(kept, sizeof kept, "the weights it had before training");
+    else snprintf(kept, sizeof kept, "the weights of epoch %d, step %llu, the last ones finite with a finite loss",
+                  c->epoch, MNISTCU__ULL(c->step));
+    if (!loss_ok)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_DIVERGED,
+                             "training diverged in epoch %d at step %llu of %llu: the loss is %s. The model keeps %s. "
+                             "Try a lower learning rate (this run: %g).", p->epoch, MNISTCU__ULL(bad_step),
+                             MNISTCU__ULL(p->steps), bad_loss != bad_loss ? "NaN" : "infinite", kept, (double)g->lr);
+    return mnistcu__fail(m->ctx, MNISTCU_ERR_DIVERGED,
+                         "training diverged in epoch %d by step %llu of %llu: a weight is not finite (the loss still "
+                         "was). The model keeps %s. Try a lower learning rate (this run: %g).", p->epoch,
+                         MNISTCU__ULL(bad_step), MNISTCU__ULL(p->steps), kept, (double)g->lr);
+}
+
+MNISTCU_DEF float mnistcu_schedule_lr(const mnistcu_schedule_desc *schedule, float lr, int t, int T)
+{
+    double pi = 3.14159265358979323846, base = (double)lr, g;
+    int k, passed = 0;
+    if (!schedule || t < 0) return lr;
+    if (schedule->warmup > 0) {
+        if (t < schedule->warmup) {
+            double s0 = schedule->warmup_start != 0.0f ? (double)schedule->warmup_start : 0.1;
+            return (float)(base * (s0 + (1.0 - s0) * (double)t / (double)schedule->warmup));
+        }
+        t -= schedule->warmup;
+        T -= schedule->warmup;
+    }
+    g = schedule->gamma != 0.0f ? (double)schedule->gamma : 0.1;
+    switch (schedule->kind) {
+    case MNISTCU_SCHEDULE_STEP:
+        return (float)(base * pow(g, (double)(t / (schedule->step_size > 0 ? schedule->step_size : 1))));
+    case MNISTCU_SCHEDULE_COSINE:
+        if (T <= 0) return lr;
+        return (float)((double)schedule->min_lr +
+                       (base - (double)schedule->min_lr) * (1.0 + cos(pi * (double)t / (double)T)) / 2.0);
+    case MNISTCU_SCHEDULE_MULTISTEP:
+        for (k = 0; k < MNISTCU_MAX_MILESTONES && schedule->milestones[k] > 0; ++k) passed += schedule->milestones[k] <= t;
+        return (float)(base * pow(g, (double)passed));
+    case MNISTCU_SCHEDULE_EXPONENTIAL: return (float)(base * pow((double)schedule->gamma, (double)t));
+    case MNISTCU_SCHEDULE_EXP_DECAY: return (float)(base * exp(-(double)schedule->decay * (double)t));
+    case MNISTCU_SCHEDULE_ONE_CYCLE: {
+        double pct = schedule->pct_start != 0.0f ? (double)schedule->pct_start : 0.3;
+        double lo = base / (schedule->div_factor != 0.0f ? (double)schedule->div_factor : 25.0);
+        double end = lo / (schedule->final_div_factor != 0.0f ? (double)schedule->final_div_factor : 1e4);
+        double up = pct * (double)T - 1.0, top = (double)T - 1.0, a, b, f;
+        if ((double)t <= up) a = lo, b = base, f = up > 0.0 ? (double)t / up : 1.0;
+        else a = base, b = end, f = top > up ? ((double)t - up) / (top - up) : 1.0;
+        return (float)(b + (a - b) / 2.0 * (cos(pi * f) + 1.0));
+    }
+    default: return lr; /* CONSTANT; PLATEAU moves with the validation loss, in mnistcu_train */
+    }
+}
+
+/* ReduceLROnPlateau's state (mode min, relative threshold 1e-4, no cooldown):
+   the best loss so far, the epochs since, the rate. */
+typedef struct mnistcu__plateau { double best, lr; int bad; } mnistcu__plateau;
+
+static void mnistcu__plateau_start(mnistcu__plateau *p, float lr)
+{
+    p->best = HUGE_VAL;
+    p->lr = (double)lr;
+    p->bad = 0;
+}
+
+/* After an epoch whose validation loss was metric: the rate for the next. */
+static void mnistcu__plateau_step(mnistcu__plateau *p, const mnistcu_schedule_desc *s, double metric)
+{
+    double factor = s->factor != 0.0f ? (double)s->factor : 0.1, next;
+    int patience = s->patience ? s->patience : 10;
+    if (metric < p->best * (1.0 - 1e-4)) {
+        p->best = metric;
+        p->bad = 0;
+    } else {
+        p->bad++;
+    }
+    if (p->bad > patience) {
+        next = MNISTCU__MAX(p->lr * factor, (double)s->min_lr);
+        if (p->lr - next > 1e-8) p->lr = next;
+        p->bad = 0;
+    }
+}
+
+static mnistcu_result mnistcu__check_schedule(mnistcu_ctx *ctx, const mnistcu_schedule_desc *s, float lr)
+{
+    int k, ok = 1;
+    if ((unsigned)s->kind > MNISTCU_SCHEDULE_PLATEAU || s->step_size < 0 || s->patience < 0 ||
+        !(s->pct_start >= 0.0f && s->pct_start < 1.0f) || !(s->div_factor >= 0.0f && s->div_factor < FLT_MAX) ||
+        !(s->final_div_factor >= 0.0f && s->final_div_factor < FLT_MAX) || !(s->factor >= 0.0f && s->factor < 1.0f) || !(s->gamma >= 0.0f && s->gamma <= 1.0f) ||
+        !(s->min_lr >= 0.0f && s->min_lr <= lr) || !(s->decay >= 0.0f && s->decay < FLT_MAX) || s->warmup < 0 ||
+        !(s->warmup_start >= 0.0f && s->warmup_start <= 1.0f) || (s->kind == MNISTCU_SCHEDULE_EXPONENTIAL && s->gamma == 0.0f))
+        ok = 0;
+    for (k = 0; k < MNISTCU_MAX_MILESTONES && ok; ++k)
+        if (s->milestones[k] < 0 || (k > 0 && s->milestones[k] && s->milestones[k] <= s->milestones[k - 1]) ||
+            (k > 0 && s->milestones[k] && !s->milestones[k - 1]))
+            ok = 0;
+    if (!ok)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "train: schedule kind %d, step_size %d, gamma %g (0..1; EXPONENTIAL needs one), min_lr %g "
+                             "(0..the learning rate), decay %g, warmup %d, warmup_start %g (0..1) or milestones "
+                             "(increasing, then 0) out of range", (int)s->kind, s->step_size, (double)s->gamma,
+                             (double)s->min_lr, (double)s->decay, s->warmup, (double)s->warmup_start);
+    return MNISTCU_OK;
+}
+
+/* One JSON number: null when it is not finite, as JSON has no NaN or infinity. */
+static void mnistcu__json_num(FILE *f, const char *key, double v)
+{
+    if (v == v && v <= DBL_MAX && v >= -DBL_MAX) fprintf(f, ",\"%s\":%.9g", key, v);
+    else fprintf(f, ",\"%s\":null", key);
+}
+
+/* The training log's line for a report. */
+static int mnistcu__log_line(FILE *f, const mnistcu_progress *p)
+{
+    fprintf(f, "{\"epoch\":%d,\"step\":%llu,\"steps\":%llu,\"epoch_end\":%s", p->epoch, MNISTCU__ULL(p->step),
+            MNISTCU__ULL(p->steps), p->epoch_end ? "true" : "false");
+    mnistcu__json_num(f, "lr", p->learning_rate);
+    mnistcu__json_num(f, "train_loss", p->train_loss);
+    mnistcu__json_num(f, "train_accuracy", p->train_accuracy);
+    if (p->has_validation) {
+        mnistcu__json_num(f, "val_loss", p->val_loss);
+        mnistcu__json_num(f, "val_accuracy", p->val_accuracy);
+    }
+    mnistcu__json_num(f, "seconds", p->seconds);
+    mnistcu__json_num(f, "images_per_second", p->images_per_second);
+    fprintf(f, "}\n");
+    return fflush(f) == 0 && !ferror(f);
+}
+
+/* >>checkpoint -----------------------------------------------------------------
+   A checkpoint is a model file (kind "checkpoint") that also holds everything
+   training needs to go on as if it had never stopped: the optimizer's state
+   (mnistcu.optim_state) and the step count it was made with, the model's
+   generator (mnistcu.rng: the next epoch's shuffle), the position in the epoch
+   (its sample order, mnistcu.order, and the loss and correct count so far),
+   the optimizer steps taken (dropout's and augmentation's counters), the
+   plateau schedule's and early stopping's state with the best epoch's weights
+   (mnistcu.best_params, mnistcu.best_buffers), the context's seed, and the
+   training settings (train.optim, train.schedule, train.augment,
+   train.settings: "name=value ..." of every field), which a resumed run must
+   repeat: mnistcu_train refuses a resume whose settings, batch size, dataset
+   size or seed differ, naming the difference. */
+typedef struct mnistcu__field { const char *name; size_t off; char type; } mnistcu__field; /* type: i int, f float, z size_t */
+#define MNISTCU__FIELD(st, f, t) {#f, offsetof(st, f), t}
+static const mnistcu__field mnistcu__optim_fields[] = {
+    MNISTCU__FIELD(mnistcu_optim_desc, kind, 'i'), MNISTCU__FIELD(mnistcu_optim_desc, learning_rate, 'f'),
+    MNISTCU__FIELD(mnistcu_optim_desc, momentum, 'f'), MNISTCU__FIELD(mnistcu_optim_desc, nesterov, 'i'),
+    MNISTCU__FIELD(mnistcu_optim_desc, weight_decay, 'f'), MNISTCU__FIELD(mnistcu_optim_desc, dampening, 'f'),
+    MNISTCU__FIELD(mnistcu_optim_desc, beta1, 'f'), MNISTCU__FIELD(mnistcu_optim_desc, beta2, 'f'),
+    MNISTCU__FIELD(mnistcu_optim_desc, eps, 'f'), MNISTCU__FIELD(mnistcu_optim_desc, amsgrad, 'i'),
+    MNISTCU__FIELD(mnistcu_optim_desc, alpha, 'f'), MNISTCU__FIELD(mnistcu_optim_desc, centered, 'i'),
+    MNISTCU__FIELD(mnistcu_optim_desc, lr_decay, 'f'), MNISTCU__FIELD(mnistcu_optim_desc, initial_accumulator_value, 'f'),
+    MNISTCU__FIELD(mnistcu_optim_desc, l2, 'f'), MNISTCU__FIELD(mnistcu_optim_desc, clip_norm, 'f'), {NULL, 0, 0}};
+static const mnistcu__field mnistcu__schedule_fields[] = {
+    MNISTCU__FIELD(mnistcu_schedule_desc, kind, 'i'), MNISTCU__FIELD(mnistcu_schedule_desc, step_size, 'i'),
+    MNISTCU__FIELD(mnistcu_schedule_desc, gamma, 'f'), MNISTCU__FIELD(mnistcu_schedule_desc, min_lr, 'f'),
+    {"milestone0", offsetof(mnistcu_schedule_desc, milestones) + 0 * sizeof(int), 'i'},
+    {"milestone1", offsetof(mnistcu_schedule_desc, milestones) + 1 * sizeof(int), 'i'},
+    {"milestone2", offsetof(mnistcu_schedule_desc, milestones) + 2 * sizeof(int), 'i'},
+    {"milestone3", offsetof(mnistcu_schedule_desc, milestones) + 3 * sizeof(int), 'i'},
+    {"milestone4", offsetof(mnistcu_schedule_desc, milestones) + 4 * sizeof(int), 'i'},
+    {"milestone5", offsetof(mnistcu_schedule_desc, milestones) + 5 * sizeof(int), 'i'},
+    {"milestone6", offsetof(mnistcu_schedule_desc, milestones) + 6 * sizeof(int), 'i'},
+    {"milestone7", offsetof(mnistcu_schedule_desc, milestones) + 7 * sizeof(int), 'i'},
+    MNISTCU__FIELD(mnistcu_schedule_desc, decay, 'f'), MNISTCU__FIELD(mnistcu_schedule_desc, warmup, 'i'),
+    MNISTCU__FIELD(mnistcu_schedule_desc, warmup_start, 'f'), MNISTCU__FIELD(mnistcu_schedule_desc, per_step, 'i'),
+    MNISTCU__FIELD(mnistcu_schedule_desc, pct_start, 'f'), MNISTCU__FIELD(mnistcu_schedule_desc, div_factor, 'f'),
+    MNISTCU__FIELD(mnistcu_schedule_desc, final_div_factor, 'f'), MNISTCU__FIELD(mnistcu_schedule_desc, patience, 'i'),
+    MNISTCU__FIELD(mnistcu_schedule_desc, factor, 'f'), {NULL, 0, 0}};
+static const mnistcu__field mnistcu__augment_fields[] = {
+    MNISTCU__FIELD(mnistcu_augment_desc, rotate, 'f'), MNISTCU__FIELD(mnistcu_augment_desc, scale, 'f'),
+    MNISTCU__FIELD(mnistcu_augment_desc, translate, 'f'), MNISTCU__FIELD(mnistcu_augment_desc, elastic_alpha, 'f'),
+    MNISTCU__FIELD(mnistcu_augment_desc, elastic_sigma, 'f'), {NULL, 0, 0}};
+static const mnistcu__field mnistcu__train_fields[] = {
+    MNISTCU__FIELD(mnistcu_train_desc, epochs, 'i'), MNISTCU__FIELD(mnistcu_train_desc, batch_size, 'i'),
+    MNISTCU__FIELD(mnistcu_train_desc, no_shuffle, 'i'), MNISTCU__FIELD(mnistcu_train_desc, early_stop, 'i'),
+    MNISTCU__FIELD(mnistcu_train_desc, keep_last, 'i'), MNISTCU__FIELD(mnistcu_train_desc, no_divergence_check, 'i'),
+    {NULL, 0, 0}};
+#undef MNISTCU__FIELD
+
+/* "name=value name=value ..." of a struct's fields (floats as their shortest exact decimal). */
+static void mnistcu__fields_text(const mnistcu__field *f, const void *st, char *out, size_t size)
+{
+    size_t len = 0;
+    out[0] = 0;
+    for (; f->name; ++f) {
+        const char *p = (const char *)st + f->off;
+        char num[40];
+        if (f->type == 'f') {
+            float v;
+            memcpy(&v, p, sizeof v);
+            mnistcu__float_text(v, num, sizeof num);
+        } else if (f->type == 'i') {
+            int v;
+            memcpy(&v, p, sizeof v);
+            snprintf(num, sizeof num, "%d", v);
+        } else {
+            size_t v;
+            memcpy(&v, p, sizeof v);
+            snprintf(num, sizeof num, "%llu", MNISTCU__ULL(v));
+        }
+        mnistcu__cat(out, size, &len, "%s%s=%s", len ? " " : "", f->name, num);
+    }
+}
+
+/* The inverse: 0 when a token is malformed or names no field. */
+static int mnistcu__fields_parse(const mnistcu__field *fields, const char *text, void *st)
+{
+    const char *p = text;
+    while (*p) {
+        const mnistcu__field *f;
+        const char *eq = strchr(p, '='), *end;
+        char *stop;
+        size_t nlen;
+        if (!eq) return 0;
+        nlen = (size_t)(eq - p);
+        for (f = fields; f->name; ++f)
+            if (strlen(f->name) == nlen && !strncmp(p, f->name, nlen)) break;
+        if (!f->name) return 0;
+        end = strchr(eq, ' ');
+        if (!end) end = eq + strlen(eq);
+        if (f->type == 'f') {
+            int ok = 0;
+            float v = mnistcu__parse_float_text(eq + 1, end, &ok);
+            if (!ok) return 0;
+            memcpy((char *)st + f->off, &v, sizeof v);
+        } else {
+            long long v = strtoll(eq + 1, &stop, 10);
+            if (stop != end || stop == eq + 1 || v < 0 || (f->type == 'i' && v > 2147483647)) return 0;
+            if (f->type == 'i') {
+                int iv = (int)v;
+                memcpy((char *)st + f->off, &iv, sizeof iv);
+            } else {
+                size_t zv = (size_t)v;
+                memcpy((char *)st + f->off, &zv, sizeof zv);
+            }
+        }
+        p = *end ? end + 1 : end;
+    }
+    return 1;
+}
+
+/* Where training stands, for a checkpoint. */
+typedef struct mnistcu__train_state {
+    int epoch;              /* the epoch in progress or just ended (1-based) */
+    size_t step, steps;     /* steps done in it; per epoch */
+    size_t total_steps;
+    double loss_sum;        /* the epoch so far */
+    int64_t correct;
+    size_t seen;
+    double seconds;
+    mnistcu__plateau plateau;
+    int best_epoch, since_best;
+    double best_val_loss;
+    const uint32_t *order;  /* the epoch's sample order, when inside it */
+    size_t n;               /* samples */
+    uint64_t seed;
+} mnistcu__train_state;
+
+static mnistcu_result mnistcu__checkpoint_write(mnistcu_model *m, const mnistcu_train_desc *d,
+                                                const mnistcu_optim_desc *o, const mnistcu__train_state *ts,
+                                                const float *best_params, const float *best_buffers, const char *path)
+{
+    char optim[1024], sched[1024], aug[512], settings[512], pos[512], plateau[256], best[256], misc[256];
+    const char *mk[9], *mv[9];
+    mnistcu__st_out ex[5];
+    float *state = NULL, *bp = NULL, *bb = NULL;
+    uint64_t rng[4];
+    mnistcu_result r = MNISTCU_OK;
+    int nx = 0, k;
+    size_t len = 0;
+    mnistcu__fields_text(mnistcu__optim_fields, o, optim, sizeof optim);
+    mnistcu__fields_text(mnistcu__schedule_fields, &d->schedule, sched, sizeof sched);
+    mnistcu__fields_text(mnistcu__augment_fields, &d->augment, aug, sizeof aug);
+    mnistcu__fields_text(mnistcu__train_fields, d, settings, sizeof settings);
+    mnistcu__cat(pos, sizeof pos, &len, "epoch=%d step=%llu steps=%llu total_steps=%llu model_steps=%llu state_sig=%d "
+                 "state_steps=%llu samples=%llu seen=%llu correct=%lld loss_sum=%.17g seconds=%.17g", ts->epoch,
+                 MNISTCU__ULL(ts->step), MNISTCU__ULL(ts->steps), MNISTCU__ULL(ts->total_steps), MNISTCU__ULL(m->steps),
+                 m->state_sig, MNISTCU__ULL(m->state_steps), MNISTCU__ULL(ts->n), MNISTCU__ULL(ts->seen),
+                 (long long)ts->correct, ts->loss_sum, ts->seconds);
+    snprintf(plateau, sizeof plateau, "best=%.17g lr=%.17g bad=%d", ts->plateau.best, ts->plateau.lr, ts->plateau.bad);
+    snprintf(best, sizeof best, "best_epoch=%d since_best=%d best_val_loss=%.17g", ts->best_epoch, ts->since_best,
+             ts->best_val_loss);
+    snprintf(misc, sizeof misc, "%llu", MNISTCU__ULL(ts->seed));
+    mk[0] = "train.optim"; mv[0] = optim;
+    mk[1] = "train.schedule"; mv[1] = sched;
+    mk[2] = "train.augment"; mv[2] = aug;
+    mk[3] = "train.settings"; mv[3] = settings;
+    mk[4] = "train.position"; mv[4] = pos;
+    mk[5] = "train.plateau"; mv[5] = plateau;
+    mk[6] = "train.best"; mv[6] = best;
+    mk[7] = "train.seed"; mv[7] = misc;
+    memset(ex, 0, sizeof ex);
+    if (m->state_floats && m->state_sig) {
+        state = (float *)mnistcu__alloc(m->ctx, m->state_floats * sizeof(float));
+        if (!state || (r = mnistcu__model_copy(m, state, m->state, m->state_floats * sizeof(float), 0))) goto done;
+        ex[nx].name = "mnistcu.optim_state";
+        ex[nx].dtype = MNISTCU__ST_F32;
+        ex[nx].ndim = 1;
+        ex[nx].shape[0] = (int64_t)m->state_floats;
+        ex[nx].data = state;
+        ex[nx++].count = m->state_floats;
+    }
+    for (k = 0; k < 4; ++k) rng[k] = m->rng.s[k];
+    ex[nx].name = "mnistcu.rng";
+    ex[nx].dtype = MNISTCU__ST_I64;
+    ex[nx].ndim = 1;
+    ex[nx].shape[0] = 4;
+    ex[nx].data = rng;
+    ex[nx++].count = 4;
+    if (ts->order && ts->step < ts->steps) {
+        ex[nx].name = "mnistcu.order";
+        ex[nx].dtype = MNISTCU__ST_U32;
+        ex[nx].ndim = 1;
+        ex[nx].shape[0] = (int64_t)ts->n;
+        ex[nx].data = ts->order;
+        ex[nx++].count = ts->n;
+    }
+    if (best_params) {
+        bp = (float *)mnistcu__alloc(m->ctx, m->num_params * sizeof(float));
+        if (!bp || (r = mnistcu__model_copy(m, bp, best_params, m->num_params * sizeof(float), 0))) goto done;
+        ex[nx].name = "mnistcu.best_params";
+        ex[nx].dtype = MNISTCU__ST_F32;
+        ex[nx].ndim = 1;
+        ex[nx].shape[0] = (int64_t)m->num_params;
+        ex[nx].data = bp;
+        ex[nx++].count = m->num_params;
+    }
+    if (best_buffers && m->num_buffers) {
+        bb = (float *)mnistcu__alloc(m->ctx, m->num_buffers * sizeof(float));
+        if (!bb || (r = mnistcu__model_copy(m, bb, best_buffers, m->num_buffers * sizeof(float), 0))) goto done;
+        ex[nx].name = "mnistcu.best_buffers";
+        ex[nx].dtype = MNISTCU__ST_F32;
+        ex[nx].ndim = 1;
+        ex[nx].shape[0] = (int64_t)m->num_buffers;
+        ex[nx].data = bb;
+        ex[nx++].count = m->num_buffers;
+    }
+    mk[8] = "note"; /* the caller's own text (the CLI's data options) */
+    mv[8] = d->checkpoint_note;
+    r = mnistcu__model_save(m, path, "checkpoint", ex, nx, mk, mv, d->checkpoint_note ? 9 : 8);
+done:
+    if (!r && ((state == NULL && m->state_floats && m->state_sig) || (best_params && !bp) ||
+               (best_buffers && m->num_buffers && !bb)))
+        r = mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "checkpoint: out of memory");
+    mnistcu__free(m->ctx, state);
+    mnistcu__free(m->ctx, bp);
+    mnistcu__free(m->ctx, bb);
+    return r;
+}
+
+/* "key=value" of a space-separated list, as a double; 0 when absent or malformed. */
+static int mnistcu__kv(const char *text, const char *key, double *v)
+{
+    size_t klen = strlen(key);
+    const char *p = text;
+    while (p && *p) {
+        if (!strncmp(p, key, klen) && p[klen] == '=') {
+            char *end;
+            *v = strtod(p + klen + 1, &end);
+            return end != p + klen + 1 && (*end == ' ' || *end == 0) && *v == *v;
+        }
+        p = strchr(p, ' ');
+        if (p) ++p;
+    }
+    return 0;
+}
+
+/* The tensors of m from a parsed file (strict, as for loading a model). */
+static mnistcu_result mnistcu__st_load_tensors(mnistcu_model *m, const mnistcu__st_file *f, const char *what);
+
+/* Restores m and the training state from the checkpoint at d->resume_from. order: [n] filled when the
+   checkpoint is inside an epoch; best_params/best_buffers: early stopping's copies, filled when saved. */
+static mnistcu_result mnistcu__checkpoint_resume(mnistcu_model *m, const mnistcu_train_desc *d,
+                                                 const mnistcu_optim_desc *o, size_t n, size_t steps,
+                                                 mnistcu__train_state *ts, uint32_t *order, float *best_params,
+                                                 float *best_buffers)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    const char *path = d->resume_from, *v;
+    mnistcu__st_file f;
+    mnistcu_train_desc now, then;
+    char a[1024], b[1024], spec[2048];
+    const mnistcu__st_tensor *t;
+    mnistcu_result r;
+    double x[12];
+    int k;
+    memset(ts, 0, sizeof *ts);
+    if ((r = mnistcu__st_read(ctx, path, &f))) return r;
+#define MNISTCU__RESUME_FAIL(code, ...)            \
+    do {                                           \
+        r = mnistcu__fail(ctx, code, __VA_ARGS__); \
+        goto done;                                 \
+    } while (0)
+    v = mnistcu__st_meta(&f, "kind");
+    if (!v || strcmp(v, "checkpoint") != 0)
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_METADATA, "resume: %.300s is not a checkpoint (kind \"%.20s\")", path,
+                             v ? v : "none");
+    if ((r = mnistcu_model_spec(m, spec, sizeof spec))) goto done;
+    v = mnistcu__st_meta(&f, "spec");
+    if (!v || strcmp(v, spec) != 0)
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_SHAPE, "resume: %.300s holds the model \"%.300s\", this one is \"%.300s\"",
+                             path, v ? v : "?", spec);
+#define MNISTCU__SAME(key, fields, st, what_)                                                                    \
+    mnistcu__fields_text(fields, st, a, sizeof a);                                                               \
+    v = mnistcu__st_meta(&f, key);                                                                               \
+    if (!v || strcmp(v, a) != 0)                                                                                 \
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_INVALID_ARGUMENT,                                                       \
+                             "resume: the %s differ from the checkpoint's: now \"%.300s\", then \"%.300s\"", what_, \
+                             a, v ? v : "(none)");
+    MNISTCU__SAME("train.optim", mnistcu__optim_fields, o, "optimizer settings")
+    MNISTCU__SAME("train.schedule", mnistcu__schedule_fields, &d->schedule, "schedule settings")
+    MNISTCU__SAME("train.augment", mnistcu__augment_fields, &d->augment, "augmentation settings")
+#undef MNISTCU__SAME
+    /* every setting but the epoch count, which may grow */
+    memset(&then, 0, sizeof then);
+    v = mnistcu__st_meta(&f, "train.settings");
+    if (!v || !mnistcu__fields_parse(mnistcu__train_fields, v, &then))
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_METADATA, "resume: %.300s: train.settings missing or malformed", path);
+    now = *d;
+    now.epochs = then.epochs;
+    mnistcu__fields_text(mnistcu__train_fields, &now, a, sizeof a);
+    mnistcu__fields_text(mnistcu__train_fields, &then, b, sizeof b);
+    if (strcmp(a, b) != 0)
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_INVALID_ARGUMENT,
+                             "resume: the training settings differ from the checkpoint's: now \"%s\", then \"%s\"", a, b);
+    v = mnistcu__st_meta(&f, "train.seed");
+    if (!v || strtoull(v, NULL, 10) != ctx->desc.seed)
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_INVALID_ARGUMENT,
+                             "resume: the checkpoint was made with seed %.30s; create the context with that seed (this "
+                             "one has %llu)", v ? v : "?", MNISTCU__ULL(ctx->desc.seed));
+    v = mnistcu__st_meta(&f, "train.position");
+    if (!v || !mnistcu__kv(v, "epoch", &x[0]) || !mnistcu__kv(v, "step", &x[1]) || !mnistcu__kv(v, "steps", &x[2]) ||
+        !mnistcu__kv(v, "total_steps", &x[3]) || !mnistcu__kv(v, "model_steps", &x[4]) ||
+        !mnistcu__kv(v, "state_sig", &x[5]) || !mnistcu__kv(v, "state_steps", &x[6]) ||
+        !mnistcu__kv(v, "samples", &x[7]) || !mnistcu__kv(v, "seen", &x[8]) || !mnistcu__kv(v, "correct", &x[9]) ||
+        !mnistcu__kv(v, "loss_sum", &x[10]) || !mnistcu__kv(v, "seconds", &x[11]) || x[0] < 1 || x[1] < 0 ||
+        x[1] > x[2] || x[8] < 0 || x[9] < 0 || x[9] > x[8])
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_METADATA, "resume: %.300s: train.position missing or malformed", path);
+    if ((size_t)x[7] != n || (size_t)x[2] != steps)
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_INVALID_ARGUMENT,
+                             "resume: the checkpoint trained on %.0f samples in %.0f steps per epoch, now %lu in %lu: "
+                             "give the same training set and batch size", x[7], x[2], (unsigned long)n,
+                             (unsigned long)steps);
+    ts->epoch = (int)x[0];
+    ts->step = (size_t)x[1];
+    ts->steps = steps;
+    ts->total_steps = (size_t)x[3];
+    ts->seen = (size_t)x[8];
+    ts->correct = (int64_t)x[9];
+    ts->loss_sum = x[10];
+    ts->seconds = x[11];
+    ts->n = n;
+    v = mnistcu__st_meta(&f, "train.plateau");
+    if (!v || !mnistcu__kv(v, "best", &ts->plateau.best) || !mnistcu__kv(v, "lr", &ts->plateau.lr) ||
+        !mnistcu__kv(v, "bad", &x[0]))
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_METADATA, "resume: %.300s: train.plateau missing or malformed", path);
+    ts->plateau.bad = (int)x[0];
+    v = mnistcu__st_meta(&f, "train.best");
+    if (!v || !mnistcu__kv(v, "best_epoch", &x[0]) || !mnistcu__kv(v, "since_best", &x[1]) ||
+        !mnistcu__kv(v, "best_val_loss", &ts->best_val_loss))
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_METADATA, "resume: %.300s: train.best missing or malformed", path);
+    ts->best_epoch = (int)x[0];
+    ts->since_best = (int)x[1];
+    /* the weights, then the optimizer's state in the layout o makes */
+    if ((r = mnistcu__st_load_tensors(m, &f, path))) goto done;
+    m->state_sig = 0;
+    if ((int)x[5] != 0) {
+        if ((r = mnistcu__opt_state(m, o))) goto done;
+        t = mnistcu__st_find(&f, "mnistcu.optim_state");
+        if (m->state_sig != (int)x[5] || !t || t->dtype != MNISTCU__ST_F32 || t->count != m->state_floats)
+            MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_TENSORS, "resume: %.300s: the optimizer state does not fit the optimizer",
+                                 path);
+        {
+            float *host = (float *)mnistcu__alloc(ctx, m->state_floats * sizeof(float));
+            if (!host) MNISTCU__RESUME_FAIL(MNISTCU_ERR_OUT_OF_MEMORY, "resume: out of memory");
+            mnistcu__le_copy(host, f.data + t->begin, m->state_floats, 4);
+            r = mnistcu__model_copy(m, m->state, host, m->state_floats * sizeof(float), 1);
+            mnistcu__free(ctx, host);
+            if (r) goto done;
+        }
+    }
+    m->steps = (uint64_t)x[4];
+    m->state_steps = (uint64_t)x[6];
+    t = mnistcu__st_find(&f, "mnistcu.rng");
+    if (!t || t->dtype != MNISTCU__ST_I64 || t->count != 4)
+        MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_TENSORS, "resume: %.300s: mnistcu.rng missing", path);
+    mnistcu__le_copy(m->rng.s, f.data + t->begin, 4, 8);
+    if (ts->step < steps) {
+        size_t i;
+        t = mnistcu__st_find(&f, "mnistcu.order");
+        if (!t || t->dtype != MNISTCU__ST_U32 || t->count != n)
+            MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_TENSORS, "resume: %.300s: mnistcu.order missing", path);
+        mnistcu__le_copy(order, f.data + t->begin, n, 4);
+        for (i = 0; i < n; ++i)
+            if (order[i] >= n) MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_SHAPE, "resume: %.300s: the sample order is not one", path);
+    }
+    for (k = 0; k < 2; ++k) {
+        float *dst = k ? best_buffers : best_params;
+        size_t cnt = k ? m->num_buffers : m->num_params;
+        t = mnistcu__st_find(&f, k ? "mnistcu.best_buffers" : "mnistcu.best_params");
+        if (!dst || !t || !cnt) continue;
+        if (t->dtype != MNISTCU__ST_F32 || t->count != cnt)
+            MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_TENSORS, "resume: %.300s: %s has the wrong size", path, t->name);
+        {
+            float *host = (float *)mnistcu__alloc(ctx, cnt * sizeof(float));
+            if (!host) MNISTCU__RESUME_FAIL(MNISTCU_ERR_OUT_OF_MEMORY, "resume: out of memory");
+            mnistcu__le_copy(host, f.data + t->begin, cnt, 4);
+            r = mnistcu__model_copy(m, dst, host, cnt * sizeof(float), 1);
+            mnistcu__free(ctx, host);
+            if (r) goto done;
+        }
+    }
+    r = MNISTCU_OK;
+done:
+#undef MNISTCU__RESUME_FAIL
+    mnistcu__st_free(ctx, &f);
+    return r;
+}
+
+/* STEM-SUFFIX.safetensors for PATH = STEM.safetensors (or STEM). */
+static int mnistcu__checkpoint_name(const char *path, const char *suffix, char *out, size_t size)
+{
+    size_t len = strlen(path);
+    if (len >= 12 && !strcmp(path + len - 12, ".safetensors")) len -= 12;
+    return snprintf(out, size, "%.*s-%s.safetensors", (int)len, path, suffix) < (int)size;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_checkpoint_info_get(mnistcu_ctx *ctx, const char *path, mnistcu_checkpoint_info *info)
+{
+    mnistcu__st_file f;
+    mnistcu_result r;
+    const char *v;
+    double x[4];
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!path || !info) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "checkpoint_info: NULL argument");
+    memset(info, 0, sizeof *info);
+    if ((r = mnistcu__st_read(ctx, path, &f))) return r;
+    v = mnistcu__st_meta(&f, "kind");
+    if (!v || strcmp(v, "checkpoint") != 0) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s is not a checkpoint", path);
+        goto done;
+    }
+    v = mnistcu__st_meta(&f, "train.position");
+    if (!v || !mnistcu__kv(v, "epoch", &x[0]) || !mnistcu__kv(v, "step", &x[1]) || !mnistcu__kv(v, "steps", &x[2]) ||
+        !mnistcu__kv(v, "total_steps", &x[3]) || !mnistcu__fields_parse(mnistcu__train_fields,
+                                                                         mnistcu__st_meta(&f, "train.settings")
+                                                                             ? mnistcu__st_meta(&f, "train.settings") : "?",
+                                                                         &info->train) ||
+        !mnistcu__fields_parse(mnistcu__optim_fields, mnistcu__st_meta(&f, "train.optim") ? mnistcu__st_meta(&f, "train.optim") : "?",
+                               &info->train.optim) ||
+        !mnistcu__fields_parse(mnistcu__schedule_fields,
+                               mnistcu__st_meta(&f, "train.schedule") ? mnistcu__st_meta(&f, "train.schedule") : "?",
+                               &info->train.schedule) ||
+        !mnistcu__fields_parse(mnistcu__augment_fields,
+                               mnistcu__st_meta(&f, "train.augment") ? mnistcu__st_meta(&f, "train.augment") : "?",
+                               &info->train.augment) ||
+        !mnistcu__st_meta(&f, "train.seed") || !mnistcu__st_meta(&f, "spec")) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: the training metadata is missing or malformed", path);
+        goto done;
+    }
+    info->epoch = (int)x[0];
+    info->step = (size_t)x[1];
+    info->steps = (size_t)x[2];
+    info->total_steps = (size_t)x[3];
+    info->seed = strtoull(mnistcu__st_meta(&f, "train.seed"), NULL, 10);
+    snprintf(info->spec, sizeof info->spec, "%s", mnistcu__st_meta(&f, "spec"));
+    v = mnistcu__st_meta(&f, "note");
+    snprintf(info->note, sizeof info->note, "%s", v ? v : "");
+done:
+    mnistcu__st_free(ctx, &f);
+    return r;
+}
+
+MNISTCU_DEF void mnistcu_train_desc_resolve(const mnistcu_train_desc *desc, mnistcu_train_desc *out)
+{
+    mnistcu_train_desc d;
+    if (!out) return;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (d.epochs == 0) d.epochs = 10;
+    if (d.batch_size == 0) d.batch_size = 64;
+    if (d.optim.kind == MNISTCU_OPTIM_DEFAULT) d.optim.kind = MNISTCU_OPTIM_SGD;
+    if (d.optim.learning_rate == 0.0f) d.optim.learning_rate = 0.1f;
+    if (d.schedule.kind == MNISTCU_SCHEDULE_DEFAULT) d.schedule.kind = MNISTCU_SCHEDULE_CONSTANT;
+    if (d.schedule.kind == MNISTCU_SCHEDULE_STEP && d.schedule.step_size == 0) d.schedule.step_size = 1;
+    if ((d.schedule.kind == MNISTCU_SCHEDULE_STEP || d.schedule.kind == MNISTCU_SCHEDULE_MULTISTEP) &&
+        d.schedule.gamma == 0.0f)
+        d.schedule.gamma = 0.1f;
+    if (d.schedule.warmup > 0 && d.schedule.warmup_start == 0.0f) d.schedule.warmup_start = 0.1f;
+    *out = d;
+}
+
+static mnistcu_result mnistcu__check_dataset(const mnistcu_model *m, const mnistcu_dataset *ds, const char *what)
+{
+    if (!ds) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: dataset is NULL", what);
+    if (ds->ctx != m->ctx)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%s: dataset and model belong to different contexts",
+                             what);
+    if (ds->features != m->inputs)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: samples have %lu features, the model takes %lu inputs", what,
+                             (unsigned long)ds->features, (unsigned long)m->inputs);
+    if ((size_t)ds->num_classes > m->classes)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: dataset has %d classes, the model outputs %lu", what,
+                             ds->num_classes, (unsigned long)m->classes);
+    if (ds->targets && ds->target_dim != m->classes)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_SHAPE, "%s: dataset has %lu targets per sample, the model outputs %lu",
+                             what, (unsigned long)ds->target_dim, (unsigned long)m->classes);
+    if (ds->targets && m->loss == MNISTCU_LOSS_HINGE)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "%s: the hinge loss needs class labels; this dataset has float targets", what);
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
+                                         mnistcu_train_result *result)
+{
+    mnistcu_train_desc d;
+    mnistcu_optim_desc o;
+    mnistcu_ctx *ctx;
+    mnistcu_result r;
+    mnistcu__stats st;
+    mnistcu__finite_guard guard;
+    mnistcu_train_result res;
+    uint32_t *idx = NULL;
+    size_t n, B, steps, i;
+    double t_train = 0.0;
+    int epoch, stop = 0, since_best = 0;
+    mnistcu_mode mode;
+    mnistcu__plateau plateau;
+    FILE *logf = NULL;
+    float *best_params = NULL, *best_buffers = NULL; /* early stopping: the best epoch's, on the model's device */
+    mnistcu__aug aug;
+    mnistcu__train_state ts;               /* resume: where the checkpoint left off */
+    mnistcu_optim_desc o0;                 /* the optimizer as given (o's rate follows the schedule) */
+    int start_epoch = 1, new_best = 0, ck_now = 0, nkept = 0, *kept = NULL; /* kept: (epoch, step) ring */
+    size_t start_step = 0;
+
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    ctx = m->ctx;
+    mode = m->mode;
+    memset(&res, 0, sizeof res);
+    memset(&st, 0, sizeof st);
+    memset(&guard, 0, sizeof guard);
+    if (result) *result = res;
+    if ((r = mnistcu__check_dataset(m, train, "train"))) return r;
+    if (desc && desc->validation && (r = mnistcu__check_dataset(m, desc->validation, "train (validation set)")))
+        return r;
+    mnistcu_train_desc_resolve(desc, &d);
+    if (d.epochs < 0 || d.batch_size < 0)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: epochs %d and batch_size %d must be positive",
+                             d.epochs, d.batch_size);
+    n = train->count;
+    B = (size_t)d.batch_size;
+    if (B > n)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: batch_size %lu is larger than the dataset (%lu)",
+                             (unsigned long)B, (unsigned long)n);
+    if ((r = mnistcu__resolve_optim(ctx, &d.optim, &o)) || (r = mnistcu__check_schedule(ctx, &d.schedule, o.learning_rate)))
+        return r;
+    if ((r = mnistcu__model_reserve(m, B))) return r;
+    steps = (n + B - 1) / B; /* the last partial batch is trained too */
+    if (d.schedule.per_step && steps * (size_t)d.epochs > 2147483647u)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: a per-step schedule counts at most 2^31 - 1 steps");
+    if (d.early_stop < 0 || (d.early_stop && !d.validation))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "train: early_stop %d: give a patience of 1 or more epochs, and a validation set",
+                             d.early_stop);
+    if (d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && (!d.validation || d.schedule.per_step))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                             "train: the PLATEAU schedule follows the validation loss at each epoch's end: give a "
+                             "validation set, and no per_step");
+    mnistcu__aug_make(&d.augment, ctx->desc.seed, &aug);
+    if (aug.on && (r = mnistcu__aug_check(ctx, &d.augment, train))) return r;
+    mnistcu__plateau_start(&plateau, d.optim.learning_rate);
+    idx = (uint32_t *)mnistcu__alloc(ctx, n * sizeof(uint32_t));
+    st.steps = steps;
+    st.loss = (double *)mnistcu__alloc(ctx, steps * sizeof(double));
+    st.correct = (int64_t *)mnistcu__alloc(ctx, steps * sizeof(int64_t));
+    if (!idx || !st.loss || !st.correct) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu indices", (unsigned long)n);
+        goto done;
+    }
+    if (d.early_stop && !d.keep_last &&
+        ((r = mnistcu__finite_alloc(m, &best_params, m->num_params)) ||
+         (m->num_buffers && (r = mnistcu__finite_alloc(m, &best_buffers, m->num_buffers)))))
+        goto done;
+    o0 = o;
+    memset(&ts, 0, sizeof ts);
+    if (d.checkpoint_every < 0 || d.checkpoint_keep < 0 || d.checkpoint_keep > 100000 ||
+        (unsigned)d.checkpoint_best > 1 || ((d.checkpoint_keep || d.checkpoint_best) && !d.checkpoint_path)) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
+                          "train: checkpoint_every %d, checkpoint_keep %d (0..100000), checkpoint_best %d (0 or 1) "
+                          "out of range, or no checkpoint_path", d.checkpoint_every, d.checkpoint_keep,
+                          d.checkpoint_best);
+        goto done;
+    }
+    if (d.resume_from) { /* the model, optimizer, generators and position of the checkpoint */
+        if ((r = mnistcu__checkpoint_resume(m, &d, &o0, n, steps, &ts, idx, best_params, best_buffers))) goto done;
+        start_epoch = ts.epoch;
+        start_step = ts.step;
+        if (start_step == steps) start_epoch++, start_step = 0; /* taken at an epoch's end */
+        t_train = ts.seconds;
+        res.steps = ts.total_steps;
+        res.epochs = ts.epoch - (ts.step < steps);
+        plateau = ts.plateau;
+        res.best_epoch = ts.best_epoch;
+        res.best_val_loss = ts.best_val_loss;
+        since_best = ts.since_best;
+    }
+    if (d.checkpoint_keep > 0) {
+        kept = (int *)mnistcu__calloc(ctx, 2 * (size_t)d.checkpoint_keep * sizeof(int));
+        if (!kept) {
+            r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory");
+            goto done;
+        }
+    }
+    if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;
+    if (d.log_path && !(logf = fopen(d.log_path, d.resume_from ? "a" : "w"))) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: cannot open the log %.300s for writing", d.log_path);
+        goto done;
+    }
+    m->mode = MNISTCU_MODE_TRAIN;
+    m->has_norm = 1; /* evaluation and predict_u8 normalise as this training set does */
+    m->norm_u8 = train->u8 != NULL;
+    m->norm_scale = train->scale;
+    m->norm_shift = train->shift;
+
+    for (epoch = start_epoch; epoch <= d.epochs && !stop; ++epoch) {
+        int resumed = epoch == start_epoch && start_step > 0; /* inside the epoch a checkpoint was taken in */
+        double t_epoch = mnistcu__now(), loss_sum = resumed ? ts.loss_sum : 0.0;
+        int64_t correct = resumed ? ts.correct : 0;
+        size_t step, reported = resumed ? start_step : 0, seen = resumed ? ts.seen : 0;
+        if (!d.schedule.per_step)
+            o.learning_rate = d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && epoch > d.schedule.warmup
+                                  ? (float)plateau.lr
+                                  : mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate, epoch - 1, d.epochs);
+        if (!resumed) { /* a resumed epoch has its order from the checkpoint */
+            for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
+            if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
+        }
+        if ((r = mnistcu__epoch_begin(m, train, idx, n, &st))) goto done;
+        for (step = resumed ? start_step : 0; step < steps && !stop; ++step) {
+            size_t b = MNISTCU__MIN(B, n - step * B);
+            if (d.schedule.per_step)
+                o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate,
+                                                      (int)((size_t)(epoch - 1) * steps + step), (int)(steps * (size_t)d.epochs));
+            if ((r = mnistcu__gather(m, train, idx, step * B, b, &aug)) || (r = mnistcu__forward(m, b)) ||
+                (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, &st)) ||
+                (r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, &o)))
+                goto done;
+            seen += b;
+            res.steps++;
+            ck_now = d.checkpoint_path && d.checkpoint_every_steps && (step + 1) % d.checkpoint_every_steps == 0 &&
+                     step + 1 < steps;
+            if (step + 1 == steps || (d.progress && d.progress_every && (step + 1) % d.progress_every == 0) ||
+                (logf && d.log_every && (step + 1) % d.log_every == 0) || ck_now) {
+                mnistcu_progress p;
+                if ((r = mnistcu__finite_queue(m, &guard)) ||
+                    (r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct)))
+                    goto done;
+                reported = step + 1;
+                memset(&p, 0, sizeof p);
+                p.epoch = epoch;
+                p.epochs = d.epochs;
+                p.step = step + 1;
+                p.steps = steps;
+                p.samples = seen;
+                p.train_loss = loss_sum / (double)seen;
+                p.has_accuracy = train->targets == NULL;
+                p.train_accuracy = p.has_accuracy ? (double)correct / (double)seen : mnistcu__nan();
+                p.epoch_end = step + 1 == steps;
+                p.seconds = t_train + (mnistcu__now() - t_epoch);
+                p.images_per_second = (double)seen / MNISTCU__MAX(mnistcu__now() - t_epoch, 1e-9);
+                p.learning_rate = o.learning_rate;
+                if ((r = mnistcu__finite_check(m, &guard, &st, &p, &res))) goto done;
+                if (p.epoch_end) {
+                    t_train += mnistcu__now() - t_epoch;
+                    p.seconds = t_train;
+                    res.epochs = epoch;
+                    res.train_loss = p.train_loss;
+                    res.train_accuracy = p.train_accuracy;
+                    res.seconds = t_train;
+                    if (d.validation) {
+                        mnistcu_metrics vm;
+                        if ((r = mnistcu_evaluate(m, d.validation, &vm, NULL))) goto done;
+                        p.has_validation = res.has_validation = 1;
+                        p.val_loss = res.val_loss = vm.loss;
+                        p.val_accuracy = res.val_accuracy = vm.accuracy;
+                        if (d.schedule.kind == MNISTCU_SCHEDULE_PLATEAU && epoch > d.schedule.warmup)
+                            mnistcu__plateau_step(&plateau, &d.schedule, vm.loss);
+                        if (!res.best_epoch || vm.loss < res.best_val_loss) { /* a new best: keep its weights */
+                            new_best = 1;
+                            res.best_epoch = epoch;
+                            res.best_val_loss = vm.loss;
+                            since_best = 0;
+                            if (best_params &&
+                                ((r = mnistcu__finite_copy(m, best_params, m->params, m->num_params, 0)) ||
+                                 (best_buffers &&
+                                  (r = mnistcu__finite_copy(m, best_buffers, m->buffers, m->num_buffers, 0)))))
+                                goto done;
+                        } else if (d.early_stop && ++since_best >= d.early_stop && epoch < d.epochs) {
+                            stop = 1;
+                            res.early_stopped = 1;
+                        }
+                    }
+                    if (!p.has_accuracy && p.has_validation)
+                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
+                                     "epoch %d/%d  loss %.6g  val loss %.6g  %.2f s  %.0f img/s  lr %g", epoch, d.epochs,
+                                     p.train_loss, p.val_loss, p.seconds, p.images_per_second, p.learning_rate);
+                    else if (!p.has_accuracy)
+                        mnistcu__log(ctx, MNISTCU_LOG_INFO, "epoch %d/%d  loss %.6g  %.2f s  %.0f img/s  lr %g", epoch,
+                                     d.epochs, p.train_loss, p.seconds, p.images_per_second, p.learning_rate);
+                    else if (p.has_validation)
+                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
+                                     "epoch %d/%d  loss %.4f  acc %.2f%%  val loss %.4f  val acc %.2f%%  %.2f s  %.0f img/s"
+                                     "  lr %g", epoch, d.epochs, p.train_loss, 100.0 * p.train_accuracy, p.val_loss,
+                                     100.0 * p.val_accuracy, p.seconds, p.images_per_second, p.learning_rate);
+                    else
+                        mnistcu__log(ctx, MNISTCU_LOG_INFO,
+                                     "epoch %d/%d  loss %.4f  acc %.2f%%  %.2f s  %.0f img/s  lr %g", epoch, d.epochs,
+                                     p.train_loss, 100.0 * p.train_accuracy, p.seconds, p.images_per_second,
+                                     p.learning_rate);
+                }
+                if (logf && !mnistcu__log_line(logf, &p)) {
+                    r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: writing the log %.300s failed", d.log_path);
+                    goto done;
+                }
+                if (d.progress && d.progress(d.progress_user, &p)) stop = 1;
+                if (d.checkpoint_path &&
+                    (ck_now || stop || (p.epoch_end && (epoch % (d.checkpoint_every > 0 ? d.checkpoint_every : 1) == 0 ||
+                                                        epoch == d.epochs)))) {
+                    mnistcu__train_state ts_now;
+                    char name[4096], suffix[32];
+                    memset(&ts_now, 0, sizeof ts_now);
+                    ts_now.epoch = epoch;
+                    ts_now.step = step + 1;
+                    ts_now.steps = steps;
+                    ts_now.total_steps = res.steps;
+                    ts_now.loss_sum = loss_sum;
+                    ts_now.correct = correct;
+                    ts_now.seen = seen;
+                    ts_now.seconds = p.epoch_end ? t_train : t_train + (mnistcu__now() - t_epoch);
+                    ts_now.plateau = plateau;
+                    ts_now.best_epoch = res.best_epoch;
+                    ts_now.since_best = since_best;
+                    ts_now.best_val_loss = res.best_val_loss;
+                    ts_now.order = idx;
+                    ts_now.n = n;
+                    ts_now.seed = ctx->desc.seed;
+                    if ((r = mnistcu__checkpoint_write(m, &d, &o0, &ts_now, best_params, best_buffers,
+                                                       d.checkpoint_path)))
+                        goto done;
+                    if (kept) { /* a numbered copy; the oldest beyond checkpoint_keep goes */
+                        int slot = nkept % d.checkpoint_keep;
+                        snprintf(suffix, sizeof suffix, "e%04d-s%06lu", epoch, (unsigned long)(step + 1));
+                        if (nkept >= d.checkpoint_keep) {
+                            char old[32];
+                            snprintf(old, sizeof old, "e%04d-s%06lu", kept[2 * slot], (unsigned long)kept[2 * slot + 1]);
+                            if (mnistcu__checkpoint_name(d.checkpoint_path, old, name, sizeof name)) remove(name);
+                        }
+                        if (!mnistcu__checkpoint_name(d.checkpoint_path, suffix, name, sizeof name)) {
+                            r = mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: checkpoint path too long");
+                            goto done;
+                        }
+                        if ((r = mnistcu__checkpoint_write(m, &d, &o0, &ts_now, best_params, best_buffers, name)))
+                            goto done;
+                        kept[2 * slot] = epoch;
+                        kept[2 * slot + 1] = (int)(step + 1);
+                        nkept++;
+                    }
+                    if (new_best && d.checkpoint_best && p.epoch_end) {
+                        if (!mnistcu__checkpoint_name(d.checkpoint_path, "best", name, sizeof name)) {
+                            r = mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: checkpoint path too long");
+                            goto done;
+                        }
+                        if ((r = mnistcu__checkpoint_write(m, &d, &o0, &ts_now, best_params, best_buffers, name)))
+                            goto done;
+                    }
+                }
+                new_best = 0;
+                if (stop && !p.epoch_end) { /* stopped inside an epoch: report what was trained */
+                    t_train += mnistcu__now() - t_epoch;
+                    res.epochs = epoch;
+                    res.train_loss = p.train_loss;
+                    res.train_accuracy = p.train_accuracy;
+                    res.seconds = t_train;
+                }
+            }
+        }
+    }
+    /* early stopping: the best epoch's weights back, unless it was the last */
+    if (best_params && res.best_epoch && res.best_epoch != res.epochs &&
+        ((r = mnistcu__finite_copy(m, m->params, best_params, m->num_params, 1)) ||
+         (best_buffers && (r = mnistcu__finite_copy(m, m->buffers, best_buffers, m->num_buffers, 1)))))
+        goto done;
+    if (result) *result = res;
+    r = MNISTCU_OK;
+done:
+    if (result && r == MNISTCU_ERR_DIVERGED) *result = res;
+    if (logf && fclose(logf) != 0 && r == MNISTCU_OK)
+        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: closing the log %.300s failed", d.log_path);
+    mnistcu__finite_free(m, best_params);
+    mnistcu__finite_free(m, best_buffers);
+    mnistcu__finite_end(m, &guard);
+    mnistcu__free(ctx, kept);
+    m->mode = mode;
+    mnistcu__free(ctx, idx);
+    mnistcu__free(ctx, st.loss);
+    mnistcu__free(ctx, st.correct);
+    return r;
+}
+
+/* >>evaluate ------------------------------------------------------------------- */
+
+MNISTCU_DEF mnistcu_result mnistcu_evaluate(mnistcu_model *m, const mnistcu_dataset *ds, mnistcu_metrics *out,
+                                            int64_t *confusion)
+{
+    mnistcu_result r;
+    mnistcu__stats st;
+    uint32_t *idx = NULL;
+    int32_t *pred = NULL, *labels;
+    size_t n, i, chunk, steps, s, C;
+    double loss = 0.0;
+    int64_t correct = 0;
+    mnistcu_mode mode;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!out) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate: out is NULL");
+    memset(out, 0, sizeof *out);
+    if ((r = mnistcu__check_dataset(m, ds, "evaluate"))) return r;
+    n = ds->count;
+    C = m->classes;
+    chunk = mnistcu__eval_chunk(m, n);
+    if ((r = mnistcu__model_reserve(m, chunk))) return r;
+    mode = m->mode;
+    m->mode = MNISTCU_MODE_EVAL;
+    steps = (n + chunk - 1) / chunk;
+    memset(&st, 0, sizeof st);
+    st.steps = steps;
+    idx = (uint32_t *)mnistcu__alloc(m->ctx, n * sizeof(uint32_t));
+    st.loss = (double *)mnistcu__alloc(m->ctx, steps * sizeof(double));
+    st.correct = (int64_t *)mnistcu__alloc(m->ctx, steps * sizeof(int64_t));
+    if (confusion) pred = (int32_t *)mnistcu__alloc(m->ctx, chunk * sizeof(int32_t));
+    if (!idx || !st.loss || !st.correct || (confusion && !pred)) {
+        r = mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "evaluate: out of memory");
+        goto done;
+    }
+    for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
+    if (confusion && ds->targets) {
+        r = mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate: no confusion matrix for float targets");
+        goto done;
+    }
+    if (confusion) memset(confusion, 0, C * C * sizeof(int64_t));
+    if ((r = mnistcu__epoch_begin(m, ds, idx, n, &st))) goto done;
+    for (s = 0; s < steps; ++s) {
+        size_t b = MNISTCU__MIN(chunk, n - s * chunk);
+        if ((r = mnistcu__gather(m, ds, idx, s * chunk, b, NULL)) || (r = mnistcu__forward(m, b)) ||
+            (r = mnistcu__loss(m, b, 0)) || (r = mnistcu__step_stats(m, b, s, &st)))
+            goto done;
+        if (confusion) {
+            if ((r = mnistcu__model_copy(m, pred, m->pred, b * sizeof(int32_t), 0))) goto done;
+            labels = ds->labels + s * chunk;
+            for (i = 0; i < b; ++i) confusion[(size_t)labels[i] * C + (size_t)pred[i]]++;
+        }
+    }
+    if ((r = mnistcu__read_stats(m, &st, 0, steps, &loss, &correct))) goto done;
+    out->count = n;
+    out->correct = (size_t)correct;
+    out->loss = loss / (double)n;
+    out->has_accuracy = ds->targets == NULL;
+    out->accuracy = out->has_accuracy ? (double)correct / (double)n : mnistcu__nan();
+done:
+    m->mode = mode;
+    mnistcu__free(m->ctx, idx);
+    mnistcu__free(m->ctx, st.loss);
+    mnistcu__free(m->ctx, st.correct);
+    mnistcu__free(m->ctx, pred);
+    return r;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_evaluate_logits(mnistcu_model *m, const mnistcu_dataset *ds, float *logits)
+{
+    mnistcu_result r;
+    mnistcu__stats st;
+    uint32_t *idx;
+    size_t n, i, chunk, s;
+    mnistcu_mode mode;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!logits) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "evaluate_logits: logits is NULL");
+    if ((r = mnistcu__check_dataset(m, ds, "evaluate_logits"))) return r;
+    n = ds->count;
+    chunk = mnistcu__eval_chunk(m, n);
+    if ((r = mnistcu__model_reserve(m, chunk))) return r;
+    idx = (uint32_t *)mnistcu__alloc(m->ctx, n * sizeof(uint32_t));
+    if (!idx) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "evaluate_logits: out of memory");
+    for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
+    mode = m->mode;
+    m->mode = MNISTCU_MODE_EVAL;
+    memset(&st, 0, sizeof st);
+    st.steps = (n + chunk - 1) / chunk;
+    r = mnistcu__epoch_begin(m, ds, idx, n, &st);
+    for (s = 0; !r && s * chunk < n; ++s) {
+        size_t b = MNISTCU__MIN(chunk, n - s * chunk);
+        if (!(r = mnistcu__gather(m, ds, idx, s * chunk, b, NULL)) && !(r = mnistcu__forward(m, b)))
+            r = mnistcu__model_copy(m, logits + s * chunk * m->classes, m->logits, b * m->classes * sizeof(float), 0);
+    }
+    m->mode = mode;
+    mnistcu__free(m->ctx, idx);
+    return r;
+}
+
+/* >>predict --------------------------------------------------------------------- */
+MNISTCU_DEF mnistcu_result mnistcu_model_forward(mnistcu_model *m, const float *x, size_t n, float *logits)
+{
+    mnistcu_result r;
+    size_t off, in, C, chunk;
+    int i;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!x || !logits || n == 0)
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_forward: x, logits and n must be given");
+    in = m->inputs;
+    C = m->classes;
+    chunk = mnistcu__eval_chunk(m, n);
+    /* In TRAIN mode the n samples are one batch, as in PyTorch: batch norm's
+       statistics and dropout's element count must not restart in chunks. */
+    for (i = 0; i < m->num_layers && m->mode == MNISTCU_MODE_TRAIN; ++i)
+        if (m->layers[i].d.kind == MNISTCU_LAYER_BATCHNORM || m->layers[i].d.kind == MNISTCU_LAYER_DROPOUT) chunk = n;
+    if ((r = mnistcu__model_reserve(m, chunk))) return r;
+    for (off = 0; off < n; off += chunk) {
+        size_t b = MNISTCU__MIN(chunk, n - off);
+        if ((r = mnistcu__model_copy(m, m->input, x + off * in, b * in * sizeof(float), 1)) ||
+            (r = mnistcu__forward(m, b)) ||
+            (r = mnistcu__model_copy(m, logits + off * C, m->logits, b * C * sizeof(float), 0)))
+            return r;
+    }
+    return MNISTCU_OK;
+}
+
+/* Softmax and arg-max of logits already on the host. */
+/* Class (argmax) and probabilities of logits z [n][C], in place: a softmax for
+   SOFTMAX_CE and HINGE, a sigmoid per output for BCE, the outputs themselves for MSE. */
+static void mnistcu__host_softmax(float *z, size_t n, size_t C, int32_t *labels, int want_probs, mnistcu_loss loss)
+{
+    size_t i, j;
+    for (i = 0; i < n; ++i) {
+        float *row = z + i * C, mx = row[0], s = 0.0f;
+        size_t arg = 0;
+        for (j = 1; j < C; ++j)
+            if (row[j] > mx) {
+                mx = row[j];
+                arg = j;
+            }
+        if (labels) labels[i] = (int32_t)arg;
+        if (want_probs && loss == MNISTCU_LOSS_BCE) {
+            for (j = 0; j < C; ++j) {
+                float e = expf(-fabsf(row[j]));
+                row[j] = row[j] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+            }
+        } else if (want_probs && loss != MNISTCU_LOSS_MSE) {
+            for (j = 0; j < C; ++j) s += (row[j] = expf(row[j] - mx));
+            for (j = 0; j < C; ++j) row[j] /= s;
+        }
+    }
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_predict(mnistcu_model *m, const float *x, size_t n, int32_t *labels, float *probs)
+{
+    mnistcu_result r;
+    float *z;
+    size_t C, bytes;
+    mnistcu_mode mode;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!x || n == 0 || (!labels && !probs))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict: x, n and labels or probs must be given");
+    C = m->classes;
+    if (!mnistcu__mul3(n, C, sizeof(float), &bytes))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "predict: %lu samples overflow", (unsigned long)n);
+    z = probs ? probs : (float *)mnistcu__alloc(m->ctx, bytes);
+    if (!z) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict: out of memory");
+    mode = m->mode;
+    m->mode = MNISTCU_MODE_EVAL;
+    r = mnistcu_model_forward(m, x, n, z);
+    m->mode = mode;
+    if (r == MNISTCU_OK) mnistcu__host_softmax(z, n, C, labels, probs != NULL, m->loss);
+    if (z != probs) mnistcu__free(m->ctx, z);
+    return r;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *pixels, size_t n, int32_t *labels,
+                                              float *probs)
+{
+    mnistcu_result r = MNISTCU_OK;
+    float *x, scale, shift;
+    size_t in, C, i, off, chunk, bytes;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!pixels || n == 0 || (!labels && !probs))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "predict_u8: pixels, n and labels or probs must be given");
+    in = m->inputs;
+    C = m->classes;
+    scale = m->has_norm && m->norm_u8 ? m->norm_scale : 1.0f / 255.0f;
+    shift = m->has_norm && m->norm_u8 ? m->norm_shift : 0.0f;
+    chunk = MNISTCU__MIN(n, (size_t)MNISTCU__EVAL_CHUNK);
+    if (!mnistcu__mul3(chunk, in, sizeof(float), &bytes))
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "predict_u8: %lu inputs overflow", (unsigned long)in);
+    x = (float *)mnistcu__alloc(m->ctx, bytes);
+    if (!x) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "predict_u8: out of memory");
+    for (off = 0; off < n && r == MNISTCU_OK; off += chunk) {
+        size_t b = MNISTCU__MIN(chunk, n - off);
+        for (i = 0; i < b * in; ++i) x[i] = (float)pixels[off * in + i] * scale + shift;
+        r = mnistcu_predict(m, x, b, labels ? labels + off : NULL, probs ? probs + off * C : NULL);
+    }
+    mnistcu__free(m->ctx, x);
+    return r;
+}
 /* >>cuda ------------------------------------------------------------------------
    The CUDA backend: the same operations as >>cpu_ops, one kernel each, on one
    stream. Shapes as in the legend above >>cpu_ops. Every launch is checked;

@@ -305,9 +305,251 @@ done:
     TU_END();
 }
 
+/* ---- checkpoints: bit-exact resume ----------------------------------------- */
+
+/* n images of H x W bytes in an in-memory IDX file: random strokes, labels 0..C-1. */
+static mnistcu_dataset *tf_images(mnistcu_ctx *ctx, int n, int H, int W, int C, uint64_t seed)
+{
+    size_t isz = 16 + (size_t)n * H * W, k;
+    unsigned char *img = (unsigned char *)calloc(isz, 1), *lab = (unsigned char *)calloc(8 + (size_t)n, 1);
+    mnistcu_dataset_desc d;
+    mnistcu_dataset *ds = NULL;
+    tu_rng rng = tu_rng_make(seed);
+    int i;
+    img[2] = 8; img[3] = 3;
+    img[4] = (unsigned char)(n >> 24); img[5] = (unsigned char)(n >> 16); img[6] = (unsigned char)(n >> 8); img[7] = (unsigned char)n;
+    img[11] = (unsigned char)H; img[15] = (unsigned char)W;
+    lab[2] = 8; lab[3] = 1;
+    for (k = 4; k < 8; ++k) lab[k] = img[k];
+    for (i = 0; i < n; ++i) {
+        int c = i % C, r;
+        lab[8 + i] = (unsigned char)c;
+        for (r = 0; r < H; ++r) { /* a bar whose position says the class, and noise */
+            int col;
+            for (col = 0; col < W; ++col) {
+                unsigned char v = (unsigned char)(tu_next(&rng) % 60);
+                if (col == 2 + c * (W - 4) / C || r == 2 + c) v = (unsigned char)(200 + tu_next(&rng) % 55);
+                img[16 + ((size_t)i * H + r) * W + col] = v;
+            }
+        }
+    }
+    memset(&d, 0, sizeof d);
+    d.images_data = img;
+    d.images_size = isz;
+    d.labels_data = lab;
+    d.labels_size = 8 + (size_t)n;
+    d.num_classes = C;
+    if (mnistcu_dataset_load(ctx, &d, &ds) != MNISTCU_OK) ds = NULL;
+    free(img);
+    free(lab);
+    return ds;
+}
+
+typedef struct tf_stop { int epoch; size_t step; } tf_stop;
+
+static int tf_stop_at(void *user, const mnistcu_progress *p)
+{
+    const tf_stop *s = (const tf_stop *)user;
+    return p->epoch == s->epoch && p->step == s->step;
+}
+
+/* Everything that carries state: batch norm, dropout, Adam with amsgrad, a
+   per-step cosine schedule after a warm-up, augmentation, clipping, a
+   validation set with early stopping's best copies, a last partial batch. */
+static void tf_resume_desc(mnistcu_train_desc *td, const mnistcu_dataset *val, const char *ck)
+{
+    memset(td, 0, sizeof *td);
+    td->epochs = 3;
+    td->batch_size = 16; /* 150 samples: 10 steps, the last of 6 */
+    td->optim.kind = MNISTCU_OPTIM_ADAM;
+    td->optim.learning_rate = 0.01f;
+    td->optim.amsgrad = 1;
+    td->optim.clip_norm = 5.0f;
+    td->schedule.kind = MNISTCU_SCHEDULE_COSINE;
+    td->schedule.per_step = 1;
+    td->schedule.warmup = 4;
+    td->augment.rotate = 10.0f;
+    td->augment.translate = 1.0f;
+    td->augment.elastic_alpha = 8.0f;
+    td->augment.elastic_sigma = 2.0f;
+    td->validation = val;
+    td->early_stop = 5;
+    td->progress_every = 3;
+    td->checkpoint_path = ck;
+    td->checkpoint_every_steps = 4;
+}
+
+#define TF_SPEC "1x12x12 conv3x3x4:p=1 batchnorm relu maxpool2 flatten dropout0.25 dense16 relu dense5"
+
+/* Trains to the end, or stops at (epoch, step) and resumes in a new context
+   from the checkpoint written there: the weights, running statistics and
+   the last epoch's loss are the same bits, on the context's device. Stops
+   inside an epoch and at an epoch's end. */
+TEST files_resume_is_bit_exact(void)
+{
+    static const tf_stop stops[3] = {{2, 4}, {1, 10}, {3, 8}};
+    mnistcu_ctx *ctx = NULL, *c2 = NULL;
+    mnistcu_dataset *tr = NULL, *val = NULL, *tr2 = NULL, *val2 = NULL;
+    mnistcu_model *a = NULL, *b = NULL;
+    mnistcu_train_desc td;
+    mnistcu_train_result ra, rb;
+    mnistcu_model_info info;
+    float *pa = NULL, *pb = NULL;
+    size_t np = 0;
+    int failed = 0, k, i;
+    ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    TU_REQUIRE(ctx && (tr = tf_images(ctx, 150, 12, 12, 5, 1)) && (val = tf_images(ctx, 40, 12, 12, 5, 2)) &&
+                   mnistcu_model_create_spec(ctx, TF_SPEC, &a) == MNISTCU_OK, "setup: %s",
+               ctx ? mnistcu_ctx_error(ctx) : "no context");
+    tf_resume_desc(&td, val, "build/test_ck_full.safetensors");
+    TU_REQUIRE(mnistcu_train(a, tr, &td, &ra) == MNISTCU_OK, "the whole run: %s", mnistcu_ctx_error(ctx));
+    mnistcu_model_info_get(a, &info);
+    np = info.num_params + info.num_buffers;
+    pa = (float *)malloc(np * sizeof(float));
+    pb = (float *)malloc(np * sizeof(float));
+    TU_REQUIRE(mnistcu_model_get_params(a, pa, info.num_params) == MNISTCU_OK, "params");
+    for (i = 0; i < mnistcu_model_num_tensors(a); ++i) { /* the running statistics after the parameters */
+        mnistcu_tensor_info ti;
+        static size_t at;
+        mnistcu_model_tensor_info(a, i, &ti);
+        if (i == 0) at = info.num_params;
+        if (!ti.is_buffer || ti.is_int) continue;
+        TU_REQUIRE(mnistcu_model_get_tensor(a, ti.name, pa + at, ti.count) == MNISTCU_OK, "buffers");
+        at += ti.count;
+    }
+    for (k = 0; k < 3; ++k) {
+        tf_stop s = stops[k];
+        mnistcu_model *stopped = NULL;
+        mnistcu_train_result rs;
+        size_t at = info.num_params;
+        /* the interrupted run, in a context of its own with the same seed */
+        c2 = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+        TU_REQUIRE(c2 && (tr2 = tf_images(c2, 150, 12, 12, 5, 1)) && (val2 = tf_images(c2, 40, 12, 12, 5, 2)) &&
+                       mnistcu_model_create_spec(c2, TF_SPEC, &stopped) == MNISTCU_OK, "setup 2");
+        tf_resume_desc(&td, val2, "build/test_ck.safetensors");
+        td.progress = tf_stop_at;
+        td.progress_user = &s;
+        TU_REQUIRE(mnistcu_train(stopped, tr2, &td, &rs) == MNISTCU_OK, "the stopped run: %s", mnistcu_ctx_error(c2));
+        mnistcu_ctx_destroy(c2);
+        c2 = NULL;
+        /* resumed in a fresh context: a model made from the spec (other initial weights), the checkpoint does the rest */
+        c2 = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+        TU_REQUIRE(c2 && (tr2 = tf_images(c2, 150, 12, 12, 5, 1)) && (val2 = tf_images(c2, 40, 12, 12, 5, 2)) &&
+                       mnistcu_model_create_spec(c2, TF_SPEC, &b) == MNISTCU_OK, "setup 3");
+        tf_resume_desc(&td, val2, "build/test_ck.safetensors");
+        td.resume_from = "build/test_ck.safetensors";
+        TU_REQUIRE(mnistcu_train(b, tr2, &td, &rb) == MNISTCU_OK, "resumed at epoch %d step %lu: %s", s.epoch,
+                   (unsigned long)s.step, mnistcu_ctx_error(c2));
+        TU_REQUIRE(mnistcu_model_get_params(b, pb, info.num_params) == MNISTCU_OK, "params");
+        for (i = 0; i < mnistcu_model_num_tensors(b); ++i) {
+            mnistcu_tensor_info ti;
+            mnistcu_model_tensor_info(b, i, &ti);
+            if (!ti.is_buffer || ti.is_int) continue;
+            TU_REQUIRE(mnistcu_model_get_tensor(b, ti.name, pb + at, ti.count) == MNISTCU_OK, "buffers");
+            at += ti.count;
+        }
+        TU_REQUIRE(memcmp(pa, pb, np * sizeof(float)) == 0, "stopped at epoch %d step %lu: the resumed weights differ",
+                   s.epoch, (unsigned long)s.step);
+        TU_REQUIRE(memcmp(&ra.train_loss, &rb.train_loss, sizeof ra.train_loss) == 0 && ra.steps == rb.steps &&
+                       ra.best_epoch == rb.best_epoch && memcmp(&ra.val_loss, &rb.val_loss, sizeof ra.val_loss) == 0,
+                   "stopped at epoch %d step %lu: loss %.17g vs %.17g, steps %lu vs %lu, best %d vs %d", s.epoch,
+                   (unsigned long)s.step, ra.train_loss, rb.train_loss, (unsigned long)ra.steps, (unsigned long)rb.steps,
+                   ra.best_epoch, rb.best_epoch);
+        mnistcu_ctx_destroy(c2);
+        c2 = NULL;
+        b = NULL;
+    }
+done:
+    free(pa);
+    free(pb);
+    mnistcu_ctx_destroy(ctx);
+    mnistcu_ctx_destroy(c2);
+    remove("build/test_ck.safetensors");
+    remove("build/test_ck_full.safetensors");
+    TU_END();
+}
+
+/* A resume that would not continue the same training is refused, naming what
+   differs; kept and best checkpoints are where they should be. */
+TEST files_resume_refuses_other_settings(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_CPU, 1), *other = NULL;
+    mnistcu_dataset *tr = NULL, *val = NULL, *small = NULL;
+    mnistcu_model *m = NULL, *b = NULL;
+    mnistcu_train_desc td;
+    mnistcu_checkpoint_info ci;
+    int failed = 0;
+    TU_REQUIRE(ctx && (tr = tf_images(ctx, 150, 12, 12, 5, 1)) && (val = tf_images(ctx, 40, 12, 12, 5, 2)) &&
+                   (small = tf_images(ctx, 100, 12, 12, 5, 3)) && mnistcu_model_create_spec(ctx, TF_SPEC, &m) == MNISTCU_OK,
+               "setup");
+    tf_resume_desc(&td, val, "build/test_ck2.safetensors");
+    td.epochs = 2;
+    td.checkpoint_keep = 2;
+    td.checkpoint_best = 1;
+    td.checkpoint_note = "dataset=synthetic";
+    TU_REQUIRE(mnistcu_train(m, tr, &td, NULL) == MNISTCU_OK, "train: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(tf_exists("build/test_ck2-e0002-s000010.safetensors") && tf_exists("build/test_ck2-e0002-s000008.safetensors") &&
+                   !tf_exists("build/test_ck2-e0002-s000004.safetensors") && tf_exists("build/test_ck2-best.safetensors"),
+               "kept checkpoints: the last two and the best");
+    TU_REQUIRE(mnistcu_checkpoint_info_get(ctx, "build/test_ck2.safetensors", &ci) == MNISTCU_OK && ci.epoch == 2 &&
+                   ci.step == 10 && ci.steps == 10 && ci.total_steps == 20 && ci.seed == 1234 &&
+                   ci.train.optim.kind == MNISTCU_OPTIM_ADAM && ci.train.optim.learning_rate == 0.01f &&
+                   ci.train.batch_size == 16 && !strcmp(ci.note, "dataset=synthetic") && !strcmp(ci.spec, TF_SPEC),
+               "checkpoint info: %s", mnistcu_ctx_error(ctx));
+    TU_REQUIRE(mnistcu_model_create_spec(ctx, TF_SPEC, &b) == MNISTCU_OK, "model");
+    td.resume_from = "build/test_ck2.safetensors";
+    td.checkpoint_path = "build/test_ck3.safetensors";
+    td.checkpoint_keep = 0;
+    td.checkpoint_best = 0;
+    td.optim.learning_rate = 0.02f;
+    TU_REQUIRE(mnistcu_train(b, tr, &td, NULL) == MNISTCU_ERR_INVALID_ARGUMENT && strstr(mnistcu_ctx_error(ctx), "optimizer"),
+               "another learning rate accepted: %s", mnistcu_ctx_error(ctx));
+    td.optim.learning_rate = 0.01f;
+    td.batch_size = 32;
+    TU_REQUIRE(mnistcu_train(b, tr, &td, NULL) == MNISTCU_ERR_INVALID_ARGUMENT, "another batch size accepted");
+    td.batch_size = 16;
+    TU_REQUIRE(mnistcu_train(b, small, &td, NULL) == MNISTCU_ERR_INVALID_ARGUMENT, "another dataset size accepted");
+    td.epochs = 3; /* more epochs: allowed */
+    TU_REQUIRE(mnistcu_train(b, tr, &td, NULL) == MNISTCU_OK, "a resume for more epochs: %s", mnistcu_ctx_error(ctx));
+    other = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    mnistcu_model_destroy(b);
+    b = NULL;
+    {
+        mnistcu_ctx_desc cd;
+        mnistcu_ctx_destroy(other);
+        other = NULL;
+        memset(&cd, 0, sizeof cd);
+        cd.device = MNISTCU_DEVICE_CPU;
+        cd.log_level = MNISTCU_LOG_SILENT;
+        cd.seed = 99;
+        TU_REQUIRE(mnistcu_ctx_create(&other, &cd) == MNISTCU_OK, "context");
+    }
+    {
+        mnistcu_dataset *t2 = tf_images(other, 150, 12, 12, 5, 1);
+        TU_REQUIRE(t2 && mnistcu_model_create_spec(other, TF_SPEC, &b) == MNISTCU_OK, "model");
+        td.validation = NULL;
+        td.early_stop = 0;
+        td.schedule.kind = MNISTCU_SCHEDULE_COSINE;
+        TU_REQUIRE(mnistcu_train(b, t2, &td, NULL) == MNISTCU_ERR_INVALID_ARGUMENT, "another seed (or early stop) accepted");
+    }
+    td.resume_from = "build/test_small_missing.safetensors";
+    TU_REQUIRE(mnistcu_train(m, tr, &td, NULL) == MNISTCU_ERR_NOT_FOUND, "a missing checkpoint");
+done:
+    mnistcu_ctx_destroy(ctx);
+    mnistcu_ctx_destroy(other);
+    remove("build/test_ck2.safetensors");
+    remove("build/test_ck3.safetensors");
+    remove("build/test_ck2-best.safetensors");
+    remove("build/test_ck2-e0002-s000010.safetensors");
+    remove("build/test_ck2-e0002-s000008.safetensors");
+    TU_END();
+}
+
 SUITE(files_suite)
 {
     RUN_TEST(files_round_trip_every_kind);
     RUN_TEST(files_corrupt_header_fields);
     RUN_TEST(files_save_is_atomic);
+    RUN_TEST(files_resume_is_bit_exact);
+    RUN_TEST(files_resume_refuses_other_settings);
 }

@@ -68,8 +68,7 @@ FASHION_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
 # safetensors dtype -> numpy little-endian dtype (BF16 is read as raw uint16)
 DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
           "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
-NUMPY_TO_ST = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64",
-               "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+NUMPY_TO_ST = {np.dtype(v).name: k for k, v in DTYPES.items() if k != "BF16"}
 
 
 class Error(Exception):
@@ -145,7 +144,8 @@ def build_model(spec):
             raise fail("%s needs maps [C][H][W], not flat data" % kind)
         if kind == "dense":
             if len(dims) != 1:
-                raise fail("dense needs flat input, not %s maps (add flatten)" % "x".join(map(str, dims)))
+                raise fail("dense needs flat input, not %s maps (add flatten)"
+                           % "x".join(map(str, dims)))
             modules.append(nn.Linear(dims[0], num(arg), bias=bias == "1"))
             dims = [modules[-1].out_features]
         elif kind == "conv":
@@ -163,7 +163,8 @@ def build_model(spec):
             sh, sw = pair(opt.pop("s")) if "s" in opt else (kh, kw)
             if h < kh or w < kw:
                 raise fail("a %dx%d window does not fit a %dx%dx%d input" % (kh, kw, c, h, w))
-            modules.append((nn.MaxPool2d if kind == "maxpool" else nn.AvgPool2d)((kh, kw), (sh, sw)))
+            pool = nn.MaxPool2d if kind == "maxpool" else nn.AvgPool2d
+            modules.append(pool((kh, kw), (sh, sw)))
             dims = [c, (h - kh) // sh + 1, (w - kw) // sw + 1]
         elif kind == "batchnorm" and not arg:
             eps = num(opt.pop("eps", "1e-5"), float, 0)
@@ -244,7 +245,8 @@ def read_safetensors(path):
     end = 0
     for begin, stop, name in sorted(spans):
         if begin != end:
-            raise bad("tensor %r starts at %d, not at %d: the data is not contiguous" % (name, begin, end))
+            raise bad("tensor %r starts at %d, not at %d: the data is not contiguous"
+                      % (name, begin, end))
         end = stop
     if end != len(data):
         raise bad("the tensors cover %d of the %d bytes of data" % (end, len(data)))
@@ -338,26 +340,30 @@ def load_model(path, data):
     for key in ("spec", "norm_scale", "norm_shift"):
         if key not in meta:
             raise Error("%s: metadata has no %r" % (path, key))
-    model, in_dims, out_dims = build_model(meta["spec"])
+    spec = meta["spec"]
+    model, in_dims, out_dims = build_model(spec)
     state = {k: torch.from_numpy(v) for k, v in tensors.items() if not k.startswith("mnistcu.")}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise Error("%s: the tensors do not match the spec %r: %s" % (path, meta["spec"], e)) from None
-    if len(out_dims) != 1 or str(out_dims[0]) != meta.get("classes", str(out_dims[0])):
-        raise Error("%s: the model's outputs %s are not its %s classes" % (path, out_dims, meta.get("classes")))
+        raise Error("%s: the tensors do not match the spec %r: %s" % (path, spec, e)) from None
+    classes = meta.get("classes", str(out_dims[-1]))
+    if len(out_dims) != 1 or classes != str(out_dims[0]):
+        raise Error("%s: the spec's output %s is not %s classes" % (path, out_dims, classes))
     shape = meta.get("input_shape", "").split(",")
-    if len(shape) == 3 and all(v.isdigit() for v in shape) and int(np.prod([int(v) for v in shape])) != int(np.prod(in_dims)):
-        raise Error("%s: input_shape %s does not match the spec %r" % (path, meta["input_shape"], meta["spec"]))
-    if meta.get("norm_u8", "1") not in ("0", "1"):
-        raise Error("%s: norm_u8 %r is neither 0 nor 1" % (path, meta["norm_u8"]))
+    if len(shape) == 3 and all(v.isdigit() for v in shape) \
+            and np.prod([int(v) for v in shape]) != np.prod(in_dims):
+        raise Error("%s: input_shape %s does not match the spec %r"
+                    % (path, meta["input_shape"], spec))
+    u8 = meta.get("norm_u8", "1")
+    if u8 not in ("0", "1"):
+        raise Error("%s: norm_u8 %r is neither 0 nor 1" % (path, u8))
     try:
         scale, shift = float(meta["norm_scale"]), float(meta["norm_shift"])
     except ValueError:
-        raise Error("%s: norm_scale/norm_shift are not numbers" % path) from None
+        raise Error("%s: norm_scale or norm_shift is not a number" % path) from None
     pixels, labels = read_split(data, "t10k")
-    x = as_input(normalise(pixels, scale, shift, meta.get("norm_u8", "1") == "1"), in_dims)
-    return predict(model, x), labels
+    return predict(model, as_input(normalise(pixels, scale, shift, u8 == "1"), in_dims)), labels
 
 
 def cmd_check(args):
@@ -422,11 +428,14 @@ def cmd_train_torch(args):
     meta = {"format": "mnistcu", "format_version": "1", "kind": "weights", "spec": spec,
             "input_shape": ",".join(["1", "1"] + shape if len(shape) == 1 else shape),
             "norm_scale": f32_text(scale), "norm_shift": f32_text(shift), "norm_u8": "1",
-            "classes": str(out_dims[0]), "loss": "ce", "library_version": "torch-" + torch.__version__}
+            "classes": str(out_dims[0]), "loss": "ce",
+            "library_version": "torch-" + torch.__version__}
     if args.class_names == "fashion":
         meta["class_names"] = json.dumps(FASHION_NAMES)
-    write_safetensors(args.out, [(k, v.detach().cpu().numpy()) for k, v in model.state_dict().items()], meta)
-    print(json.dumps({"accuracy": correct / len(test_labels), "correct": correct, "count": len(test_labels)}))
+    state = [(k, v.detach().cpu().numpy()) for k, v in model.state_dict().items()]
+    write_safetensors(args.out, state, meta)
+    count = len(test_labels)
+    print(json.dumps({"accuracy": correct / count, "correct": correct, "count": count}))
     return 0
 
 
