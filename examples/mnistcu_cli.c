@@ -156,6 +156,15 @@ static void print_help(FILE *f)
           "                        PyTorch's names, the architecture, normalisation, loss\n"
           "                        and class names (eval --model FILE needs nothing else)\n"
           "  --save-weights FILE   write the raw weights only (legacy format below)\n"
+          "  --checkpoint FILE     write a checkpoint (the model file plus the optimizer,\n"
+          "                        generators, position and settings) at every epoch end\n"
+          "  --checkpoint-every N  ... every N epochs instead (default: 1)\n"
+          "  --checkpoint-every-steps N  ... and every N steps inside an epoch too\n"
+          "  --keep-checkpoints K  also keep the last K as FILE-eEEEE-sSSSSSS.safetensors\n"
+          "  --checkpoint-best     also FILE-best.safetensors at each lowest --val loss\n"
+          "  --resume FILE         continue from a checkpoint to the same bits as a run never\n"
+          "                        stopped: model, data and settings come from it (--epochs\n"
+          "                        may extend it; it goes on writing FILE)\n"
           "\n"
           "Evaluation (eval only):\n"
           "  --model FILE          a model file written by train --save (or --model SPEC\n"
@@ -207,6 +216,8 @@ static void print_help(FILE *f)
           "  mnistcu train --dataset fashion --model fashion-cnn --save fashion.safetensors\n"
           "  mnistcu eval --dataset fashion --model fashion.safetensors\n"
           "  mnistcu info fashion.safetensors\n"
+          "  mnistcu train --model lenet5 --epochs 20 --checkpoint run.safetensors\n"
+          "  mnistcu train --resume run.safetensors        (after a stop: the same result)\n"
           "  mnistcu info data/mnist/train-labels-idx1-ubyte.gz\n",
           f);
 }
@@ -403,7 +414,8 @@ typedef enum option_id {
     OPT_PROGRESS_EVERY, OPT_SAVE_WEIGHTS, OPT_WEIGHTS, OPT_SCHEDULE, OPT_WARMUP, OPT_PER_STEP, OPT_EARLY_STOP,
     OPT_LOG, OPT_LOG_EVERY, OPT_PLOT, OPT_INIT, OPT_OPTIM, OPT_BETAS, OPT_EPS, OPT_AMSGRAD, OPT_ALPHA, OPT_CENTERED,
     OPT_DAMPENING, OPT_LR_DECAY, OPT_INITIAL_ACC, OPT_L2, OPT_CLIP, OPT_LOSS, OPT_LABEL_SMOOTHING, OPT_MARGIN,
-    OPT_HINGE_P, OPT_REDUCTION, OPT_AUGMENT, OPT_SAVE, OPT_SAVE_LOGITS
+    OPT_HINGE_P, OPT_REDUCTION, OPT_AUGMENT, OPT_SAVE, OPT_SAVE_LOGITS, OPT_CHECKPOINT, OPT_CHECKPOINT_EVERY,
+    OPT_CHECKPOINT_EVERY_STEPS, OPT_KEEP_CHECKPOINTS, OPT_CHECKPOINT_BEST, OPT_RESUME
 } option_id;
 
 typedef struct option_spec {
@@ -464,6 +476,12 @@ static const option_spec option_table[] = {
     {"--augment", OPT_AUGMENT, 1, CMD_TRAIN},
     {"--save", OPT_SAVE, 1, CMD_TRAIN},
     {"--save-logits", OPT_SAVE_LOGITS, 1, CMD_EVAL},
+    {"--checkpoint", OPT_CHECKPOINT, 1, CMD_TRAIN},
+    {"--checkpoint-every", OPT_CHECKPOINT_EVERY, 1, CMD_TRAIN},
+    {"--checkpoint-every-steps", OPT_CHECKPOINT_EVERY_STEPS, 1, CMD_TRAIN},
+    {"--keep-checkpoints", OPT_KEEP_CHECKPOINTS, 1, CMD_TRAIN},
+    {"--checkpoint-best", OPT_CHECKPOINT_BEST, 0, CMD_TRAIN},
+    {"--resume", OPT_RESUME, 1, CMD_TRAIN},
 };
 
 typedef struct cli_options {
@@ -510,6 +528,12 @@ typedef struct cli_options {
     const char *save;            /* --save: the model file (safetensors) */
     const char *save_logits;     /* eval --save-logits */
     int model_file;              /* --model names a model file */
+    const char *checkpoint;      /* --checkpoint */
+    int checkpoint_every, keep_checkpoints, checkpoint_best;
+    size_t checkpoint_every_steps;
+    const char *resume;          /* --resume */
+    const char *setting_given;   /* the first option given that --resume takes from the checkpoint */
+    int epochs_given;
     /* evaluation */
     const char *weights;
 } cli_options;
@@ -790,6 +814,21 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
     case OPT_PROGRESS_EVERY: return parse_integer(name, v, 0, 1LL << 40, &o->progress_every);
     case OPT_SAVE_WEIGHTS: o->save_weights = v; return 1;
     case OPT_SAVE: o->save = v; return 1;
+    case OPT_CHECKPOINT: o->checkpoint = v; return 1;
+    case OPT_CHECKPOINT_EVERY:
+        if (!parse_integer(name, v, 1, 1000000, &n)) return 0;
+        o->checkpoint_every = (int)n;
+        return 1;
+    case OPT_CHECKPOINT_EVERY_STEPS:
+        if (!parse_integer(name, v, 1, 1LL << 40, &n)) return 0;
+        o->checkpoint_every_steps = (size_t)n;
+        return 1;
+    case OPT_KEEP_CHECKPOINTS:
+        if (!parse_integer(name, v, 1, 100000, &n)) return 0;
+        o->keep_checkpoints = (int)n;
+        return 1;
+    case OPT_CHECKPOINT_BEST: o->checkpoint_best = 1; return 1;
+    case OPT_RESUME: o->resume = v; return 1;
     case OPT_SAVE_LOGITS: o->save_logits = v; return 1;
     case OPT_WEIGHTS: o->weights = v; return 1;
     case OPT_OPTIM: {
@@ -855,6 +894,21 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
 
 enum { PARSE_OK, PARSE_HELP, PARSE_ERROR };
 
+/* The options whose values a resumed run takes from its checkpoint. */
+static int resume_fixed(option_id id)
+{
+    switch (id) {
+    case OPT_DATASET: case OPT_MODEL: case OPT_LAYERS: case OPT_ACT: case OPT_NORM: case OPT_LIMIT: case OPT_BATCH:
+    case OPT_LR: case OPT_MOMENTUM: case OPT_NESTEROV: case OPT_WEIGHT_DECAY: case OPT_SEED: case OPT_VAL:
+    case OPT_NO_SHUFFLE: case OPT_SCHEDULE: case OPT_WARMUP: case OPT_PER_STEP: case OPT_EARLY_STOP: case OPT_INIT:
+    case OPT_OPTIM: case OPT_BETAS: case OPT_EPS: case OPT_AMSGRAD: case OPT_ALPHA: case OPT_CENTERED:
+    case OPT_DAMPENING: case OPT_LR_DECAY: case OPT_INITIAL_ACC: case OPT_L2: case OPT_CLIP: case OPT_LOSS:
+    case OPT_LABEL_SMOOTHING: case OPT_MARGIN: case OPT_HINGE_P: case OPT_REDUCTION: case OPT_AUGMENT:
+        return 1;
+    default: return 0;
+    }
+}
+
 static int parse_options(int argc, char **argv, int command, cli_options *o)
 {
     const char *command_name = command == CMD_TRAIN ? "train" : "eval";
@@ -898,6 +952,19 @@ static int parse_options(int argc, char **argv, int command, cli_options *o)
             return PARSE_ERROR;
         }
         if (!set_option(o, name, spec->id, value)) return PARSE_ERROR;
+        if (spec->id == OPT_EPOCHS) o->epochs_given = 1;
+        if (!o->setting_given && resume_fixed(spec->id)) o->setting_given = spec->name;
+    }
+    if (o->resume && o->setting_given) {
+        usage_error("%s: --resume takes the model, the data and the training settings from the checkpoint (only "
+                    "--epochs, the checkpoint, output and device options may be given)", o->setting_given);
+        return PARSE_ERROR;
+    }
+    if ((o->checkpoint_every || o->checkpoint_every_steps || o->keep_checkpoints || o->checkpoint_best) &&
+        !o->checkpoint && !o->resume) {
+        usage_error("--checkpoint-every, --checkpoint-every-steps, --keep-checkpoints and --checkpoint-best need "
+                    "--checkpoint FILE");
+        return PARSE_ERROR;
     }
 
     /* Checks that involve several options. */
@@ -1814,6 +1881,51 @@ static void print_train_settings(const cli_options *o)
     json_field_str("dataset", o->dataset);
 }
 
+/* Fills o from the checkpoint o->resume: seed, data options (its note), model (the file itself) and
+   training settings; --epochs, when given, extends the training. */
+static int resume_options(cli_options *o)
+{
+    static const char *const optim_names[] = {"", "sgd", "adam", "adamw", "rmsprop", "adagrad"};
+    static char dataset[32], data_dir[1024];
+    mnistcu_ctx *ctx = NULL;
+    mnistcu_checkpoint_info ci;
+    const char *p;
+    int ok = create_context(MNISTCU_DEVICE_CPU, 0, 1, &ctx) && !failed(ctx, mnistcu_checkpoint_info_get(ctx, o->resume, &ci));
+    mnistcu_ctx_destroy(ctx);
+    if (!ok) return 0;
+    o->seed = ci.seed;
+    if ((p = strstr(ci.note, "dataset=")) && sscanf(p, "dataset=%31s", dataset) == 1) o->dataset = dataset;
+    if ((p = strstr(ci.note, "limit="))) o->limit = (size_t)strtoull(p + 6, NULL, 10);
+    if ((p = strstr(ci.note, "val="))) o->val = (size_t)strtoull(p + 4, NULL, 10);
+    if ((p = strstr(ci.note, "norm="))) o->norm = (mnistcu_norm)atoi(p + 5);
+    if ((p = strstr(ci.note, "data=")) && o->data_dir && !strcmp(o->data_dir, "data")) {
+        snprintf(data_dir, sizeof data_dir, "%s", p + 5);
+        o->data_dir = data_dir;
+    }
+    o->model = o->resume;
+    o->model_file = 1;
+    if (!o->epochs_given) o->epochs = ci.train.epochs;
+    o->batch = ci.train.batch_size;
+    o->no_shuffle = ci.train.no_shuffle;
+    o->early_stop = ci.train.early_stop;
+    o->optim = ci.train.optim;
+    o->optim_name = (unsigned)ci.train.optim.kind <= 5 ? optim_names[ci.train.optim.kind] : "?";
+    o->lr = ci.train.optim.learning_rate;
+    o->momentum = ci.train.optim.momentum;
+    o->nesterov = ci.train.optim.nesterov;
+    o->weight_decay = ci.train.optim.weight_decay;
+    o->schedule = ci.train.schedule;
+    o->schedule_text = "from the checkpoint";
+    o->warmup = ci.train.schedule.warmup;
+    o->per_step = ci.train.schedule.per_step;
+    o->augment = ci.train.augment;
+    if (!o->checkpoint) o->checkpoint = o->resume;
+    if (!o->quiet)
+        fprintf(stderr, "resuming %s: epoch %d, step %zu of %zu (%zu steps so far), seed %llu\n", o->resume, ci.epoch,
+                ci.step, ci.steps, ci.total_steps, (unsigned long long)ci.seed);
+    return 1;
+}
+
 static int cmd_train(int argc, char **argv)
 {
     cli_options o;
@@ -1828,12 +1940,16 @@ static int cmd_train(int argc, char **argv)
     mnistcu_result r;
     size_t steps;
     int status = EXIT_ERROR, diverged = 0;
+    char note[1200];
 
     switch (parse_options(argc, argv, CMD_TRAIN, &o)) {
     case PARSE_HELP: print_help(stdout); return EXIT_OK;
     case PARSE_ERROR: return EXIT_USAGE;
     default: break;
     }
+
+    /* --resume: everything but the device and the outputs comes from the checkpoint. */
+    if (o.resume && !resume_options(&o)) goto done;
 
     /* 1. Context: device, seed (initialisation, shuffling, the validation split), threads. */
     if (!create_context(o.device, o.seed, o.threads, &ctx)) goto done;
@@ -1882,6 +1998,15 @@ static int cmd_train(int argc, char **argv)
     desc.no_shuffle = o.no_shuffle;
     desc.validation = val;
     desc.augment = o.augment;
+    desc.checkpoint_path = o.checkpoint;
+    desc.checkpoint_every = o.checkpoint_every;
+    desc.checkpoint_every_steps = o.checkpoint_every_steps;
+    desc.checkpoint_keep = o.keep_checkpoints;
+    desc.checkpoint_best = o.checkpoint_best;
+    desc.resume_from = o.resume;
+    snprintf(note, sizeof note, "dataset=%s limit=%zu val=%zu norm=%d data=%s", o.dataset, o.limit, o.val, (int)o.norm,
+             o.data_dir);
+    desc.checkpoint_note = note;
 
     memset(&progress, 0, sizeof progress);
     progress.tty = isatty(fileno(stderr));

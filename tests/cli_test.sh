@@ -516,6 +516,23 @@ else
     fail "eval of a truncated model file (exit $status): $(tail -n 1 "$TMP/out")"
 fi
 
+# ---- checkpoints: stop and resume to the same bits -------------------------------------------
+RES="--limit 1000 --layers 784-16-10 --device cpu --quiet --optim adam --val 200 --augment all --batch 50"
+run train $RES --epochs 3 --save "$TMP/full.safetensors"
+run train $RES --epochs 2 --checkpoint "$TMP/ck.safetensors" --checkpoint-every-steps 5 --keep-checkpoints 2
+run train --resume "$TMP/ck-e0002-s000015.safetensors" --epochs 3 --device cpu --quiet --save "$TMP/res.safetensors"
+if [ "$status" -eq 0 ] && cmp -s "$TMP/full.safetensors" "$TMP/res.safetensors" && [ ! -e "$TMP/ck-e0002-s000005.safetensors" ]; then
+    pass "train, stop, --resume from inside an epoch: the saved model is the same file, byte for byte"
+else
+    fail "train, stop, --resume: the models differ (exit $status): $(tail -n 1 "$TMP/out")"
+fi
+run train --resume "$TMP/ck.safetensors" --lr 0.5
+if [ "$status" -eq 2 ] && [ ! -s "$TMP/out" ]; then
+    pass "--resume with a training setting: usage error"
+else
+    fail "--resume with a training setting (exit $status)"
+fi
+
 # ---- summary ---------------------------------------------------------------------------
 if [ "$failures" -ne 0 ]; then
     echo "cli test: $failures of $checks checks failed"
