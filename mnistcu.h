@@ -684,6 +684,10 @@ MNISTCU_DEF mnistcu_result mnistcu_model_save(mnistcu_model *m, const char *path
 MNISTCU_DEF mnistcu_result mnistcu_model_load(mnistcu_ctx *ctx, const char *path, mnistcu_model **out);
 MNISTCU_DEF mnistcu_result mnistcu_model_load_memory(mnistcu_ctx *ctx, const void *data, size_t size,
                                                      mnistcu_model **out);
+/* ONNX (IR 7, opset 13, see >>onnx): input "input" [batch, C, H, W] (flat data: [batch, N]), raw pixel
+   values 0..255 when the model records a normalisation for images (Mul and Add nodes apply it), output
+   "logits" [batch, classes]; EVAL mode, dropout left out. Written atomically. */
+MNISTCU_DEF mnistcu_result mnistcu_model_export_onnx(mnistcu_model *m, const char *path);
 /* Names of the outputs (count = the model's classes, 1-63 bytes each), kept in the model file; NULL, 0 clears. */
 MNISTCU_DEF mnistcu_result mnistcu_model_set_class_names(mnistcu_model *m, const char *const *names, size_t count);
 MNISTCU_DEF const char *mnistcu_model_class_name(const mnistcu_model *m, size_t i); /* NULL when none */
@@ -8083,6 +8087,331 @@ MNISTCU_DEF mnistcu_result mnistcu_model_load(mnistcu_ctx *ctx, const char *path
     if ((r = mnistcu__st_read(ctx, path, &f))) return r;
     r = mnistcu__model_from_st(ctx, &f, path, out);
     mnistcu__st_free(ctx, &f);
+    return r;
+}
+
+/* >>onnx -----------------------------------------------------------------------
+   ONNX export: the model as a ModelProto (IR version 7, opset 13), written by
+   hand in protobuf's wire format (a field is a varint key, (number << 3) |
+   wire type, then a varint, 4 bytes, or a varint length and bytes; a nested
+   message is written into its own buffer first, then added with its length).
+   The graph takes "input", [batch, C, H, W] (or [batch, N] for flat data),
+   with a named dynamic batch dimension, and gives "logits", [batch, classes],
+   in EVAL mode: one node per layer (Gemm with transB, Conv, MaxPool,
+   AveragePool, BatchNormalization, Flatten, Relu, LeakyRelu, Sigmoid, Tanh,
+   Softmax on axis 1); dropout is the identity and left out. A model that
+   records a normalisation for byte images takes the raw pixel values 0..255
+   (as floats) and starts with Mul and Add nodes that normalise them; one
+   without takes its features as they are. Initializers carry the state_dict
+   names ("0.weight"), so the file reads like torch.onnx.export's. */
+typedef mnistcu__text mnistcu__pb; /* a growable byte buffer */
+
+static void mnistcu__pb_varint(mnistcu__pb *b, uint64_t v)
+{
+    unsigned char tmp[10];
+    size_t n = 0;
+    do {
+        tmp[n++] = (unsigned char)((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    mnistcu__text_put(b, (const char *)tmp, n);
+}
+
+static void mnistcu__pb_key(mnistcu__pb *b, int field, int wire) { mnistcu__pb_varint(b, (uint64_t)(field << 3 | wire)); }
+static void mnistcu__pb_int(mnistcu__pb *b, int field, int64_t v) /* negative: ten bytes, two's complement */
+{
+    mnistcu__pb_key(b, field, 0);
+    mnistcu__pb_varint(b, (uint64_t)v);
+}
+static void mnistcu__pb_bytes(mnistcu__pb *b, int field, const void *p, size_t n)
+{
+    mnistcu__pb_key(b, field, 2);
+    mnistcu__pb_varint(b, n);
+    mnistcu__text_put(b, (const char *)p, n);
+}
+static void mnistcu__pb_str(mnistcu__pb *b, int field, const char *s) { mnistcu__pb_bytes(b, field, s, strlen(s)); }
+static void mnistcu__pb_msg(mnistcu__pb *b, int field, mnistcu__pb *sub) /* appends sub, then empties it */
+{
+    mnistcu__pb_bytes(b, field, sub->p ? sub->p : "", sub->len);
+    if (sub->oom) b->oom = 1;
+    sub->len = 0;
+}
+
+/* ---- attributes (AttributeProto: name 1, f 2, i 3, ints 8, type 20) ---------- */
+static void mnistcu__onnx_attr_int(mnistcu__pb *node, mnistcu__pb *tmp, const char *name, int64_t v)
+{
+    mnistcu__pb_str(tmp, 1, name);
+    mnistcu__pb_int(tmp, 3, v);
+    mnistcu__pb_int(tmp, 20, 2); /* INT */
+    mnistcu__pb_msg(node, 5, tmp);
+}
+static void mnistcu__onnx_attr_float(mnistcu__pb *node, mnistcu__pb *tmp, const char *name, float v)
+{
+    unsigned char le[4];
+    mnistcu__pb_str(tmp, 1, name);
+    mnistcu__pb_key(tmp, 2, 5);
+    mnistcu__le_copy(le, &v, 1, 4);
+    mnistcu__text_put(tmp, (const char *)le, 4);
+    mnistcu__pb_int(tmp, 20, 1); /* FLOAT */
+    mnistcu__pb_msg(node, 5, tmp);
+}
+static void mnistcu__onnx_attr_ints(mnistcu__pb *node, mnistcu__pb *tmp, const char *name, const int64_t *v, int n)
+{
+    int k;
+    mnistcu__pb_str(tmp, 1, name);
+    for (k = 0; k < n; ++k) mnistcu__pb_int(tmp, 8, v[k]);
+    mnistcu__pb_int(tmp, 20, 7); /* INTS */
+    mnistcu__pb_msg(node, 5, tmp);
+}
+
+/* NodeProto (input 1, output 2, name 3, op_type 4, attribute 5): the node is in *node, finished into graph. */
+static void mnistcu__onnx_node_begin(mnistcu__pb *node, const char *op, const char *name, const char *const *in, int nin,
+                                     const char *out)
+{
+    int k;
+    for (k = 0; k < nin; ++k) mnistcu__pb_str(node, 1, in[k]);
+    mnistcu__pb_str(node, 2, out);
+    mnistcu__pb_str(node, 3, name);
+    mnistcu__pb_str(node, 4, op);
+}
+
+/* TensorProto (dims 1, data_type 2, name 8, raw_data 9) of n floats. */
+static void mnistcu__onnx_initializer(mnistcu__pb *graph, mnistcu__pb *tmp, const char *name, const int64_t *dims,
+                                      int ndim, const float *v, size_t n)
+{
+    int k;
+    size_t i;
+    unsigned char le[4];
+    for (k = 0; k < ndim; ++k) mnistcu__pb_int(tmp, 1, dims[k]);
+    mnistcu__pb_int(tmp, 2, 1); /* FLOAT */
+    mnistcu__pb_str(tmp, 8, name);
+    mnistcu__pb_key(tmp, 9, 2);
+    mnistcu__pb_varint(tmp, 4 * n);
+    for (i = 0; i < n; ++i) {
+        mnistcu__le_copy(le, &v[i], 1, 4);
+        mnistcu__text_put(tmp, (const char *)le, 4);
+    }
+    mnistcu__pb_msg(graph, 5, tmp);
+}
+
+/* ValueInfoProto (name 1, type 2 -> tensor_type 1 -> elem_type 1, shape 2 -> dim 1 -> dim_value 1 | dim_param 2):
+   a float tensor whose first dimension is "batch". */
+static void mnistcu__onnx_value_info(mnistcu__pb *graph, int field, const char *name, const int64_t *dims, int ndim)
+{
+    mnistcu__pb vi, type, tt, shape, dim;
+    int k;
+    memset(&vi, 0, sizeof vi);
+    vi.ctx = type.ctx = tt.ctx = shape.ctx = dim.ctx = graph->ctx;
+    memset(&type, 0, sizeof type), memset(&tt, 0, sizeof tt), memset(&shape, 0, sizeof shape), memset(&dim, 0, sizeof dim);
+    vi.ctx = type.ctx = tt.ctx = shape.ctx = dim.ctx = graph->ctx;
+    mnistcu__pb_str(&dim, 2, "batch");
+    mnistcu__pb_msg(&shape, 1, &dim);
+    for (k = 0; k < ndim; ++k) {
+        mnistcu__pb_int(&dim, 1, dims[k]);
+        mnistcu__pb_msg(&shape, 1, &dim);
+    }
+    mnistcu__pb_int(&tt, 1, 1); /* FLOAT */
+    mnistcu__pb_msg(&tt, 2, &shape);
+    mnistcu__pb_msg(&type, 1, &tt);
+    mnistcu__pb_str(&vi, 1, name);
+    mnistcu__pb_msg(&vi, 2, &type);
+    mnistcu__pb_msg(graph, field, &vi);
+    if (vi.oom || type.oom || tt.oom || shape.oom || dim.oom) graph->oom = 1;
+    mnistcu__free(graph->ctx, vi.p);
+    mnistcu__free(graph->ctx, type.p);
+    mnistcu__free(graph->ctx, tt.p);
+    mnistcu__free(graph->ctx, shape.p);
+    mnistcu__free(graph->ctx, dim.p);
+}
+
+/* size bytes to path, atomically (PATH.tmp, synced, renamed). */
+static mnistcu_result mnistcu__write_atomic(mnistcu_ctx *ctx, const char *path, const void *data, size_t size)
+{
+    char tmp[4200];
+    FILE *f;
+    int ok;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%.300s: path too long", path);
+    f = fopen(tmp, "wb");
+    if (!f) return mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot create the file (%s)", tmp, strerror(errno));
+    ok = fwrite(data, 1, size, f) == size && fflush(f) == 0 && MNISTCU_FSYNC(f) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok) {
+        remove(tmp);
+        return mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: writing failed (%s); %.300s is unchanged", tmp,
+                             strerror(errno), path);
+    }
+#ifdef _WIN32
+    remove(path);
+#endif
+    if (rename(tmp, path) != 0) {
+        remove(tmp);
+        return mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot rename %.300s over it (%s)", path, tmp, strerror(errno));
+    }
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_model_export_onnx(mnistcu_model *m, const char *path)
+{
+    mnistcu_ctx *ctx;
+    mnistcu__pb model, graph, node, tmp, opset;
+    float *host = NULL;
+    char cur[32], next[32], nname[32];
+    int64_t in_dims[3];
+    int i, t = 0, flat_input;
+    mnistcu_result r = MNISTCU_OK;
+    if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
+    ctx = m->ctx;
+    if (!path || !*path) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_export_onnx: no path given");
+    memset(&model, 0, sizeof model);
+    memset(&graph, 0, sizeof graph);
+    memset(&node, 0, sizeof node);
+    memset(&tmp, 0, sizeof tmp);
+    memset(&opset, 0, sizeof opset);
+    model.ctx = graph.ctx = node.ctx = tmp.ctx = opset.ctx = ctx;
+    host = (float *)mnistcu__alloc(ctx, (m->num_params + m->num_buffers + 1) * sizeof(float));
+    if (!host) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_export_onnx: out of memory");
+    if ((r = mnistcu__model_copy(m, host, m->params, m->num_params * sizeof(float), 0)) ||
+        (m->num_buffers &&
+         (r = mnistcu__model_copy(m, host + m->num_params, m->buffers, m->num_buffers * sizeof(float), 0))))
+        goto done;
+    flat_input = m->layers[0].h == 1 && m->layers[0].w == 1; /* flat data: [batch, N] */
+    in_dims[0] = flat_input ? (int64_t)m->inputs : m->layers[0].c;
+    in_dims[1] = m->layers[0].h;
+    in_dims[2] = m->layers[0].w;
+    snprintf(cur, sizeof cur, "input");
+    if (m->has_norm && m->norm_u8) { /* pixels 0..255 in, x = pixel * scale + shift */
+        const char *in[2];
+        int64_t one = 1;
+        mnistcu__onnx_initializer(&graph, &tmp, "norm_scale", &one, 1, &m->norm_scale, 1);
+        mnistcu__onnx_initializer(&graph, &tmp, "norm_shift", &one, 1, &m->norm_shift, 1);
+        in[0] = "input";
+        in[1] = "norm_scale";
+        mnistcu__onnx_node_begin(&node, "Mul", "normalize_scale", in, 2, "scaled");
+        mnistcu__pb_msg(&graph, 1, &node);
+        in[0] = "scaled";
+        in[1] = "norm_shift";
+        mnistcu__onnx_node_begin(&node, "Add", "normalize_shift", in, 2, "normalized");
+        mnistcu__pb_msg(&graph, 1, &node);
+        snprintf(cur, sizeof cur, "normalized");
+    }
+    for (i = 0; i < m->num_layers; ++i) {
+        const mnistcu__layer *L = &m->layers[i];
+        const char *in[5];
+        char wn[40], bn[40], mn[40], vn[40];
+        int64_t dims[4], ints[4];
+        int last = i == m->num_layers - 1, nin = 1;
+        if (L->d.kind == MNISTCU_LAYER_DROPOUT && !last) continue; /* the identity in EVAL mode */
+        if (last) snprintf(next, sizeof next, "logits");
+        else snprintf(next, sizeof next, "t%d", t++);
+        snprintf(nname, sizeof nname, "%d", L->index);
+        snprintf(wn, sizeof wn, "%d.weight", L->index);
+        snprintf(bn, sizeof bn, "%d.bias", L->index);
+        in[0] = cur;
+        switch (L->d.kind) {
+        case MNISTCU_LAYER_DENSE:
+            dims[0] = L->oc;
+            dims[1] = (int64_t)L->in_size;
+            mnistcu__onnx_initializer(&graph, &tmp, wn, dims, 2, host + L->wo, L->nw);
+            in[nin++] = wn;
+            if (L->nb) {
+                mnistcu__onnx_initializer(&graph, &tmp, bn, dims, 1, host + L->bo, L->nb);
+                in[nin++] = bn;
+            }
+            mnistcu__onnx_node_begin(&node, "Gemm", nname, in, nin, next);
+            mnistcu__onnx_attr_int(&node, &tmp, "transB", 1);
+            break;
+        case MNISTCU_LAYER_CONV2D:
+            dims[0] = L->oc;
+            dims[1] = L->c;
+            dims[2] = L->d.kernel_h;
+            dims[3] = L->d.kernel_w;
+            mnistcu__onnx_initializer(&graph, &tmp, wn, dims, 4, host + L->wo, L->nw);
+            in[nin++] = wn;
+            if (L->nb) {
+                mnistcu__onnx_initializer(&graph, &tmp, bn, dims, 1, host + L->bo, L->nb);
+                in[nin++] = bn;
+            }
+            mnistcu__onnx_node_begin(&node, "Conv", nname, in, nin, next);
+            ints[0] = L->d.kernel_h, ints[1] = L->d.kernel_w;
+            mnistcu__onnx_attr_ints(&node, &tmp, "kernel_shape", ints, 2);
+            ints[0] = L->sh, ints[1] = L->sw;
+            mnistcu__onnx_attr_ints(&node, &tmp, "strides", ints, 2);
+            ints[0] = ints[1] = ints[2] = ints[3] = L->d.padding;
+            mnistcu__onnx_attr_ints(&node, &tmp, "pads", ints, 4);
+            break;
+        case MNISTCU_LAYER_MAXPOOL2D:
+        case MNISTCU_LAYER_AVGPOOL2D:
+            mnistcu__onnx_node_begin(&node, L->d.kind == MNISTCU_LAYER_MAXPOOL2D ? "MaxPool" : "AveragePool", nname, in, 1,
+                                     next);
+            ints[0] = L->d.kernel_h, ints[1] = L->d.kernel_w;
+            mnistcu__onnx_attr_ints(&node, &tmp, "kernel_shape", ints, 2);
+            ints[0] = L->sh, ints[1] = L->sw;
+            mnistcu__onnx_attr_ints(&node, &tmp, "strides", ints, 2);
+            break;
+        case MNISTCU_LAYER_BATCHNORM:
+            dims[0] = L->c;
+            snprintf(mn, sizeof mn, "%d.running_mean", L->index);
+            snprintf(vn, sizeof vn, "%d.running_var", L->index);
+            mnistcu__onnx_initializer(&graph, &tmp, wn, dims, 1, host + L->wo, L->nw);
+            mnistcu__onnx_initializer(&graph, &tmp, bn, dims, 1, host + L->bo, L->nb);
+            mnistcu__onnx_initializer(&graph, &tmp, mn, dims, 1, host + m->num_params + L->buf, (size_t)L->c);
+            mnistcu__onnx_initializer(&graph, &tmp, vn, dims, 1, host + m->num_params + L->buf + L->c, (size_t)L->c);
+            in[1] = wn, in[2] = bn, in[3] = mn, in[4] = vn;
+            mnistcu__onnx_node_begin(&node, "BatchNormalization", nname, in, 5, next);
+            mnistcu__onnx_attr_float(&node, &tmp, "epsilon", L->d.eps);
+            break;
+        case MNISTCU_LAYER_FLATTEN:
+            mnistcu__onnx_node_begin(&node, "Flatten", nname, in, 1, next);
+            mnistcu__onnx_attr_int(&node, &tmp, "axis", 1);
+            break;
+        case MNISTCU_LAYER_DROPOUT: /* the last layer: an Identity so that the graph still ends in logits */
+            mnistcu__onnx_node_begin(&node, "Identity", nname, in, 1, next);
+            break;
+        case MNISTCU_LAYER_RELU: mnistcu__onnx_node_begin(&node, "Relu", nname, in, 1, next); break;
+        case MNISTCU_LAYER_SIGMOID: mnistcu__onnx_node_begin(&node, "Sigmoid", nname, in, 1, next); break;
+        case MNISTCU_LAYER_TANH: mnistcu__onnx_node_begin(&node, "Tanh", nname, in, 1, next); break;
+        case MNISTCU_LAYER_LEAKY_RELU:
+            mnistcu__onnx_node_begin(&node, "LeakyRelu", nname, in, 1, next);
+            mnistcu__onnx_attr_float(&node, &tmp, "alpha", L->d.slope);
+            break;
+        case MNISTCU_LAYER_SOFTMAX:
+            mnistcu__onnx_node_begin(&node, "Softmax", nname, in, 1, next);
+            mnistcu__onnx_attr_int(&node, &tmp, "axis", 1);
+            break;
+        default:
+            r = mnistcu__fail(ctx, MNISTCU_ERR_UNSUPPORTED, "model_export_onnx: layer %d has no ONNX operator", i);
+            goto done;
+        }
+        mnistcu__pb_msg(&graph, 1, &node);
+        snprintf(cur, sizeof cur, "%s", next);
+    }
+    mnistcu__pb_str(&graph, 2, "mnistcu");
+    mnistcu__onnx_value_info(&graph, 11, "input", in_dims, flat_input ? 1 : 3);
+    {
+        int64_t out_dims[1];
+        out_dims[0] = (int64_t)m->classes;
+        mnistcu__onnx_value_info(&graph, 12, "logits", out_dims, 1);
+    }
+    mnistcu__pb_int(&model, 1, 7);              /* ir_version */
+    mnistcu__pb_str(&model, 2, "mnistcu");      /* producer_name */
+    mnistcu__pb_str(&model, 3, MNISTCU_VERSION_STRING);
+    mnistcu__pb_msg(&model, 7, &graph);         /* graph */
+    mnistcu__pb_str(&opset, 1, "");
+    mnistcu__pb_int(&opset, 2, 13);
+    mnistcu__pb_msg(&model, 8, &opset);         /* opset_import */
+    if (model.oom || graph.oom || node.oom || tmp.oom || opset.oom) {
+        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model_export_onnx: out of memory");
+        goto done;
+    }
+    r = mnistcu__write_atomic(ctx, path, model.p, model.len);
+done:
+    mnistcu__free(ctx, host);
+    mnistcu__free(ctx, model.p);
+    mnistcu__free(ctx, graph.p);
+    mnistcu__free(ctx, node.p);
+    mnistcu__free(ctx, tmp.p);
+    mnistcu__free(ctx, opset.p);
     return r;
 }
 

@@ -60,6 +60,7 @@ static void print_synopsis(FILE *f)
             "usage: mnistcu train [options]\n"
             "       mnistcu eval --weights FILE [options]\n"
             "       mnistcu info FILE\n"
+            "       mnistcu export --onnx OUT --model FILE\n"
             "       mnistcu --help | --version\n");
 }
 
@@ -2422,6 +2423,63 @@ static int cmd_info(int argc, char **argv)
 }
 
 /* ==========================================================================
+   mnistcu export
+   ========================================================================== */
+
+static int cmd_export(int argc, char **argv)
+{
+    const char *onnx = NULL, *model = NULL;
+    mnistcu_ctx *ctx = NULL;
+    mnistcu_model *net = NULL;
+    char spec[2048];
+    int i, status = EXIT_ERROR;
+    for (i = 0; i < argc; ++i) {
+        const char **dst = !strcmp(argv[i], "--onnx") ? &onnx : !strcmp(argv[i], "--model") ? &model : NULL;
+        if (!strcmp(argv[i], "--help")) {
+            print_help(stdout);
+            return EXIT_OK;
+        }
+        if (!dst) {
+            usage_error("export: unknown argument '%s'", argv[i]);
+            return EXIT_USAGE;
+        }
+        if (i + 1 == argc) {
+            usage_error("%s needs a value", argv[i]);
+            return EXIT_USAGE;
+        }
+        *dst = argv[++i];
+    }
+    if (!onnx || !model) {
+        usage_error("export needs --onnx OUT and --model FILE (a model file written by train --save)");
+        return EXIT_USAGE;
+    }
+    if (create_context(MNISTCU_DEVICE_CPU, 0, 0, &ctx) && !failed(ctx, mnistcu_model_load(ctx, model, &net)) &&
+        !failed(ctx, mnistcu_model_export_onnx(net, onnx))) {
+        mnistcu_model_info mi;
+        mnistcu_model_info_get(net, &mi);
+        mnistcu_model_spec(net, spec, sizeof spec);
+        printf("{\"command\":\"export\"");
+        json_field_str("onnx", onnx);
+        json_field_str("model_file", model);
+        json_field_str("model", spec);
+        json_field_str("input", mi.has_norm && mi.norm_u8 ? "pixels 0..255" : "features");
+        printf(",\"opset\":13,\"num_params\":%zu", mi.num_params);
+        json_field_str("version", MNISTCU_VERSION_STRING);
+        printf("}\n");
+        status = EXIT_OK;
+    } else {
+        printf("{\"command\":\"export\"");
+        json_error_fields();
+        json_field_str("onnx", onnx);
+        json_field_str("model_file", model);
+        json_field_str("version", MNISTCU_VERSION_STRING);
+        printf("}\n");
+    }
+    mnistcu_ctx_destroy(ctx);
+    return status;
+}
+
+/* ==========================================================================
    main
    ========================================================================== */
 
@@ -2448,6 +2506,7 @@ int main(int argc, char **argv)
     if (strcmp(command, "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(command, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(command, "info") == 0) return cmd_info(argc - 2, argv + 2);
+    if (strcmp(command, "export") == 0) return cmd_export(argc - 2, argv + 2);
     usage_error("unknown command '%s'", command);
     return EXIT_USAGE;
 }
