@@ -40,7 +40,7 @@ NVCC_HOST := -Xcompiler -O3,-march=native$(if $(OMP),$(comma)$(OMP))
 B := build
 HDR := mnistcu.h
 TEST_SRC := tests/test_main.c tests/test_idx.c tests/test_data_api.c tests/test_model.c tests/test_train.c tests/test_torch_fixtures.c \
-            tests/test_layers.c tests/test_layer_fixtures.c tests/test_toolkit.c tests/test_files.c
+            tests/test_layers.c tests/test_layer_fixtures.c tests/test_toolkit.c tests/test_files.c tests/test_images.c
 TEST_HDR := tests/harness.h tests/asserts.h tests/test_util.h
 # Tests read the datasets from the local mirror when make data has not run.
 MNISTCU_MIRROR ?= $(wildcard ../shared/datasets)
@@ -59,7 +59,7 @@ help:
 	@echo "make test       CPU test suites, compile tests, fuzzing (what CI runs)"
 	@echo "make test-gpu   the suites with CUDA parity tests and compute-sanitizer (needs a GPU)"
 	@echo "make fuzz       fuzz the IDX/gzip loader for FUZZ_SECONDS (default 30), spec strings for FUZZ_SPEC_SECONDS (15),"
-	@echo "                model files for FUZZ_MODEL_SECONDS (15)"
+	@echo "                model files for FUZZ_MODEL_SECONDS (15), images for FUZZ_IMAGE_SECONDS (15)"
 	@echo "make bench      time our configurations against PyTorch (needs a GPU and PyTorch)"
 	@echo "make clean      remove build/"
 
@@ -167,6 +167,7 @@ endif
 FUZZ_SECONDS ?= 30
 FUZZ_SPEC_SECONDS ?= 15
 FUZZ_MODEL_SECONDS ?= 15
+FUZZ_IMAGE_SECONDS ?= 15
 fuzz: | $(B)
 	@if echo 'int LLVMFuzzerTestOneInput(const char*d,unsigned long n){(void)d;(void)n;return 0;}' | \
 	    $(CLANG) -fsanitize=fuzzer -x c -o $(B)/fuzz_probe - >/dev/null 2>&1; then \
@@ -178,7 +179,11 @@ fuzz: | $(B)
 	  $(B)/fuzz_spec -max_total_time=$(FUZZ_SPEC_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 $(B)/spec-corpus && \
 	  $(CLANG) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -o $(B)/fuzz_model tests/fuzz_model.c -lm && \
 	  rm -rf $(B)/model-corpus && mkdir -p $(B)/model-corpus && cp tests/fixtures/safetensors/*.safetensors $(B)/model-corpus && \
-	  $(B)/fuzz_model -max_total_time=$(FUZZ_MODEL_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 $(B)/model-corpus; \
+	  $(B)/fuzz_model -max_total_time=$(FUZZ_MODEL_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 $(B)/model-corpus && \
+	  $(CLANG) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -o $(B)/fuzz_image tests/fuzz_image.c -lm && \
+	  rm -rf $(B)/image-corpus && mkdir -p $(B)/image-corpus && \
+	  cp tests/fixtures/images/*.png tests/fixtures/images/*.pgm $(B)/image-corpus && \
+	  $(B)/fuzz_image -max_total_time=$(FUZZ_IMAGE_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 $(B)/image-corpus; \
 	else echo "clang with libFuzzer not found: fuzzing skipped"; fi
 
 # ---- GPU ------------------------------------------------------------------------

@@ -241,7 +241,18 @@ extern "C" {
     X(ERR_ST_SHAPE,                "safetensors: shape overflows, or disagrees with its bytes or the model") \
     X(ERR_ST_OFFSETS,              "safetensors: data offsets overlap, leave a gap or run past the data") \
     X(ERR_ST_METADATA,             "safetensors: metadata missing or invalid for a mnistcu file") \
-    X(ERR_ST_TENSORS,              "safetensors: a tensor the model needs is missing, or an unknown one is present")
+    X(ERR_ST_TENSORS,              "safetensors: a tensor the model needs is missing, or an unknown one is present") \
+    X(ERR_IMAGE_SIGNATURE,         "image: neither a PNG nor a PGM file") \
+    X(ERR_IMAGE_TOO_LARGE,         "image: more pixels than MNISTCU_IMAGE_MAX_PIXELS") \
+    X(ERR_PNG_CRC,                 "PNG: a chunk's CRC does not match") \
+    X(ERR_PNG_IHDR,                "PNG: invalid IHDR (size, depth, colour type, methods)") \
+    X(ERR_PNG_TRUNCATED,           "PNG: the file ends inside a chunk") \
+    X(ERR_PNG_ZLIB,                "PNG: invalid zlib stream (header, deflate data, Adler-32)") \
+    X(ERR_PNG_SIZE,                "PNG: the image data is shorter or longer than the image needs") \
+    X(ERR_PNG_FILTER,              "PNG: unknown row filter type") \
+    X(ERR_PNG_PALETTE,             "PNG: palette missing, malformed, or an index beyond it") \
+    X(ERR_PNG_ORDER,               "PNG: chunks out of order, missing or unknown critical chunk") \
+    X(ERR_PGM,                     "PGM: malformed header or samples")
 
 typedef enum mnistcu_result {
 #define MNISTCU__RESULT_ENUM(name, text) MNISTCU_##name,
@@ -367,6 +378,22 @@ MNISTCU_DEF mnistcu_result mnistcu_gunzip(mnistcu_ctx *ctx, const void *in, size
 MNISTCU_DEF mnistcu_result mnistcu_inflate(mnistcu_ctx *ctx, const void *in, size_t in_size, size_t max_out,
                                            void **out, size_t *out_size, size_t *in_used);
 MNISTCU_DEF uint32_t mnistcu_crc32(uint32_t crc, const void *data, size_t size); /* start with 0 */
+
+/* ---- images ------------------------------------------------------------------
+   PNG (every colour type and depth, interlaced or not) and PGM (P5, P2), read
+   strictly (see >>image) into 8-bit grayscale, for predicting on your own
+   images. mnistcu_image_to_mnist makes a size x size MNIST-style input (28
+   for MNIST): light-background images inverted, cropped to the ink, scaled
+   to fit 20/28 of the side keeping the aspect ratio, centred by centre of
+   mass; the result feeds mnistcu_predict_u8. */
+typedef struct mnistcu_image {
+    int width, height;
+    uint8_t *gray;        /* [height][width], 0 black .. 255 white; free with mnistcu_image_free */
+} mnistcu_image;
+MNISTCU_DEF mnistcu_result mnistcu_image_load(mnistcu_ctx *ctx, const char *path, mnistcu_image *img);
+MNISTCU_DEF mnistcu_result mnistcu_image_load_memory(mnistcu_ctx *ctx, const void *data, size_t size, mnistcu_image *img);
+MNISTCU_DEF void mnistcu_image_free(mnistcu_ctx *ctx, mnistcu_image *img);
+MNISTCU_DEF mnistcu_result mnistcu_image_to_mnist(mnistcu_ctx *ctx, const mnistcu_image *img, int size, uint8_t *out);
 
 /* ---- datasets --------------------------------------------------------------
    A dataset holds count samples of rows x cols features and one label each.
@@ -2225,6 +2252,487 @@ MNISTCU_DEF void mnistcu_idx_free(mnistcu_ctx *ctx, mnistcu_idx *idx)
     mnistcu__free(ctx, idx->data);
     memset(idx, 0, sizeof *idx);
 }
+/* >>image ----------------------------------------------------------------------
+   Images for prediction: PNG (every colour type and bit depth the format has,
+   interlaced or not; inflated by >>inflate) and PGM (P5 binary, P2 text),
+   read as hostile input (every chunk's CRC, the IHDR fields, chunk order,
+   the zlib header and Adler-32, the exact decompressed size, filter types,
+   palette indices; sizes capped before anything is allocated), and turned
+   into 8-bit grayscale in integer arithmetic:
+     16-bit samples      (v * 255 + 32767) / 65535
+     gray below 8 bits   v * 255 / (2^depth - 1)
+     RGB                 (299 R + 587 G + 114 B + 500) / 1000
+     alpha a over white  (g * a + 255 * (255 - a) + 127) / 255
+     PGM, maxval M       (v * 255 + M / 2) / M
+   mnistcu_image_to_mnist then makes an MNIST-style input the way the dataset
+   was made: inverted when the border is light (dark ink on paper), stretched
+   so that the lightest pixel is 0 and the inkiest 255, cropped to the ink's
+   bounding box (pixels above a quarter of the range), scaled by area
+   averaging to fit 20x20 (keeping the aspect ratio), placed in 28x28 with its
+   centre of mass at the centre. */
+#ifndef MNISTCU_IMAGE_MAX_PIXELS
+#define MNISTCU_IMAGE_MAX_PIXELS ((size_t)1 << 26)
+#endif
+
+typedef struct mnistcu__png {
+    uint32_t w, h;
+    int depth, ctype, interlace, channels;
+    unsigned char plte[256][4]; /* RGBA */
+    int nplte;
+    int has_key;                /* tRNS for gray or RGB: the transparent colour */
+    uint16_t key[3];
+} mnistcu__png;
+
+/* One sample (channel c of pixel x) of an unfiltered row, at the image's depth. */
+static unsigned mnistcu__png_sample(const mnistcu__png *p, const unsigned char *row, size_t x, int c)
+{
+    if (p->depth == 16) {
+        size_t o = (x * (size_t)p->channels + (size_t)c) * 2;
+        return (unsigned)row[o] << 8 | row[o + 1];
+    }
+    if (p->depth == 8) return row[x * (size_t)p->channels + (size_t)c];
+    {
+        size_t bit = x * (size_t)p->depth;
+        return (unsigned)(row[bit >> 3] >> (8 - p->depth - (int)(bit & 7))) & ((1u << p->depth) - 1);
+    }
+}
+
+static unsigned mnistcu__to8(unsigned v, int depth)
+{
+    return depth == 16 ? (v * 255u + 32767u) / 65535u : depth == 8 ? v : v * 255u / ((1u << depth) - 1u);
+}
+
+/* Gray 0..255 of pixel x of an unfiltered row. */
+static unsigned char mnistcu__png_gray(const mnistcu__png *p, const unsigned char *row, size_t x)
+{
+    unsigned g, a = 255;
+    if (p->ctype == 3) {
+        const unsigned char *e = p->plte[mnistcu__png_sample(p, row, x, 0)];
+        g = (299u * e[0] + 587u * e[1] + 114u * e[2] + 500u) / 1000u;
+        a = e[3];
+    } else if (p->ctype == 2 || p->ctype == 6) {
+        unsigned r = mnistcu__png_sample(p, row, x, 0), gg = mnistcu__png_sample(p, row, x, 1),
+                 b = mnistcu__png_sample(p, row, x, 2);
+        if (p->ctype == 2 && p->has_key && r == p->key[0] && gg == p->key[1] && b == p->key[2]) a = 0;
+        if (p->ctype == 6) a = mnistcu__to8(mnistcu__png_sample(p, row, x, 3), p->depth);
+        g = (299u * mnistcu__to8(r, p->depth) + 587u * mnistcu__to8(gg, p->depth) + 114u * mnistcu__to8(b, p->depth) +
+             500u) / 1000u;
+    } else {
+        unsigned v = mnistcu__png_sample(p, row, x, 0);
+        if (p->ctype == 0 && p->has_key && v == p->key[0]) a = 0;
+        if (p->ctype == 4) a = mnistcu__to8(mnistcu__png_sample(p, row, x, 1), p->depth);
+        g = mnistcu__to8(v, p->depth);
+    }
+    return (unsigned char)(a == 255 ? g : (g * a + 255u * (255u - a) + 127u) / 255u);
+}
+
+static int mnistcu__paeth(int a, int b, int c)
+{
+    int p = a + b - c, pa = abs(p - a), pb = abs(p - b), pc = abs(p - c);
+    return pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+}
+
+/* Undoes the filters of one pass's rows in place (each 1 + rowbytes long). */
+static mnistcu_result mnistcu__png_unfilter(mnistcu_ctx *ctx, unsigned char *d, size_t rows, size_t rowbytes, size_t bpp,
+                                            const char *what)
+{
+    size_t y, i;
+    for (y = 0; y < rows; ++y) {
+        unsigned char *row = d + y * (rowbytes + 1), *prev = y ? row - (rowbytes + 1) + 1 : NULL;
+        int f = row[0];
+        row++;
+        if (f > 4)
+            return mnistcu__fail(ctx, MNISTCU_ERR_PNG_FILTER, "%.300s: PNG: row %lu has filter type %d (0-4 exist)",
+                                 what, (unsigned long)y, f);
+        for (i = 0; i < rowbytes; ++i) {
+            int a = i >= bpp ? row[i - bpp] : 0, b = prev ? prev[i] : 0, c = prev && i >= bpp ? prev[i - bpp] : 0;
+            int v = f == 1 ? a : f == 2 ? b : f == 3 ? (a + b) / 2 : f == 4 ? mnistcu__paeth(a, b, c) : 0;
+            row[i] = (unsigned char)(row[i] + v);
+        }
+    }
+    return MNISTCU_OK;
+}
+
+static const int mnistcu__adam7[7][4] = { /* x0, y0, dx, dy */
+    {0, 0, 8, 8}, {4, 0, 8, 8}, {0, 4, 4, 8}, {2, 0, 4, 4}, {0, 2, 2, 4}, {1, 0, 2, 2}, {0, 1, 1, 2}};
+
+static mnistcu_result mnistcu__png_decode(mnistcu_ctx *ctx, const unsigned char *f, size_t size, const char *what,
+                                          mnistcu_image *img)
+{
+    mnistcu__png p;
+    size_t pos = 8, idat_len = 0, idat_cap = 0, expected = 0, got = 0, used = 0;
+    unsigned char *idat = NULL, *raw = NULL;
+    int seen_ihdr = 0, seen_plte = 0, seen_idat = 0, idat_done = 0, seen_iend = 0, seen_trns = 0, pass;
+    mnistcu_result r = MNISTCU_OK;
+    memset(&p, 0, sizeof p);
+#define MNISTCU__PNG_FAIL(code, ...)               \
+    do {                                           \
+        r = mnistcu__fail(ctx, code, __VA_ARGS__); \
+        goto done;                                 \
+    } while (0)
+    while (!seen_iend) {
+        uint32_t len;
+        const unsigned char *type, *data;
+        if (pos == size) MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ORDER, "%.300s: PNG: no IEND chunk before the end", what);
+        if (size - pos < 12)
+            MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_TRUNCATED, "%.300s: PNG: the file ends inside a chunk at byte %lu", what,
+                              (unsigned long)pos);
+        len = mnistcu__be32(f + pos);
+        type = f + pos + 4;
+        data = f + pos + 8;
+        if (len > 0x7FFFFFFFu || (size_t)len > size - pos - 12)
+            MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_TRUNCATED, "%.300s: PNG: chunk %.4s at byte %lu claims %lu bytes, past "
+                              "the end", what, (const char *)type, (unsigned long)pos, (unsigned long)len);
+        if (mnistcu_crc32(0, type, (size_t)len + 4) != mnistcu__be32(data + len))
+            MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_CRC, "%.300s: PNG: chunk %.4s at byte %lu: CRC mismatch", what,
+                              (const char *)type, (unsigned long)pos);
+        if (!seen_ihdr && memcmp(type, "IHDR", 4) != 0)
+            MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ORDER, "%.300s: PNG: the first chunk is %.4s, not IHDR", what,
+                              (const char *)type);
+        if (seen_idat && memcmp(type, "IDAT", 4) != 0) idat_done = 1;
+        if (!memcmp(type, "IHDR", 4)) {
+            uint64_t px;
+            int ok_depth;
+            if (seen_ihdr++) MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ORDER, "%.300s: PNG: a second IHDR", what);
+            if (len != 13) MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_IHDR, "%.300s: PNG: IHDR is %lu bytes, not 13", what,
+                                             (unsigned long)len);
+            p.w = mnistcu__be32(data);
+            p.h = mnistcu__be32(data + 4);
+            p.depth = data[8];
+            p.ctype = data[9];
+            p.interlace = data[12];
+            ok_depth = p.ctype == 0 ? (p.depth == 1 || p.depth == 2 || p.depth == 4 || p.depth == 8 || p.depth == 16)
+                     : p.ctype == 3 ? (p.depth == 1 || p.depth == 2 || p.depth == 4 || p.depth == 8)
+                     : (p.ctype == 2 || p.ctype == 4 || p.ctype == 6) ? (p.depth == 8 || p.depth == 16) : 0;
+            if (p.w == 0 || p.h == 0 || p.w > 0x7FFFFFFFu || p.h > 0x7FFFFFFFu || !ok_depth || data[10] != 0 ||
+                data[11] != 0 || p.interlace > 1)
+                MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_IHDR,
+                                  "%.300s: PNG: IHDR %lux%lu, bit depth %d, colour type %d, compression %d, filter %d, "
+                                  "interlace %d is not a valid combination", what, (unsigned long)p.w,
+                                  (unsigned long)p.h, p.depth, p.ctype, data[10], data[11], p.interlace);
+            px = (uint64_t)p.w * p.h;
+            if (px > MNISTCU_IMAGE_MAX_PIXELS)
+                MNISTCU__PNG_FAIL(MNISTCU_ERR_IMAGE_TOO_LARGE, "%.300s: PNG: %lux%lu pixels, above the cap of %lu", what,
+                                  (unsigned long)p.w, (unsigned long)p.h, (unsigned long)MNISTCU_IMAGE_MAX_PIXELS);
+            p.channels = p.ctype == 2 ? 3 : p.ctype == 4 ? 2 : p.ctype == 6 ? 4 : 1;
+        } else if (!memcmp(type, "PLTE", 4)) {
+            uint32_t k;
+            if (seen_plte++ || seen_idat)
+                MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ORDER, "%.300s: PNG: PLTE %s", what,
+                                  seen_idat ? "after the image data" : "twice");
+            if (len == 0 || len % 3 || len / 3 > 256 || (p.ctype == 3 && len / 3 > (1u << p.depth)) ||
+                p.ctype == 0 || p.ctype == 4)
+                MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_PALETTE, "%.300s: PNG: a PLTE of %lu bytes does not fit colour type "
+                                  "%d at depth %d", what, (unsigned long)len, p.ctype, p.depth);
+            p.nplte = (int)(len / 3);
+            for (k = 0; k < len / 3; ++k) {
+                memcpy(p.plte[k], data + 3 * k, 3);
+                p.plte[k][3] = 255;
+            }
+        } else if (!memcmp(type, "tRNS", 4)) {
+            uint32_t k;
+            if (seen_trns++ || seen_idat) MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ORDER, "%.300s: PNG: tRNS out of place", what);
+            if (p.ctype == 3) {
+                if (!seen_plte || len > (uint32_t)p.nplte)
+                    MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_PALETTE, "%.300s: PNG: tRNS has %lu entries for a palette of %d",
+                                      what, (unsigned long)len, p.nplte);
+                for (k = 0; k < len; ++k) p.plte[k][3] = data[k];
+            } else if ((p.ctype == 0 && len == 2) || (p.ctype == 2 && len == 6)) {
+                for (k = 0; k < len / 2; ++k) p.key[k] = (uint16_t)(data[2 * k] << 8 | data[2 * k + 1]);
+                p.has_key = 1;
+            } else {
+                MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_PALETTE, "%.300s: PNG: tRNS of %lu bytes for colour type %d", what,
+                                  (unsigned long)len, p.ctype);
+            }
+        } else if (!memcmp(type, "IDAT", 4)) {
+            if (idat_done) MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ORDER, "%.300s: PNG: IDAT chunks are not consecutive", what);
+            seen_idat = 1;
+            if (idat_len + len > idat_cap) {
+                size_t cap = MNISTCU__MAX(idat_cap * 2, idat_len + len + 64);
+                unsigned char *n = (unsigned char *)mnistcu__alloc(ctx, cap);
+                if (!n) MNISTCU__PNG_FAIL(MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: PNG: out of memory", what);
+                if (idat_len) memcpy(n, idat, idat_len);
+                mnistcu__free(ctx, idat);
+                idat = n;
+                idat_cap = cap;
+            }
+            memcpy(idat + idat_len, data, len);
+            idat_len += len;
+        } else if (!memcmp(type, "IEND", 4)) {
+            seen_iend = 1;
+        } else if (!(type[0] & 0x20)) {
+            MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ORDER, "%.300s: PNG: unknown critical chunk %.4s", what, (const char *)type);
+        }
+        pos += 12 + (size_t)len;
+    }
+    if (pos != size) MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ORDER, "%.300s: PNG: %lu bytes after IEND", what,
+                                       (unsigned long)(size - pos));
+    if (!seen_idat) MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ORDER, "%.300s: PNG: no IDAT chunk", what);
+    if (p.ctype == 3 && !seen_plte) MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_PALETTE, "%.300s: PNG: no PLTE", what);
+    /* the size of the filtered data: every pass's rows, each a filter byte and its bytes */
+    for (pass = 0; pass < (p.interlace ? 7 : 1); ++pass) {
+        const int *a = mnistcu__adam7[pass];
+        uint64_t pw = p.interlace ? (p.w + (uint32_t)(a[2] - a[0] - 1)) / (uint32_t)a[2] : p.w;
+        uint64_t ph = p.interlace ? (p.h + (uint32_t)(a[3] - a[1] - 1)) / (uint32_t)a[3] : p.h;
+        if (pw && ph) expected += (size_t)ph * (1 + (size_t)((pw * (uint64_t)p.channels * (uint64_t)p.depth + 7) / 8));
+    }
+    if (idat_len < 2 || (idat[0] & 0x0F) != 8 || (idat[0] >> 4) > 7 || ((unsigned)idat[0] << 8 | idat[1]) % 31 != 0 ||
+        (idat[1] & 0x20))
+        MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ZLIB, "%.300s: PNG: the image data does not start with a zlib header "
+                          "(deflate, window up to 32 KiB, no preset dictionary)", what);
+    r = mnistcu_inflate(ctx, idat + 2, idat_len - 2, expected, (void **)&raw, &got, &used);
+    if (r == MNISTCU_ERR_GZ_TOO_LARGE)
+        MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_SIZE, "%.300s: PNG: the image data holds more than the %lu bytes its size "
+                          "needs", what, (unsigned long)expected);
+    if (r) MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ZLIB, "%.300s: PNG: zlib stream: %.300s", what, mnistcu_ctx_error(ctx));
+    if (got != expected)
+        MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_SIZE, "%.300s: PNG: the image data holds %lu bytes, its size needs %lu", what,
+                          (unsigned long)got, (unsigned long)expected);
+    if (idat_len - 2 - used != 4)
+        MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ZLIB, "%.300s: PNG: %lu bytes follow the deflate stream, the Adler-32 is 4",
+                          what, (unsigned long)(idat_len - 2 - used));
+    {
+        uint32_t s1 = 1, s2 = 0;
+        size_t i;
+        for (i = 0; i < got; ++i) {
+            s1 = (s1 + raw[i]) % 65521u;
+            s2 = (s2 + s1) % 65521u;
+        }
+        if ((s2 << 16 | s1) != mnistcu__be32(idat + 2 + used))
+            MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_ZLIB, "%.300s: PNG: Adler-32 mismatch", what);
+    }
+    img->width = (int)p.w;
+    img->height = (int)p.h;
+    img->gray = (uint8_t *)mnistcu__alloc(ctx, (size_t)p.w * p.h);
+    if (!img->gray) MNISTCU__PNG_FAIL(MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: PNG: out of memory", what);
+    {
+        size_t off = 0, bpp = MNISTCU__MAX((size_t)1, (size_t)(p.channels * p.depth) / 8);
+        for (pass = 0; pass < (p.interlace ? 7 : 1); ++pass) {
+            const int *a = mnistcu__adam7[pass];
+            size_t pw = p.interlace ? (p.w + (uint32_t)(a[2] - a[0] - 1)) / (uint32_t)a[2] : p.w;
+            size_t ph = p.interlace ? (p.h + (uint32_t)(a[3] - a[1] - 1)) / (uint32_t)a[3] : p.h;
+            size_t rowbytes = (pw * (size_t)p.channels * (size_t)p.depth + 7) / 8, x, y;
+            if (!pw || !ph) continue;
+            if ((r = mnistcu__png_unfilter(ctx, raw + off, ph, rowbytes, bpp, what))) goto done;
+            for (y = 0; y < ph; ++y) {
+                const unsigned char *row = raw + off + y * (rowbytes + 1) + 1;
+                for (x = 0; x < pw; ++x) {
+                    size_t ox = p.interlace ? (size_t)a[0] + x * (size_t)a[2] : x;
+                    size_t oy = p.interlace ? (size_t)a[1] + y * (size_t)a[3] : y;
+                    if (p.ctype == 3 && (int)mnistcu__png_sample(&p, row, x, 0) >= p.nplte)
+                        MNISTCU__PNG_FAIL(MNISTCU_ERR_PNG_PALETTE, "%.300s: PNG: pixel (%lu, %lu) uses palette entry "
+                                          "%u of %d", what, (unsigned long)ox, (unsigned long)oy,
+                                          mnistcu__png_sample(&p, row, x, 0), p.nplte);
+                    img->gray[oy * p.w + ox] = mnistcu__png_gray(&p, row, x);
+                }
+            }
+            off += ph * (rowbytes + 1);
+        }
+    }
+done:
+#undef MNISTCU__PNG_FAIL
+    if (r) {
+        mnistcu__free(ctx, img->gray);
+        img->gray = NULL;
+        img->width = img->height = 0;
+    }
+    mnistcu__free(ctx, idat);
+    mnistcu__free(ctx, raw);
+    return r;
+}
+
+/* PGM: "P5" or "P2", then width, height and maxval (decimal, separated by whitespace and '#' comments),
+   one whitespace byte, then the samples (P5: bytes, big-endian pairs when maxval > 255; P2: decimals). */
+static int mnistcu__pgm_token(const unsigned char *f, size_t size, size_t *pos, unsigned long *v)
+{
+    int digits = 0;
+    for (;;) {
+        while (*pos < size && (f[*pos] == ' ' || f[*pos] == '\t' || f[*pos] == '\n' || f[*pos] == '\r' ||
+                               f[*pos] == '\v' || f[*pos] == '\f'))
+            ++*pos;
+        if (*pos < size && f[*pos] == '#') {
+            while (*pos < size && f[*pos] != '\n' && f[*pos] != '\r') ++*pos;
+            continue;
+        }
+        break;
+    }
+    *v = 0;
+    while (*pos < size && f[*pos] >= '0' && f[*pos] <= '9') {
+        if (*v > 100000000ul) return 0;
+        *v = *v * 10 + (unsigned long)(f[*pos] - '0');
+        ++*pos;
+        ++digits;
+    }
+    return digits > 0 && (*pos == size || !(f[*pos] >= '!' && f[*pos] <= '~') || f[*pos] == '#');
+}
+
+static mnistcu_result mnistcu__pgm_decode(mnistcu_ctx *ctx, const unsigned char *f, size_t size, const char *what,
+                                          mnistcu_image *img)
+{
+    size_t pos = 2, n, i;
+    unsigned long w, h, maxval, v;
+    int ascii = f[1] == '2';
+    if (!mnistcu__pgm_token(f, size, &pos, &w) || !mnistcu__pgm_token(f, size, &pos, &h) ||
+        !mnistcu__pgm_token(f, size, &pos, &maxval) || w == 0 || h == 0 || maxval == 0 || maxval > 65535)
+        return mnistcu__fail(ctx, MNISTCU_ERR_PGM, "%.300s: PGM: the header needs a width, a height (positive) and a "
+                                                   "maxval in 1..65535", what);
+    if ((uint64_t)w * h > MNISTCU_IMAGE_MAX_PIXELS)
+        return mnistcu__fail(ctx, MNISTCU_ERR_IMAGE_TOO_LARGE, "%.300s: PGM: %lux%lu pixels, above the cap of %lu", what,
+                             w, h, (unsigned long)MNISTCU_IMAGE_MAX_PIXELS);
+    n = (size_t)w * h;
+    if (pos >= size) return mnistcu__fail(ctx, MNISTCU_ERR_PGM, "%.300s: PGM: no samples after the header", what);
+    pos++; /* the one whitespace byte after maxval */
+    if (!ascii && size - pos < n * (maxval > 255 ? 2 : 1))
+        return mnistcu__fail(ctx, MNISTCU_ERR_PGM, "%.300s: PGM: %lu bytes of samples, %lu needed", what,
+                             (unsigned long)(size - pos), (unsigned long)(n * (maxval > 255 ? 2 : 1)));
+    img->gray = (uint8_t *)mnistcu__alloc(ctx, n);
+    if (!img->gray) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: PGM: out of memory", what);
+    for (i = 0; i < n; ++i) {
+        if (ascii) {
+            if (!mnistcu__pgm_token(f, size, &pos, &v)) {
+                mnistcu__free(ctx, img->gray);
+                img->gray = NULL;
+                return mnistcu__fail(ctx, MNISTCU_ERR_PGM, "%.300s: PGM: sample %lu is missing or not a number", what,
+                                     (unsigned long)i);
+            }
+        } else {
+            v = maxval > 255 ? (unsigned long)f[pos + 2 * i] << 8 | f[pos + 2 * i + 1] : f[pos + i];
+        }
+        if (v > maxval) {
+            mnistcu__free(ctx, img->gray);
+            img->gray = NULL;
+            return mnistcu__fail(ctx, MNISTCU_ERR_PGM, "%.300s: PGM: sample %lu is %lu, above maxval %lu", what,
+                                 (unsigned long)i, v, maxval);
+        }
+        img->gray[i] = (uint8_t)((v * 255ul + maxval / 2) / maxval);
+    }
+    img->width = (int)w;
+    img->height = (int)h;
+    return MNISTCU_OK;
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_image_load_memory(mnistcu_ctx *ctx, const void *data, size_t size, mnistcu_image *img)
+{
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    const unsigned char *f = (const unsigned char *)data;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!img || (!data && size)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "image_load: NULL argument");
+    memset(img, 0, sizeof *img);
+    if (size >= 8 && !memcmp(f, sig, 8)) return mnistcu__png_decode(ctx, f, size, "image", img);
+    if (size >= 2 && f[0] == 'P' && (f[1] == '5' || f[1] == '2')) return mnistcu__pgm_decode(ctx, f, size, "image", img);
+    return mnistcu__fail(ctx, MNISTCU_ERR_IMAGE_SIGNATURE, "image: neither a PNG nor a PGM (P2, P5) file");
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_image_load(mnistcu_ctx *ctx, const char *path, mnistcu_image *img)
+{
+    unsigned char *buf = NULL;
+    size_t size = 0;
+    mnistcu_result r;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!path || !img) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "image_load: NULL argument");
+    memset(img, 0, sizeof *img);
+    if ((r = mnistcu__read_file(ctx, path, MNISTCU_IDX_MAX_BYTES, &buf, &size))) return r;
+    r = mnistcu_image_load_memory(ctx, buf, size, img);
+    mnistcu__free(ctx, buf);
+    if (r) { /* name the file instead of "image" */
+        char msg[1024];
+        const char *e = mnistcu_ctx_error(ctx);
+        snprintf(msg, sizeof msg, "%s", !strncmp(e, "image", 5) ? e + 5 : e);
+        mnistcu__fail(ctx, r, "%.300s%s", path, msg);
+    }
+    return r;
+}
+
+MNISTCU_DEF void mnistcu_image_free(mnistcu_ctx *ctx, mnistcu_image *img)
+{
+    if (!ctx || !img) return;
+    mnistcu__free(ctx, img->gray);
+    memset(img, 0, sizeof *img);
+}
+
+MNISTCU_DEF mnistcu_result mnistcu_image_to_mnist(mnistcu_ctx *ctx, const mnistcu_image *img, int size, uint8_t *out)
+{
+    int W, H, x, y, x0, y0, x1, y1, sw, sh, box;
+    double border = 0.0, thresh, sx, sy, cx = 0.0, cy = 0.0, mass = 0.0, peak = 0.0, low = 255.0;
+    long nborder = 0;
+    int invert;
+    float *patch;
+    if (!ctx) return MNISTCU_ERR_INVALID_ARGUMENT;
+    if (!img || !img->gray || img->width < 1 || img->height < 1 || !out || size < 8 || size > 1024)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "image_to_mnist: no image, or size %d not in 8..1024",
+                             size);
+    W = img->width;
+    H = img->height;
+    for (x = 0; x < W; ++x) border += img->gray[x] + img->gray[(size_t)(H - 1) * W + x], nborder += 2;
+    for (y = 0; y < H; ++y) border += img->gray[(size_t)y * W] + img->gray[(size_t)y * W + W - 1], nborder += 2;
+    invert = border / (double)nborder > 127.5; /* a light border: dark ink on paper */
+#define MNISTCU__INK(xx, yy) (invert ? 255 - img->gray[(size_t)(yy) * W + (xx)] : img->gray[(size_t)(yy) * W + (xx)])
+    for (y = 0; y < H; ++y)
+        for (x = 0; x < W; ++x) {
+            peak = MNISTCU__MAX(peak, (double)MNISTCU__INK(x, y));
+            low = MNISTCU__MIN(low, (double)MNISTCU__INK(x, y));
+        }
+    if (peak - low < 32.0)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "image_to_mnist: the image is blank (no ink)");
+    thresh = low + 0.25 * (peak - low);
+    x0 = W, y0 = H, x1 = -1, y1 = -1;
+    for (y = 0; y < H; ++y)
+        for (x = 0; x < W; ++x)
+            if (MNISTCU__INK(x, y) > thresh && peak > 0) {
+                x0 = MNISTCU__MIN(x0, x), x1 = MNISTCU__MAX(x1, x);
+                y0 = MNISTCU__MIN(y0, y), y1 = MNISTCU__MAX(y1, y);
+            }
+    if (x1 < 0) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "image_to_mnist: the image is blank (no ink)");
+    /* fit the ink's box into box x box (20 of 28), keeping the aspect ratio */
+    box = (size * 20 + 14) / 28;
+    sw = x1 - x0 + 1;
+    sh = y1 - y0 + 1;
+    if (sw >= sh) {
+        sx = (double)sw / box;
+        sy = sx;
+    } else {
+        sy = (double)sh / box;
+        sx = sy;
+    }
+    {
+        int pw = MNISTCU__MAX(1, (int)floor(sw / sx + 0.5)), ph = MNISTCU__MAX(1, (int)floor(sh / sy + 0.5)), px, py;
+        int offx, offy;
+        patch = (float *)mnistcu__alloc(ctx, (size_t)pw * ph * sizeof(float));
+        if (!patch) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "image_to_mnist: out of memory");
+        for (py = 0; py < ph; ++py) /* area average of the source rectangle under each target pixel */
+            for (px = 0; px < pw; ++px) {
+                double ax = x0 + px * sx, bx = x0 + (px + 1) * sx, ay = y0 + py * sy, by = y0 + (py + 1) * sy, acc = 0.0,
+                       area = 0.0;
+                int ix, iy;
+                for (iy = (int)floor(ay); iy < (int)ceil(by) && iy <= y1; ++iy)
+                    for (ix = (int)floor(ax); ix < (int)ceil(bx) && ix <= x1; ++ix) {
+                        double wx = MNISTCU__MIN((double)ix + 1, bx) - MNISTCU__MAX((double)ix, ax);
+                        double wy = MNISTCU__MIN((double)iy + 1, by) - MNISTCU__MAX((double)iy, ay);
+                        if (wx <= 0 || wy <= 0) continue;
+                        acc += wx * wy * (MNISTCU__INK(ix, iy) - low) * (255.0 / (peak - low)); /* stretched */
+                        area += wx * wy;
+                    }
+                patch[(size_t)py * pw + px] = (float)(area > 0 ? acc / area : 0.0);
+                mass += patch[(size_t)py * pw + px];
+                cx += px * (double)patch[(size_t)py * pw + px];
+                cy += py * (double)patch[(size_t)py * pw + px];
+            }
+        /* the centre of mass at the centre of the output */
+        offx = (int)floor(size / 2.0 - (mass > 0 ? cx / mass : pw / 2.0) - 0.5 + 0.5);
+        offy = (int)floor(size / 2.0 - (mass > 0 ? cy / mass : ph / 2.0) - 0.5 + 0.5);
+        memset(out, 0, (size_t)size * size);
+        for (py = 0; py < ph; ++py)
+            for (px = 0; px < pw; ++px) {
+                int ox = px + offx, oy = py + offy;
+                if (ox >= 0 && ox < size && oy >= 0 && oy < size)
+                    out[(size_t)oy * size + ox] = (uint8_t)MNISTCU__MIN(255.0, floor(patch[(size_t)py * pw + px] + 0.5));
+            }
+        mnistcu__free(ctx, patch);
+    }
+#undef MNISTCU__INK
+    return MNISTCU_OK;
+}
+
 /* >>context ----------------------------------------------------------------- */
 static void mnistcu__object_link(mnistcu_ctx *ctx, mnistcu__object *o, void (*destroy)(mnistcu__object *))
 {

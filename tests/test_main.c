@@ -279,6 +279,7 @@ SUITE_EXTERN(layers_suite);
 SUITE_EXTERN(layer_fixture_suite);
 SUITE_EXTERN(toolkit_suite);
 SUITE_EXTERN(files_suite);
+SUITE_EXTERN(images_suite);
 
 GREATEST_MAIN_DEFS();
 
@@ -297,6 +298,7 @@ int main(int argc, char **argv)
     RUN_SUITE(layer_fixture_suite);
     RUN_SUITE(toolkit_suite);
     RUN_SUITE(files_suite);
+    RUN_SUITE(images_suite);
     RUN_SUITE(train_suite);
 #ifdef __CUDACC__
     RUN_SUITE(cuda_suite);
