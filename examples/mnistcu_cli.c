@@ -61,6 +61,7 @@ static void print_synopsis(FILE *f)
             "       mnistcu eval --weights FILE [options]\n"
             "       mnistcu info FILE\n"
             "       mnistcu export --onnx OUT --model FILE\n"
+            "       mnistcu predict --model FILE [--top K] [--save-preprocessed FILE] [--raw] IMAGE...\n"
             "       mnistcu --help | --version\n");
 }
 
@@ -167,6 +168,19 @@ static void print_help(FILE *f)
           "                        stopped: model, data and settings come from it (--epochs\n"
           "                        may extend it; it goes on writing FILE)\n"
           "\n"
+          "Prediction (predict only): mnistcu predict --model FILE IMAGE...\n"
+          "  IMAGE                 PNG (any colour type, depth, interlacing) or PGM (P2, P5):\n"
+          "                        made MNIST-style (inverted when the background is light,\n"
+          "                        cropped to the ink, fitted to 20x20, centred by centre of\n"
+          "                        mass in 28x28); prints the top classes with probabilities\n"
+          "  --top K               classes shown per image (default: 3)\n"
+          "  --save-preprocessed FILE  write the 28x28 input made of each image (PGM; FILE-N\n"
+          "                        for several images)\n"
+          "  --raw                 no preprocessing: the image must be the model's input size\n"
+          "\n"
+          "Export: mnistcu export --onnx OUT --model FILE writes ONNX (opset 13) taking raw\n"
+          "pixels 0..255, [batch, 1, 28, 28], and giving logits, for ONNX Runtime or TensorRT.\n"
+          "\n"
           "Evaluation (eval only):\n"
           "  --model FILE          a model file written by train --save (or --model SPEC\n"
           "                        with --weights FILE from train --save-weights)\n"
@@ -217,6 +231,8 @@ static void print_help(FILE *f)
           "  mnistcu train --dataset fashion --model fashion-cnn --save fashion.safetensors\n"
           "  mnistcu eval --dataset fashion --model fashion.safetensors\n"
           "  mnistcu info fashion.safetensors\n"
+          "  mnistcu predict --model fashion.safetensors shirt.png\n"
+          "  mnistcu export --onnx fashion.onnx --model fashion.safetensors\n"
           "  mnistcu train --model lenet5 --epochs 20 --checkpoint run.safetensors\n"
           "  mnistcu train --resume run.safetensors        (after a stop: the same result)\n"
           "  mnistcu info data/mnist/train-labels-idx1-ubyte.gz\n",
@@ -2423,6 +2439,184 @@ static int cmd_info(int argc, char **argv)
 }
 
 /* ==========================================================================
+   mnistcu predict
+   ========================================================================== */
+
+/* An 8-bit image as a binary PGM. */
+static int write_pgm(const char *path, const uint8_t *px, int w, int h)
+{
+    FILE *f = fopen(path, "wb");
+    int ok = f && fprintf(f, "P5\n%d %d\n255\n", w, h) > 0 && fwrite(px, 1, (size_t)w * h, f) == (size_t)w * h;
+    if (f && fclose(f) != 0) ok = 0;
+    return ok;
+}
+
+static int cmd_predict(int argc, char **argv)
+{
+    const char *model = NULL, *save = NULL, **images;
+    int nimages = 0, top = 3, raw = 0, i, status = EXIT_ERROR, first = 1;
+    mnistcu_device device = MNISTCU_DEVICE_AUTO;
+    mnistcu_ctx *ctx = NULL;
+    mnistcu_model *net = NULL;
+    mnistcu_model_info mi;
+    float *probs = NULL;
+    uint8_t *input = NULL;
+    images = (const char **)malloc((size_t)(argc > 0 ? argc : 1) * sizeof *images);
+    if (!images) return EXIT_ERROR;
+    for (i = 0; i < argc; ++i) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help")) {
+            print_help(stdout);
+            free(images);
+            return EXIT_OK;
+        } else if (!strcmp(a, "--raw")) {
+            raw = 1;
+        } else if (!strcmp(a, "--model") || !strcmp(a, "--top") || !strcmp(a, "--save-preprocessed") ||
+                   !strcmp(a, "--device")) {
+            long long n;
+            if (i + 1 == argc) {
+                usage_error("%s needs a value", a);
+                free(images);
+                return EXIT_USAGE;
+            }
+            ++i;
+            if (!strcmp(a, "--model")) model = argv[i];
+            else if (!strcmp(a, "--save-preprocessed")) save = argv[i];
+            else if (!strcmp(a, "--device")) {
+                if (!strcmp(argv[i], "cpu")) device = MNISTCU_DEVICE_CPU;
+                else if (!strcmp(argv[i], "cuda")) device = MNISTCU_DEVICE_CUDA;
+                else if (strcmp(argv[i], "auto") != 0) {
+                    usage_error("--device: cpu, cuda or auto, got '%s'", argv[i]);
+                    free(images);
+                    return EXIT_USAGE;
+                }
+            } else {
+                if (!parse_integer(a, argv[i], 1, 256, &n)) {
+                    free(images);
+                    return EXIT_USAGE;
+                }
+                top = (int)n;
+            }
+        } else if (a[0] == '-' && a[1] == '-') {
+            usage_error("predict: unknown option '%s'", a);
+            free(images);
+            return EXIT_USAGE;
+        } else {
+            images[nimages++] = a;
+        }
+    }
+    if (!model || nimages == 0) {
+        usage_error("predict needs --model FILE (written by train --save) and at least one IMAGE (PNG or PGM)");
+        free(images);
+        return EXIT_USAGE;
+    }
+    if (!create_context(device, 0, 0, &ctx) || failed(ctx, mnistcu_model_load(ctx, model, &net))) goto done;
+    mnistcu_model_info_get(net, &mi);
+    if (mi.input_shape[0] != 1 && !(mi.input_shape[1] == 1 && mi.input_shape[2] == 1)) {
+        cli_error("invalid_argument", "predict: the model takes %dx%dx%d inputs; images give one channel",
+                  mi.input_shape[0], mi.input_shape[1], mi.input_shape[2]);
+        goto done;
+    }
+    probs = (float *)malloc(mi.classes * sizeof(float));
+    input = (uint8_t *)malloc(mi.inputs);
+    if (!probs || !input) goto done;
+    if (top > (int)mi.classes) top = (int)mi.classes;
+    printf("{\"command\":\"predict\"");
+    json_field_str("model_file", model);
+    printf(",\"results\":[");
+    for (i = 0; i < nimages; ++i) {
+        mnistcu_image img;
+        int side = mi.input_shape[1] == 1 && mi.input_shape[2] == 1 ? 0 : mi.input_shape[1], k, c, best[256];
+        size_t need = mi.inputs;
+        int32_t label;
+        if (failed(ctx, mnistcu_image_load(ctx, images[i], &img))) goto fail;
+        if (side == 0) { /* a flat model: a square image of its size */
+            side = 1;
+            while ((size_t)side * (size_t)side < need) ++side;
+            if ((size_t)side * (size_t)side != need) {
+                cli_error("invalid_argument", "predict: the model's %zu inputs are not a square image", need);
+                mnistcu_image_free(ctx, &img);
+                goto fail;
+            }
+        }
+        if (raw) {
+            if ((size_t)img.width * (size_t)img.height != need || img.width != side) {
+                cli_error("invalid_argument", "%s: --raw needs a %dx%d image, this one is %dx%d", images[i], side, side,
+                          img.width, img.height);
+                mnistcu_image_free(ctx, &img);
+                goto fail;
+            }
+            memcpy(input, img.gray, need);
+        } else if (failed(ctx, mnistcu_image_to_mnist(ctx, &img, side, input))) {
+            mnistcu_image_free(ctx, &img);
+            goto fail;
+        }
+        mnistcu_image_free(ctx, &img);
+        if (save) {
+            char path[4096];
+            const char *dot = strrchr(save, '.');
+            if (nimages == 1 || !dot) snprintf(path, sizeof path, nimages == 1 ? "%s" : "%s-%d", save, i + 1);
+            else snprintf(path, sizeof path, "%.*s-%d%s", (int)(dot - save), save, i + 1, dot);
+            if (!write_pgm(path, input, side, side)) {
+                cli_error("io", "--save-preprocessed: cannot write %s: %s", path, strerror(errno));
+                goto fail;
+            }
+        }
+        if (failed(ctx, mnistcu_predict_u8(net, input, 1, &label, probs))) goto fail;
+        for (k = 0; k < top; ++k) { /* the top classes by probability */
+            best[k] = -1;
+            for (c = 0; c < (int)mi.classes; ++c) {
+                int taken = 0, j;
+                for (j = 0; j < k; ++j) taken |= best[j] == c;
+                if (!taken && (best[k] < 0 || probs[c] > probs[best[k]])) best[k] = c;
+            }
+        }
+        fprintf(stderr, "%s:", images[i]);
+        printf("%s{\"file\":", first ? "" : ",");
+        first = 0;
+        json_string(stdout, images[i]);
+        printf(",\"class\":%d", (int)label);
+        if (mnistcu_model_class_name(net, (size_t)label)) json_field_str("name", mnistcu_model_class_name(net, (size_t)label));
+        printf(",\"top\":[");
+        for (k = 0; k < top; ++k) {
+            const char *nm = mnistcu_model_class_name(net, (size_t)best[k]);
+            if (nm) fprintf(stderr, "%s %s %.2f%%", k ? "," : "", nm, 100.0 * probs[best[k]]);
+            else fprintf(stderr, "%s %d %.2f%%", k ? "," : "", best[k], 100.0 * probs[best[k]]);
+            printf("%s{\"class\":%d", k ? "," : "", best[k]);
+            if (nm) json_field_str("name", nm);
+            json_field_num("p", "%.6f", probs[best[k]]);
+            printf("}");
+        }
+        printf("]}");
+        fprintf(stderr, "\n");
+    }
+    printf("]");
+    json_field_str("version", MNISTCU_VERSION_STRING);
+    printf("}\n");
+    status = EXIT_OK;
+    goto done;
+fail:
+    printf("]");
+    json_error_fields();
+    json_field_str("version", MNISTCU_VERSION_STRING);
+    printf("}\n");
+    status = EXIT_ERROR;
+done:
+    if (status == EXIT_ERROR && !net) {
+        printf("{\"command\":\"predict\"");
+        json_error_fields();
+        json_field_str("model_file", model);
+        json_field_str("version", MNISTCU_VERSION_STRING);
+        printf("}\n");
+    }
+    free(images);
+    free(probs);
+    free(input);
+    mnistcu_ctx_destroy(ctx);
+    return status;
+}
+
+/* ==========================================================================
    mnistcu export
    ========================================================================== */
 
@@ -2507,6 +2701,7 @@ int main(int argc, char **argv)
     if (strcmp(command, "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(command, "info") == 0) return cmd_info(argc - 2, argv + 2);
     if (strcmp(command, "export") == 0) return cmd_export(argc - 2, argv + 2);
+    if (strcmp(command, "predict") == 0) return cmd_predict(argc - 2, argv + 2);
     usage_error("unknown command '%s'", command);
     return EXIT_USAGE;
 }

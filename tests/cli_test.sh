@@ -533,6 +533,28 @@ else
     fail "--resume with a training setting (exit $status)"
 fi
 
+# ---- predict on drawn digits (PNG files of every colour type) ---------------------------------
+run train --model lenet5 --epochs 2 --limit 20000 --lr 0.02 --momentum 0.9 --device cpu --quiet --save "$TMP/lenet.safetensors"
+run predict --model "$TMP/lenet.safetensors" --save-preprocessed "$TMP/pp.pgm" tests/fixtures/images/digits/digit_*.png
+if [ "$status" -eq 0 ] && tail -n 1 "$TMP/out" | "$PY" -c '
+import json, sys
+j = json.load(sys.stdin)
+labels = dict(l.split() for l in open("tests/fixtures/images/digits/MANIFEST.txt") if l.strip() and not l.startswith("#"))
+right = sum(str(r["class"]) == labels[r["file"].split("/")[-1]] for r in j["results"])
+print(right, "of", len(j["results"]))
+sys.exit(0 if len(j["results"]) == 20 and right >= 18 else 1)' >"$TMP/py_out" 2>&1 &&
+   head -c 2 "$TMP/pp-1.pgm" | grep -q P5 && [ "$(wc -c <"$TMP/pp-1.pgm")" -eq 797 ]; then
+    pass "predict: $(cat "$TMP/py_out") drawn digits right (at least 18 needed), preprocessed inputs written as 28x28 PGM"
+else
+    fail "predict on drawn digits (exit $status): $(cat "$TMP/py_out")"
+fi
+run predict --model "$TMP/lenet.safetensors" tests/fixtures/images/crc_idat.png
+if [ "$status" -eq 1 ] && json_check 'j["error"] == "png_crc"' && [ "$(errors_printed)" -eq 1 ]; then
+    pass "predict on a corrupt PNG: one error naming the CRC, valid JSON"
+else
+    fail "predict on a corrupt PNG (exit $status): $(tail -n 1 "$TMP/out")"
+fi
+
 # ---- summary ---------------------------------------------------------------------------
 if [ "$failures" -ne 0 ]; then
     echo "cli test: $failures of $checks checks failed"
