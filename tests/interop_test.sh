@@ -12,6 +12,7 @@ set -u
 CLI=${1:?"usage: $0 CLI [DATA_DIR]"}
 DATA=${2:-data}
 PY=${PYTHON_TORCH:-/usr/bin/python3}
+DEVICE=${MNISTCU_DEVICE:-cpu}  # where mnistcu trains and evaluates (the GPU machine: cuda)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/mnistcu-interop.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 fail=0
@@ -25,9 +26,9 @@ else
     for spec in "784-64-10" "lenet5" "fashion-cnn" \
         "1x28x28 conv3x3x8:s=2:p=1:bias=0 batchnorm:eps=0.001:momentum=0.01 leaky_relu0.2 avgpool3x2:s=1 maxpool2 flatten dropout0.25 dense32 sigmoid batchnorm tanh dense10 softmax"; do
         n=$((n + 1))
-        if "$CLI" train --data "$DATA" --model "$spec" --limit 1500 --epochs 1 --lr 0.05 --momentum 0.9 --device cpu \
+        if "$CLI" train --data "$DATA" --model "$spec" --limit 1500 --epochs 1 --lr 0.05 --momentum 0.9 --device "$DEVICE" \
                --quiet --save "$TMP/m$n.safetensors" >"$TMP/out" 2>"$TMP/err" &&
-           "$CLI" eval --data "$DATA" --model "$TMP/m$n.safetensors" --device cpu --quiet \
+           "$CLI" eval --data "$DATA" --model "$TMP/m$n.safetensors" --device "$DEVICE" --quiet \
                --save-logits "$TMP/m$n.logits" >"$TMP/out" 2>"$TMP/err" &&
            "$PY" tools/mnistcu_torch.py check "$TMP/m$n.safetensors" --data "$DATA/mnist" --logits "$TMP/m$n.logits" \
                >"$TMP/check" 2>&1; then
