@@ -2284,8 +2284,10 @@ static int info_model(const char *path)
     mnistcu_ctx *ctx = NULL;
     mnistcu_model *net = NULL;
     mnistcu_model_info mi;
+    mnistcu_checkpoint_info ci;
     char spec[2048];
     size_t c;
+    int is_checkpoint = 0;
     if (!create_context(MNISTCU_DEVICE_CPU, 0, 0, &ctx) || failed(ctx, mnistcu_model_load(ctx, path, &net))) {
         printf("{\"command\":\"info\"");
         json_field_str("file", path);
@@ -2302,6 +2304,14 @@ static int info_model(const char *path)
     printf("loss      %s\n", loss_name(mi.loss));
     if (mi.has_norm) printf("inputs    x = pixel * %g %+g\n", (double)mi.norm_scale, (double)mi.norm_shift);
     else printf("inputs    no normalisation recorded (x = pixel / 255 for images)\n");
+    if (mnistcu_checkpoint_info_get(ctx, path, &ci) == MNISTCU_OK) {
+        is_checkpoint = 1;
+        printf("checkpoint epoch %d of %d, step %zu of %zu (%zu optimizer steps so far), seed %llu, batch %d\n",
+               ci.epoch, ci.train.epochs, ci.step, ci.steps, ci.total_steps, (unsigned long long)ci.seed,
+               ci.train.batch_size);
+        if (ci.note[0]) printf("note      %s\n", ci.note);
+    }
+    mnistcu_ctx_clear_error(ctx);
     if (mnistcu_model_class_name(net, 0)) {
         printf("classes   ");
         for (c = 0; c < mi.classes; ++c) printf("%s%s", c ? ", " : "", mnistcu_model_class_name(net, c));
@@ -2310,6 +2320,10 @@ static int info_model(const char *path)
     printf("{\"command\":\"info\"");
     json_field_str("file", path);
     json_field_str("format", "safetensors");
+    json_field_str("kind", is_checkpoint ? "checkpoint" : "weights");
+    if (is_checkpoint)
+        printf(",\"epoch\":%d,\"step\":%zu,\"steps\":%zu,\"total_steps\":%zu,\"seed\":%llu", ci.epoch, ci.step,
+               ci.steps, ci.total_steps, (unsigned long long)ci.seed);
     json_field_str("model", spec);
     printf(",\"num_params\":%zu,\"num_buffers\":%zu,\"classes\":%zu", mi.num_params, mi.num_buffers, mi.classes);
     json_field_str("loss", loss_name(mi.loss));

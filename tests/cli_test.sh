@@ -526,6 +526,12 @@ if [ "$status" -eq 0 ] && cmp -s "$TMP/full.safetensors" "$TMP/res.safetensors" 
 else
     fail "train, stop, --resume: the models differ (exit $status): $(tail -n 1 "$TMP/out")"
 fi
+run info "$TMP/ck.safetensors"
+if [ "$status" -eq 0 ] && json_check 'j["kind"] == "checkpoint" and j["epoch"] == 2 and j["step"] == j["steps"] == 16'; then
+    pass "info on a checkpoint: where training stands"
+else
+    fail "info on a checkpoint (exit $status): $(tail -n 1 "$TMP/out")"
+fi
 run train --resume "$TMP/ck.safetensors" --lr 0.5
 if [ "$status" -eq 2 ] && [ ! -s "$TMP/out" ]; then
     pass "--resume with a training setting: usage error"
