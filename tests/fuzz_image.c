@@ -10,41 +10,15 @@
 #define MNISTCU_IMPLEMENTATION
 #include "../mnistcu.h"
 
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-
 #define FUZZ_MAX_ALLOC ((size_t)64 << 20)
+#include "fuzz_common.h"
 
-static void *fuzz_alloc(void *user, size_t size)
-{
-    (void)user;
-    return size > FUZZ_MAX_ALLOC ? NULL : malloc(size);
-}
-
-static void fuzz_free(void *user, void *ptr)
-{
-    (void)user;
-    free(ptr);
-}
-
-static mnistcu_ctx *fuzz_ctx;
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     mnistcu_image img;
     uint8_t out[28 * 28];
     mnistcu_result r;
-    if (!fuzz_ctx) {
-        mnistcu_ctx_desc cd;
-        memset(&cd, 0, sizeof cd);
-        cd.device = MNISTCU_DEVICE_CPU;
-        cd.log_level = MNISTCU_LOG_SILENT;
-        cd.allocator.alloc = fuzz_alloc;
-        cd.allocator.free = fuzz_free;
-        if (mnistcu_ctx_create(&fuzz_ctx, &cd) != MNISTCU_OK) return 0;
-    }
+    if (!fuzz_get_ctx()) return 0;
     r = mnistcu_image_load_memory(fuzz_ctx, data, size, &img);
     if (r != MNISTCU_OK) {
         if (img.gray || !mnistcu_ctx_error(fuzz_ctx)[0]) abort();
@@ -58,21 +32,3 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     mnistcu_image_free(fuzz_ctx, &img);
     return 0;
 }
-
-#ifdef MNISTCU_FUZZ_STANDALONE
-int main(int argc, char **argv)
-{
-    int i;
-    for (i = 1; i < argc; ++i) {
-        FILE *f = fopen(argv[i], "rb");
-        static uint8_t buf[1 << 22];
-        size_t n;
-        if (!f) continue;
-        n = fread(buf, 1, sizeof buf, f);
-        fclose(f);
-        LLVMFuzzerTestOneInput(buf, n);
-    }
-    mnistcu_ctx_destroy(fuzz_ctx);
-    return 0;
-}
-#endif

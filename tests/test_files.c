@@ -13,25 +13,6 @@
 #define TF_EVERY_KIND "1x12x12 conv3x3x4:p=1 batchnorm leaky_relu0.2 maxpool2 conv3x3x6:s=1:bias=0 relu avgpool2 " \
                       "flatten dropout0.3 dense16 sigmoid batchnorm tanh dense8 softmax"
 
-static unsigned char *tf_read(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf;
-    long n;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = (unsigned char *)malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *size = (size_t)n;
-    return buf;
-}
-
 static int tf_exists(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -214,7 +195,7 @@ TEST files_corrupt_header_fields(void)
                    mnistcu_model_set_class_names(m, names, 2) == MNISTCU_OK &&
                    mnistcu_model_save(m, "build/test_small.safetensors") == MNISTCU_OK,
                "setup: %s", ctx ? mnistcu_ctx_error(ctx) : "no context");
-    file = tf_read("build/test_small.safetensors", &size);
+    file = tu_read_file("build/test_small.safetensors", &size);
     TU_REQUIRE(file && size > 8, "reading back");
     for (i = 7; i >= 0; --i) n = (n << 8) | file[i];
     header = (char *)malloc((size_t)n + 1);

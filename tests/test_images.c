@@ -14,25 +14,6 @@
 
 #define TI_DIR "tests/fixtures/images/"
 
-static unsigned char *ti_read(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf;
-    long n;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = (unsigned char *)malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *size = (size_t)n;
-    return buf;
-}
-
 static mnistcu_result ti_class(const char *c)
 {
     static const struct { const char *name; mnistcu_result r; } classes[] = {
@@ -61,14 +42,14 @@ TEST images_match_the_fixtures(void)
         mnistcu_result r, want;
         if (line[0] == '#' || sscanf(line, "%127s %lld %lld %31s", name, &w, &h, expect) != 4) continue;
         snprintf(path, sizeof path, TI_DIR "%s", name);
-        file = ti_read(path, &size);
+        file = tu_read_file(path, &size);
         TU_REQUIRE(file, "%s missing", path);
         r = mnistcu_image_load_memory(ctx, file, size, &img);
         free(file);
         if (!strcmp(expect, "ok")) {
             int same;
             snprintf(path, sizeof path, TI_DIR "%s.gray", name);
-            gray = ti_read(path, &gsize);
+            gray = tu_read_file(path, &gsize);
             TU_REQUIRE(r == MNISTCU_OK, "%s: %s", name, mnistcu_ctx_error(ctx));
             same = gray && img.width == w && img.height == h && gsize == (size_t)(w * h) &&
                    memcmp(img.gray, gray, gsize) == 0;
@@ -111,7 +92,7 @@ TEST images_every_truncation_is_refused(void)
     TU_REQUIRE(ctx, "context");
     for (f = 0; f < sizeof files / sizeof files[0]; ++f) {
         size_t size;
-        unsigned char *file = ti_read(files[f], &size);
+        unsigned char *file = tu_read_file(files[f], &size);
         TU_REQUIRE(file, "%s missing", files[f]);
         for (k = 0; k < size; ++k) {
             mnistcu_image img;

@@ -77,6 +77,28 @@ static inline const char *tu_mnist_dir(void)
 }
 
 
+/* A whole file, malloc'ed (NULL when it cannot be read). */
+static inline unsigned char *tu_read_file(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf;
+    long n;
+    *size = 0;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return NULL;
+    }
+    buf = (unsigned char *)malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    *size = (size_t)n;
+    return buf;
+}
+
 /* ---- failure messages and the cleanup jump -------------------------------- */
 #if defined(__GNUC__) || defined(__clang__)
 #define TU_PRINTF_(a, b) __attribute__((format(printf, a, b)))
