@@ -81,9 +81,14 @@
      Dropout's masks come from Philox4x32-10 keyed by the context's seed and
      counted by (element, layer, step): the CPU and the GPU draw the same mask.
 
+   MODEL FILES
+     mnistcu_model_save / mnistcu_model_load (safetensors, PyTorch's names),
+     checkpoints with bit-exact resume (mnistcu_train_desc.checkpoint_path,
+     resume_from), mnistcu_model_export_onnx, and mnistcu_image_load for PNG
+     and PGM files: see >>safetensors, >>checkpoint, >>onnx and >>image.
+
    WHAT IT DOES NOT DO (YET)
-     Checkpoints, safetensors and ONNX export are planned; the API leaves room
-     for them. No multi-GPU. No half precision.
+     No multi-GPU. No half precision. No CUDA graphs or fused training steps.
 
    CONFIGURATION MACROS (define before including the implementation)
      MNISTCU_STATIC            make every function static to the including file
@@ -1009,11 +1014,13 @@ static void mnistcu__log(const mnistcu_ctx *ctx, mnistcu_log_level level, const 
 static mnistcu_result mnistcu__fail(mnistcu_ctx *ctx, mnistcu_result r, const char *fmt, ...) MNISTCU__PRINTF(3, 4);
 static mnistcu_result mnistcu__fail(mnistcu_ctx *ctx, mnistcu_result r, const char *fmt, ...)
 {
+    char msg[sizeof ctx->error]; /* formatted apart: an argument may be the current message */
     va_list ap;
     if (!ctx) return r;
     va_start(ap, fmt);
-    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(ctx->error, msg, sizeof msg);
     ctx->last_result = r;
     mnistcu__log(ctx, MNISTCU_LOG_ERROR, "%s", ctx->error);
     return r;
@@ -7703,6 +7710,38 @@ static int mnistcu__hex4(const unsigned char *p, uint32_t *v)
     return 1;
 }
 
+/* The n continuation bytes p after lead byte c form a valid UTF-8 sequence. */
+static int mnistcu__utf8_tail(unsigned char c, const unsigned char *p, int n)
+{
+    int k;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c == 0xE0) lo = 0xA0;      /* overlong */
+    else if (c == 0xED) hi = 0x9F; /* surrogates */
+    else if (c == 0xF0) lo = 0x90; /* overlong */
+    else if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
+    for (k = 0; k < n; ++k)
+        if (p[k] < (k ? 0x80 : lo) || p[k] > (k ? 0xBF : hi)) return 0;
+    return 1;
+}
+
+/* s is valid UTF-8 without control characters. */
+static int mnistcu__utf8_text(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned char c = *p++;
+        int n = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 && c >= 0xC2 ? 1 : (c & 0xF0) == 0xE0 ? 2
+              : (c & 0xF8) == 0xF0 && c <= 0xF4 ? 3 : -1;
+        int k;
+        if (c < 0x20 || c == 0x7F || n < 0) return 0;
+        for (k = 0; k < n; ++k)
+            if (!p[k]) return 0;
+        if (!mnistcu__utf8_tail(c, p, n)) return 0;
+        p += n;
+    }
+    return 1;
+}
+
 /* A string into a new allocation (*out, NUL-terminated, at most cap bytes): escapes
    decoded, raw bytes checked to be UTF-8, no control characters, no NUL. */
 static mnistcu_result mnistcu__json_string(mnistcu__json *j, char **out, size_t cap)
@@ -7762,18 +7801,14 @@ static mnistcu_result mnistcu__json_string(mnistcu__json *j, char **out, size_t 
             }
             continue;
         }
-        /* raw UTF-8: the lead byte says how many continuation bytes follow */
+        /* raw UTF-8: the lead byte says how many continuation bytes follow; no overlong forms,
+           surrogates or code points above U+10FFFF (RFC 3629) */
         n = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 && c >= 0xC2 ? 1 : (c & 0xF0) == 0xE0 ? 2
           : (c & 0xF8) == 0xF0 && c <= 0xF4 ? 3 : -1;
-        if (n < 0 || j->end - j->p < n) {
+        if (n < 0 || j->end - j->p < n || !mnistcu__utf8_tail(c, j->p, n)) {
             mnistcu__free(j->ctx, s);
             return mnistcu__json_fail(j, "a string is not valid UTF-8");
         }
-        for (k = 0; k < n; ++k)
-            if ((j->p[k] & 0xC0) != 0x80) {
-                mnistcu__free(j->ctx, s);
-                return mnistcu__json_fail(j, "a string is not valid UTF-8");
-            }
         if (len + 1 + (size_t)n > cap) goto too_long;
         s[len++] = (char)c;
         for (k = 0; k < n; ++k) s[len++] = (char)*j->p++;
@@ -8354,9 +8389,10 @@ MNISTCU_DEF mnistcu_result mnistcu_model_set_class_names(mnistcu_model *m, const
                              (unsigned long)count, (unsigned long)m->classes);
     for (c = 0; c < count; ++c) {
         size_t n = names[c] ? strlen(names[c]) : 0;
-        if (n == 0 || n > 63)
+        if (n == 0 || n > 63 || !mnistcu__utf8_text(names[c]))
             return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "model_set_class_names: name %lu is %s",
-                                 (unsigned long)c, n ? "longer than 63 bytes" : "empty");
+                                 (unsigned long)c, !n ? "empty" : n > 63 ? "longer than 63 bytes"
+                                                                : "not UTF-8 text (or holds control characters)");
         bytes += n + 1;
     }
     buf = (char *)mnistcu__alloc(m->ctx, bytes);
@@ -8479,6 +8515,29 @@ done:
     return r;
 }
 
+/* The floats of parameters and buffers a desc makes, from its shapes alone (nothing allocated but the
+   model struct): a file must hold that many bytes before the model is made. */
+static mnistcu_result mnistcu__desc_counts(mnistcu_ctx *ctx, const mnistcu_model_desc *desc, size_t *np, size_t *nb)
+{
+    mnistcu_model *m;
+    mnistcu_result r;
+    if (desc->layers[0].kind == MNISTCU_LAYER_NONE && (r = mnistcu__check_sizes(ctx, desc))) return r;
+    m = (mnistcu_model *)mnistcu__calloc(ctx, sizeof *m);
+    if (!m) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "model: out of memory");
+    m->ctx = ctx;
+    m->device = MNISTCU_DEVICE_CPU;
+    m->loss = desc->loss == MNISTCU_LOSS_DEFAULT ? MNISTCU_LOSS_SOFTMAX_CE : desc->loss;
+    m->hidden_act = desc->hidden_act == MNISTCU_ACT_DEFAULT ? MNISTCU_ACT_RELU : desc->hidden_act;
+    if (desc->layers[0].kind == MNISTCU_LAYER_NONE) mnistcu__desc_expand(desc, &m->desc);
+    else m->desc = *desc;
+    m->desc.hidden_act = m->hidden_act;
+    r = mnistcu__model_build(ctx, m);
+    *np = m->num_params;
+    *nb = m->num_buffers;
+    mnistcu__free(ctx, m);
+    return r;
+}
+
 /* The model a parsed file describes, with its weights (strict: every tensor present, none unknown). */
 static mnistcu_result mnistcu__model_from_st(mnistcu_ctx *ctx, const mnistcu__st_file *f, const char *what,
                                              mnistcu_model **out)
@@ -8520,10 +8579,27 @@ static mnistcu_result mnistcu__model_from_st(mnistcu_ctx *ctx, const mnistcu__st
     MNISTCU__META_NUM("loss_sum", 0.0, 1.0, d.loss_sum, int)
     MNISTCU__META_NUM("margin", 0.0, 1e30, d.margin, float)
     MNISTCU__META_NUM("hinge_p", 1.0, 2.0, d.hinge_p, int)
+    if ((v = mnistcu__st_meta(f, "loss_sum")) && strcmp(v, "0") && strcmp(v, "1"))
+        return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: metadata loss_sum must be 0 or 1", what);
+    if ((v = mnistcu__st_meta(f, "hinge_p")) && strcmp(v, "1") && strcmp(v, "2"))
+        return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: metadata hinge_p must be 1 or 2", what);
+    if (d.loss_sum != 0 && d.loss_sum != 1)
+        return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: metadata loss_sum must be 0 or 1", what);
+    {   /* the file must hold the weights before they are allocated: a short file cannot ask for gigabytes */
+        size_t np = 0, nb = 0;
+        if ((r = mnistcu__desc_counts(ctx, &d, &np, &nb)))
+            return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: the model it describes cannot be made: %.400s",
+                                 what, mnistcu_ctx_error(ctx));
+        if (np > f->data_size / 4 || nb > f->data_size / 4 - np)
+            return mnistcu__fail(ctx, MNISTCU_ERR_ST_TENSORS,
+                                 "%.300s: its spec has %lu parameters and %lu buffer values, the file holds %lu bytes of "
+                                 "data", what, (unsigned long)np, (unsigned long)nb, (unsigned long)f->data_size);
+    }
     if ((r = mnistcu_model_create(ctx, &d, &m)))
         return mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: the model it describes cannot be made: %.400s", what,
                              mnistcu_ctx_error(ctx));
-    if ((v = mnistcu__st_meta(f, "classes")) && (!mnistcu__meta_double(v, &x) || x != (double)m->classes)) {
+    if ((v = mnistcu__st_meta(f, "classes")) &&
+        (strspn(v, "0123456789") != strlen(v) || !*v || strtoul(v, NULL, 10) != (unsigned long)m->classes)) {
         r = mnistcu__fail(ctx, MNISTCU_ERR_ST_METADATA, "%.300s: metadata classes \"%.20s\", the spec gives %lu", what,
                           v, (unsigned long)m->classes);
         goto fail;
@@ -9060,6 +9136,7 @@ typedef struct mnistcu__finite_copy_slot {
     float *state;      /* [state_floats] the optimizer state; allocated once the model has one */
     float *buffers;    /* [num_buffers] batch norm's running statistics taken with them */
     int has_state;     /* state holds the optimizer state taken with params */
+    size_t state_floats, state_used; /* state's capacity, and the floats taken */
     int state_sig;     /* ... its layout, and the steps taken with it */
     uint64_t state_steps;
     int epoch;         /* where they were taken: the epoch (0: before training) */
@@ -9138,10 +9215,19 @@ static mnistcu_result mnistcu__finite_snapshot(mnistcu_model *m, mnistcu__finite
     c->has_state = m->state_sig != 0 && m->state_floats != 0;
     c->state_sig = m->state_sig;
     c->state_steps = m->state_steps;
-    if (c->has_state) {
-        if (!c->state && (r = mnistcu__finite_alloc(m, &c->state, m->state_floats))) return r;
+    if (c->has_state) { /* the state grows when another optimizer takes over: the copy grows with it */
+        if (c->state && c->state_floats < m->state_floats) {
+            mnistcu__finite_free(m, c->state);
+            c->state = NULL;
+            c->state_floats = 0;
+        }
+        if (!c->state) {
+            if ((r = mnistcu__finite_alloc(m, &c->state, m->state_floats))) return r;
+            c->state_floats = m->state_floats;
+        }
         if ((r = mnistcu__finite_copy(m, c->state, m->state, m->state_floats, 0))) return r;
     }
+    c->state_used = c->has_state ? m->state_floats : 0;
     c->epoch = epoch;
     c->step = step;
     g->newest = (int)(c - g->slot);
@@ -9228,7 +9314,7 @@ static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_gu
 {
     const mnistcu__finite_copy_slot *c = &g->slot[g->newest];
     size_t from = c->epoch == p->epoch ? c->step : 0, bad_step = p->step, i;
-    int loss_ok = 1, params_ok = 1, first_after;
+    int loss_ok = 1, params_ok = 1, first_after, restore_state;
     double bad_loss = 0.0;
     char kept[128];
     mnistcu_result r;
@@ -9255,10 +9341,13 @@ static mnistcu_result mnistcu__finite_check(mnistcu_model *m, mnistcu__finite_gu
                                                        : p->epoch == c->epoch && bad_step == c->step + 1;
     if (!loss_ok && first_after && g->copies > 1) c = &g->slot[!g->newest];
     if (m->num_buffers && (r = mnistcu__finite_copy(m, m->buffers, c->buffers, m->num_buffers, 0))) return r;
-    if ((r = mnistcu__finite_copy(m, m->params, c->params, m->num_params, !c->has_state))) return r;
-    if (c->has_state && (r = mnistcu__finite_copy(m, m->state, c->state, m->state_floats, 1))) return r;
-    m->state_sig = c->has_state ? c->state_sig : 0; /* none: the next step makes it anew */
-    m->state_steps = c->has_state ? c->state_steps : 0;
+    /* the optimizer state as it was, when it had the layout the model's has now; else none: the next
+       step makes it anew (the snapshot's belonged to an optimizer the training replaced) */
+    restore_state = c->has_state && c->state_used == m->state_floats;
+    if ((r = mnistcu__finite_copy(m, m->params, c->params, m->num_params, !restore_state))) return r;
+    if (restore_state && (r = mnistcu__finite_copy(m, m->state, c->state, m->state_floats, 1))) return r;
+    m->state_sig = restore_state ? c->state_sig : 0;
+    m->state_steps = restore_state ? c->state_steps : 0;
     res->epochs = p->epoch;
     res->train_loss = p->train_loss;
     res->train_accuracy = p->train_accuracy;
@@ -9406,7 +9495,11 @@ static int mnistcu__log_line(FILE *f, const mnistcu_progress *p)
    training settings (train.optim, train.schedule, train.augment,
    train.settings: "name=value ..." of every field), which a resumed run must
    repeat: mnistcu_train refuses a resume whose settings, batch size, dataset
-   size or seed differ, naming the difference. */
+   size or seed differ, naming the difference. The epoch count may grow: the
+   run then continues past the checkpoint's end (schedules that depend on the
+   total, cosine and one-cycle, follow the new count from there on). Numbered
+   copies (checkpoint_keep) are counted per mnistcu_train call: a resumed run
+   does not remove the copies of the run before it. */
 typedef struct mnistcu__field { const char *name; size_t off; char type; } mnistcu__field; /* type: i int, f float, z size_t */
 #define MNISTCU__FIELD(st, f, t) {#f, offsetof(st, f), t}
 static const mnistcu__field mnistcu__optim_fields[] = {
@@ -9625,12 +9718,18 @@ static int mnistcu__kv(const char *text, const char *key, double *v)
         if (!strncmp(p, key, klen) && p[klen] == '=') {
             char *end;
             *v = strtod(p + klen + 1, &end);
-            return end != p + klen + 1 && (*end == ' ' || *end == 0) && *v == *v;
+            return end != p + klen + 1 && (*end == ' ' || *end == 0); /* NaN and inf too: the caller checks */
         }
         p = strchr(p, ' ');
         if (p) ++p;
     }
     return 0;
+}
+
+/* The same for a whole number in 0..max (no fraction, no sign, finite). */
+static int mnistcu__kv_uint(const char *text, const char *key, double max, double *v)
+{
+    return mnistcu__kv(text, key, v) && *v >= 0.0 && *v <= max && *v == floor(*v);
 }
 
 /* The tensors of m from a parsed file (strict, as for loading a model). */
@@ -9697,12 +9796,13 @@ static mnistcu_result mnistcu__checkpoint_resume(mnistcu_model *m, const mnistcu
                              "resume: the checkpoint was made with seed %.30s; create the context with that seed (this "
                              "one has %llu)", v ? v : "?", MNISTCU__ULL(ctx->desc.seed));
     v = mnistcu__st_meta(&f, "train.position");
-    if (!v || !mnistcu__kv(v, "epoch", &x[0]) || !mnistcu__kv(v, "step", &x[1]) || !mnistcu__kv(v, "steps", &x[2]) ||
-        !mnistcu__kv(v, "total_steps", &x[3]) || !mnistcu__kv(v, "model_steps", &x[4]) ||
-        !mnistcu__kv(v, "state_sig", &x[5]) || !mnistcu__kv(v, "state_steps", &x[6]) ||
-        !mnistcu__kv(v, "samples", &x[7]) || !mnistcu__kv(v, "seen", &x[8]) || !mnistcu__kv(v, "correct", &x[9]) ||
-        !mnistcu__kv(v, "loss_sum", &x[10]) || !mnistcu__kv(v, "seconds", &x[11]) || x[0] < 1 || x[1] < 0 ||
-        x[1] > x[2] || x[8] < 0 || x[9] < 0 || x[9] > x[8])
+    if (!v || !mnistcu__kv_uint(v, "epoch", 2147483647.0, &x[0]) || !mnistcu__kv_uint(v, "step", 4e15, &x[1]) ||
+        !mnistcu__kv_uint(v, "steps", 4e15, &x[2]) || !mnistcu__kv_uint(v, "total_steps", 4e15, &x[3]) ||
+        !mnistcu__kv_uint(v, "model_steps", 4e15, &x[4]) || !mnistcu__kv_uint(v, "state_sig", 1e6, &x[5]) ||
+        !mnistcu__kv_uint(v, "state_steps", 4e15, &x[6]) || !mnistcu__kv_uint(v, "samples", 4294967295.0, &x[7]) ||
+        !mnistcu__kv_uint(v, "seen", 4e15, &x[8]) || !mnistcu__kv_uint(v, "correct", 4e15, &x[9]) ||
+        !mnistcu__kv(v, "loss_sum", &x[10]) || !mnistcu__kv(v, "seconds", &x[11]) || x[0] < 1 || x[1] > x[2] ||
+        x[9] > x[8] || !(x[11] >= 0.0 && x[11] < 1e15))
         MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_METADATA, "resume: %.300s: train.position missing or malformed", path);
     if ((size_t)x[7] != n || (size_t)x[2] != steps)
         MNISTCU__RESUME_FAIL(MNISTCU_ERR_INVALID_ARGUMENT,
@@ -9720,25 +9820,27 @@ static mnistcu_result mnistcu__checkpoint_resume(mnistcu_model *m, const mnistcu
     ts->n = n;
     v = mnistcu__st_meta(&f, "train.plateau");
     if (!v || !mnistcu__kv(v, "best", &ts->plateau.best) || !mnistcu__kv(v, "lr", &ts->plateau.lr) ||
-        !mnistcu__kv(v, "bad", &x[0]))
+        !mnistcu__kv_uint(v, "bad", 2147483647.0, &x[0]) || !mnistcu__finite_d(ts->plateau.lr))
         MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_METADATA, "resume: %.300s: train.plateau missing or malformed", path);
     ts->plateau.bad = (int)x[0];
     v = mnistcu__st_meta(&f, "train.best");
-    if (!v || !mnistcu__kv(v, "best_epoch", &x[0]) || !mnistcu__kv(v, "since_best", &x[1]) ||
-        !mnistcu__kv(v, "best_val_loss", &ts->best_val_loss))
+    if (!v || !mnistcu__kv_uint(v, "best_epoch", 2147483647.0, &x[0]) ||
+        !mnistcu__kv_uint(v, "since_best", 2147483647.0, &x[1]) || !mnistcu__kv(v, "best_val_loss", &ts->best_val_loss))
         MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_METADATA, "resume: %.300s: train.best missing or malformed", path);
     ts->best_epoch = (int)x[0];
     ts->since_best = (int)x[1];
     /* the weights, then the optimizer's state in the layout o makes */
     if ((r = mnistcu__st_load_tensors(m, &f, path))) goto done;
     m->state_sig = 0;
-    if ((int)x[5] != 0) {
+    if ((int)x[5] != 0) { /* the optimizer had a state (of no floats for plain SGD) */
         if ((r = mnistcu__opt_state(m, o))) goto done;
         t = mnistcu__st_find(&f, "mnistcu.optim_state");
-        if (m->state_sig != (int)x[5] || !t || t->dtype != MNISTCU__ST_F32 || t->count != m->state_floats)
+        if (m->state_sig != (int)x[5] ||
+            (m->state_floats && (!t || t->dtype != MNISTCU__ST_F32 || t->count != m->state_floats)) ||
+            (!m->state_floats && t))
             MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_TENSORS, "resume: %.300s: the optimizer state does not fit the optimizer",
                                  path);
-        {
+        if (m->state_floats) {
             float *host = (float *)mnistcu__alloc(ctx, m->state_floats * sizeof(float));
             if (!host) MNISTCU__RESUME_FAIL(MNISTCU_ERR_OUT_OF_MEMORY, "resume: out of memory");
             mnistcu__le_copy(host, f.data + t->begin, m->state_floats, 4);
@@ -9759,8 +9861,18 @@ static mnistcu_result mnistcu__checkpoint_resume(mnistcu_model *m, const mnistcu
         if (!t || t->dtype != MNISTCU__ST_U32 || t->count != n)
             MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_TENSORS, "resume: %.300s: mnistcu.order missing", path);
         mnistcu__le_copy(order, f.data + t->begin, n, 4);
-        for (i = 0; i < n; ++i)
-            if (order[i] >= n) MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_SHAPE, "resume: %.300s: the sample order is not one", path);
+        { /* a permutation of 0..n-1: each index once */
+            unsigned char *seen = (unsigned char *)mnistcu__calloc(ctx, n);
+            int bad = 0;
+            if (!seen) MNISTCU__RESUME_FAIL(MNISTCU_ERR_OUT_OF_MEMORY, "resume: out of memory");
+            for (i = 0; i < n && !bad; ++i) {
+                bad = order[i] >= n || seen[order[i]];
+                if (!bad) seen[order[i]] = 1;
+            }
+            mnistcu__free(ctx, seen);
+            if (bad)
+                MNISTCU__RESUME_FAIL(MNISTCU_ERR_ST_SHAPE, "resume: %.300s: the sample order is not a permutation", path);
+        }
     }
     for (k = 0; k < 2; ++k) {
         float *dst = k ? best_buffers : best_params;
@@ -9809,8 +9921,9 @@ MNISTCU_DEF mnistcu_result mnistcu_checkpoint_info_get(mnistcu_ctx *ctx, const c
         goto done;
     }
     v = mnistcu__st_meta(&f, "train.position");
-    if (!v || !mnistcu__kv(v, "epoch", &x[0]) || !mnistcu__kv(v, "step", &x[1]) || !mnistcu__kv(v, "steps", &x[2]) ||
-        !mnistcu__kv(v, "total_steps", &x[3]) || !mnistcu__fields_parse(mnistcu__train_fields,
+    if (!v || !mnistcu__kv_uint(v, "epoch", 2147483647.0, &x[0]) || !mnistcu__kv_uint(v, "step", 4e15, &x[1]) ||
+        !mnistcu__kv_uint(v, "steps", 4e15, &x[2]) || !mnistcu__kv_uint(v, "total_steps", 4e15, &x[3]) ||
+        !mnistcu__fields_parse(mnistcu__train_fields,
                                                                          mnistcu__st_meta(&f, "train.settings")
                                                                              ? mnistcu__st_meta(&f, "train.settings") : "?",
                                                                          &info->train) ||
@@ -9982,6 +10095,10 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         }
     }
     if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;
+    if (d.resume_from && guard.on) { /* the first copy stands where the checkpoint does */
+        guard.slot[guard.newest].epoch = ts.epoch;
+        guard.slot[guard.newest].step = ts.step;
+    }
     if (d.log_path && !(logf = fopen(d.log_path, d.resume_from ? "a" : "w"))) {
         r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: cannot open the log %.300s for writing", d.log_path);
         goto done;
@@ -10098,6 +10215,9 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                                                         epoch == d.epochs)))) {
                     mnistcu__train_state ts_now;
                     char name[4096], suffix[32];
+                    /* early stopping's copies hold a best epoch's weights only once there is one */
+                    const float *ck_best = res.best_epoch ? best_params : NULL;
+                    const float *ck_best_buf = res.best_epoch ? best_buffers : NULL;
                     memset(&ts_now, 0, sizeof ts_now);
                     ts_now.epoch = epoch;
                     ts_now.step = step + 1;
@@ -10114,7 +10234,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                     ts_now.order = idx;
                     ts_now.n = n;
                     ts_now.seed = ctx->desc.seed;
-                    if ((r = mnistcu__checkpoint_write(m, &d, &o0, &ts_now, best_params, best_buffers,
+                    if ((r = mnistcu__checkpoint_write(m, &d, &o0, &ts_now, ck_best, ck_best_buf,
                                                        d.checkpoint_path)))
                         goto done;
                     if (kept) { /* a numbered copy; the oldest beyond checkpoint_keep goes */
@@ -10129,7 +10249,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                             r = mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: checkpoint path too long");
                             goto done;
                         }
-                        if ((r = mnistcu__checkpoint_write(m, &d, &o0, &ts_now, best_params, best_buffers, name)))
+                        if ((r = mnistcu__checkpoint_write(m, &d, &o0, &ts_now, ck_best, ck_best_buf, name)))
                             goto done;
                         kept[2 * slot] = epoch;
                         kept[2 * slot + 1] = (int)(step + 1);
@@ -10140,7 +10260,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                             r = mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: checkpoint path too long");
                             goto done;
                         }
-                        if ((r = mnistcu__checkpoint_write(m, &d, &o0, &ts_now, best_params, best_buffers, name)))
+                        if ((r = mnistcu__checkpoint_write(m, &d, &o0, &ts_now, ck_best, ck_best_buf, name)))
                             goto done;
                     }
                 }

@@ -1,18 +1,28 @@
 #!/bin/sh
-# bench/run.sh - time mnistcu against PyTorch on the configurations of BENCHMARKS.md.
+# bench/run.sh - time mnistcu against PyTorch and JAX on the configurations of BENCHMARKS.md.
 #
 #   sh bench/run.sh          GPU (what `make bench` runs): P1, P2, P3 (MLPs), P4 (LeNet-5) and P5 (the
 #                            Fashion-MNIST CNN) with mnistcu (own kernels; cuBLAS when the build has it;
-#                            for P4/P5 also cuBLAS + cuDNN when cuDNN is found), PyTorch eager and PyTorch
-#                            with the step captured in a CUDA graph (P4/P5 also with cudnn.benchmark on),
-#                            each in its own process; then the kernel programs bench/cuda_gemm.cu and
-#                            bench/cuda_conv.cu. Needs nvcc, a GPU, PyTorch.
+#                            for P4/P5 also cuBLAS + cuDNN when cuDNN is found) and the peers of PEERS:
+#                            PyTorch eager, PyTorch with the step captured in a CUDA graph (P4/P5 also
+#                            with cudnn.benchmark on), PyTorch with the step through torch.compile
+#                            (max-autotune kernels) captured in a CUDA graph (torch_bench.py --mode
+#                            compile), JAX with each epoch one jitted lax.scan (bench/jax_bench.py), each
+#                            in its own process; then the kernel programs bench/cuda_gemm.cu and
+#                            bench/cuda_conv.cu. Needs nvcc, a GPU, PyTorch (2.x for compile), JAX.
+#                            A peer that fails (not importable, a compile error, killed) is a FAILED row
+#                            of the summary, with its reason, and the run goes on (and exits 1 at the end).
 #   sh bench/run.sh cpu      On the CPU: P7 with mnistcu on 1 and 2 threads and PyTorch CPU eager; then
 #                            LeNet-5 (P4's model and hyperparameters) for one timed epoch with mnistcu and
 #                            PyTorch (Debian's 1.13 through /usr/bin/python3 here), each on 1 and 2 threads.
 #
 # Knobs (environment):
 #   CONFIGS          GPU configurations to run (default "P1 P2 P3 P4 P5")
+#   PEERS            the GPU peers run next to mnistcu (default "eager graph compile jax"; "" for none):
+#                    eager = torch-eager, graph = torch-graph (and torch-graph+cudnn-benchmark, CUDNN_BENCH),
+#                    compile = torch-compile, jax = jax-scan; e.g. PEERS="graph jax" skips the others
+#   JAX_PYTHON       the python that runs bench/jax_bench.py (default: the first of $JAX_PYTHON, PyTorch's
+#                    python, python3, /usr/bin/python3, python that imports jax)
 #   EPOCHS           timed epochs of P2/P3/P7 (default 6; P1 always runs its 10)
 #   CNN_EPOCHS       timed epochs of P4/P5 on the GPU (default 3), after one warm-up epoch
 #   CUDNN_BENCH      1 (default): P4/P5 also with PyTorch graph + cudnn.benchmark; 0: not
@@ -28,7 +38,8 @@
 #   with include/cudnn.h and lib/ or lib64/ holding libcudnn.so.9; default as the Makefile: nvcc's
 #   CUDA, /usr/local/cuda, /usr, then the nvidia-cudnn wheel of PyTorch's python; CUDNN_DIR=none: no
 #   cuDNN), OUT (a folder to copy the results to).
-# Results: bench/out/results.jsonl (one JSON line per run), bench/out/run.log (everything printed),
+# Results: bench/out/results.jsonl (one JSON line per run; a failed peer's line has "failed": true and
+# its "reason"), bench/out/run.log (everything printed),
 # bench/out/summary.md (the summary printed last), bench/out/cuda_gemm.txt, bench/out/cuda_conv.txt.
 # Exits non-zero, after printing what it could, when any build or run failed, a kernel variant was
 # wrong, or a test accuracy fell below its floor (P1 85%, P2 95%, P3 90%, P4 95%, P5 85%, P7 93%).
@@ -55,6 +66,7 @@ EPOCHS=${EPOCHS:-6}
 CNN_EPOCHS=${CNN_EPOCHS:-3}
 CUDNN_BENCH=${CUDNN_BENCH:-1}
 KERNELS=${KERNELS-gemm conv}
+PEERS=$(echo ${PEERS-eager graph compile jax})
 TORCH_CPU_EPOCHS=${TORCH_CPU_EPOCHS:-5}
 CPU_CNN_EPOCHS=${CPU_CNN_EPOCHS:-1}
 CPU_CNN_LIMIT=${CPU_CNN_LIMIT:-0}
@@ -71,31 +83,59 @@ failed() {
 }
 
 # run_json DESCRIPTION COMMAND...: run one benchmark process (at most BENCH_TIMEOUT seconds),
-# append its JSON line to the results
+# append its JSON line to the results. A process that fails may still print its failed row (a JSON
+# line with "failed": true and the "reason"): that row is kept. Sets RJ_ROW (1: a row was appended)
+# and RJ_WHY (why it failed).
 run_json() {
     rj_desc=$1; shift
     echo "---- $rj_desc: $*" >&2
+    RJ_ROW=0; RJ_WHY=
     if [ -n "$TIMEOUT_BIN" ]; then
         "$TIMEOUT_BIN" -k 10 "$BENCH_TIMEOUT" "$@" > "$OUTDIR/.stdout"
     else
         "$@" > "$OUTDIR/.stdout"
     fi
     rj_rc=$?
-    if [ "$rj_rc" -eq 124 ] || [ "$rj_rc" -eq 137 ]; then
-        failed "$rj_desc (killed after BENCH_TIMEOUT=$BENCH_TIMEOUT s)"
-        return 1
+    if [ "$rj_rc" -eq 0 ]; then
+        if grep '^{' "$OUTDIR/.stdout" > "$OUTDIR/.json" && [ -s "$OUTDIR/.json" ]; then
+            cat "$OUTDIR/.json" >> "$RES"
+            cat "$OUTDIR/.json" >&2
+            RJ_ROW=1
+            return 0
+        fi
+        RJ_WHY="printed no JSON line"
+    elif [ "$rj_rc" -eq 124 ] || [ "$rj_rc" -eq 137 ]; then
+        RJ_WHY="killed after BENCH_TIMEOUT=$BENCH_TIMEOUT s"
+    else
+        RJ_WHY="exit $rj_rc"
+        if grep '^{.*"failed": *true' "$OUTDIR/.stdout" > "$OUTDIR/.json" && [ -s "$OUTDIR/.json" ]; then
+            cat "$OUTDIR/.json" >> "$RES"
+            cat "$OUTDIR/.json" >&2
+            RJ_ROW=1
+        fi
     fi
-    if [ "$rj_rc" -ne 0 ]; then
-        failed "$rj_desc (exit $rj_rc)"
-        return 1
-    fi
-    if ! grep '^{' "$OUTDIR/.stdout" > "$OUTDIR/.json" || [ ! -s "$OUTDIR/.json" ]; then
-        failed "$rj_desc printed no JSON line"
-        return 1
-    fi
-    cat "$OUTDIR/.json" >> "$RES"
-    cat "$OUTDIR/.json" >&2
-    return 0
+    failed "$rj_desc ($RJ_WHY)"
+    return 1
+}
+
+# run_peer IMPL CONFIG DESCRIPTION COMMAND...: run_json for a peer (PyTorch, JAX); when it fails without
+# printing its own failed row (killed, crashed), write one for it, so that the summary shows the failure
+run_peer() {
+    rp_impl=$1; rp_cfg=$2; shift 2
+    run_json "$@" && return 0
+    [ "$RJ_ROW" = 1 ] || fail_row "$rp_impl" "$rp_cfg" "$RJ_WHY (see $LOG)"
+    return 1
+}
+
+# fail_row IMPL CONFIG REASON: a failed row for the summary (REASON without double quotes or backslashes)
+fail_row() {
+    echo "{\"impl\": \"$1\", \"config\": \"$2\", \"device\": \"cuda\", \"failed\": true, \"reason\": \"$3\"}" >> "$RES"
+}
+
+# has_peer NAME: is NAME one of PEERS
+has_peer() {
+    case " $PEERS " in *" $1 "*) return 0 ;; esac
+    return 1
 }
 
 find_nvcc() {
@@ -109,6 +149,16 @@ find_nvcc() {
 find_python() {
     for fp in ${PYTHON:-} python3 /usr/bin/python3 python; do
         if command -v "$fp" > /dev/null 2>&1 && "$fp" -c 'import torch' > /dev/null 2>&1; then
+            echo "$fp"; return 0
+        fi
+    done
+    return 1
+}
+
+# a python that imports jax: $JAX_PYTHON, PyTorch's python ($PY), python3, /usr/bin/python3, python
+find_jax_python() {
+    for fp in ${JAX_PYTHON:-} ${PY:-} python3 /usr/bin/python3 python; do
+        if command -v "$fp" > /dev/null 2>&1 && "$fp" -c 'import jax' > /dev/null 2>&1; then
             echo "$fp"; return 0
         fi
     done
@@ -168,7 +218,7 @@ def t(r):  # P1: total seconds of its 10 epochs; else the median ms per epoch
 def unit(r):
     return "%.4f s total" % t(r) if r["config"] == "P1" else "%.3f ms/epoch" % t(r)
 def label(r):
-    if r["impl"] == "mnistcu":
+    if r["impl"] == "mnistcu" and not r.get("failed"):
         if r["device"] != "cuda":
             return "mnistcu cpu %dt" % r["threads"]
         conv = r["config"] in ("P4", "P5") or r.get("model") in ("lenet5", "fashion-cnn")
@@ -177,8 +227,10 @@ def label(r):
 def epochs(r):
     n, w = r.get("train_images", 0), r.get("warmup_images", r.get("train_images", 0))
     return "%s+%d" % ("1" if w == n or not n else "%.2f" % (w / float(n)), r["epochs"])
-def key(r):
-    return (r["config"], r["device"], r.get("train_images", 0))
+def key(r):  # a failed row that does not know its image count goes with the complete run
+    return (r["config"], r.get("device", "cuda"), r.get("train_images") or FULL.get(r["config"], 60000))
+def reason(r):
+    return " ".join(str(r.get("reason", "no reason given")).replace("|", "/").split())[:300]
 def gname(k):
     cfg, dev, n = k
     return cfg + ("" if dev == "cuda" else " cpu") + ("" if n == FULL.get(cfg, 60000) else " (%d imgs)" % n)
@@ -188,10 +240,13 @@ print("| config | impl | time | test acc | train loss | epochs (warm-up+timed) |
 print("|---|---|---|---|---|---|---|")
 for k in groups:
     rs = [r for r in rows if key(r) == k]
-    ours = [t(r) for r in rs if r["impl"] == "mnistcu"]
+    ours = [t(r) for r in rs if r["impl"] == "mnistcu" and not r.get("failed")]
     best = min(ours) if ours else None
     complete = k[2] >= FULL.get(k[0], 60000)
     for r in rs:
+        if r.get("failed"):
+            print("| %s | %s | FAILED: %s | – | – | – | – |" % (gname(k), label(r), reason(r)))
+            continue
         ratio = "%.2fx" % (t(r) / best) if best else "n/a (no mnistcu result)"
         flag = ""
         if complete and not r.get("smoke") and k[0] in FLOOR and not (r["test_accuracy"] >= FLOOR[k[0]]):
@@ -201,22 +256,29 @@ for k in groups:
         print("| %s | %s | %s | %.2f%%%s | %.4f | %s | %s |" % (gname(k), label(r), unit(r), 100 * r["test_accuracy"],
                                                               flag, r["train_loss"], epochs(r), ratio))
 print()
-print("mnistcu against PyTorch, same run (PyTorch's time / mnistcu's best time: above 1 means mnistcu is faster):")
+print("mnistcu against the peers (PyTorch, JAX), same run (the peer's time / mnistcu's best time: above 1 means "
+      "mnistcu is faster; last, mnistcu's best time / the best peer's time: below 1 means mnistcu is faster):")
 for k in groups:
     rs = [r for r in rows if key(r) == k]
-    mn = [r for r in rs if r["impl"] == "mnistcu"]
-    th = [r for r in rs if r["impl"] != "mnistcu"]
+    mn = [r for r in rs if r["impl"] == "mnistcu" and not r.get("failed")]
+    th = [r for r in rs if r["impl"] != "mnistcu" and not r.get("failed")]
+    for r in rs:
+        if r.get("failed"):
+            print("  %s: %s FAILED: %s" % (gname(k), label(r), reason(r)))
     if not mn or not th:
-        print("  %s: %s" % (gname(k), "no mnistcu result" if not mn else "no PyTorch result"))
+        print("  %s: %s" % (gname(k), "no mnistcu result" if not mn else "no peer result"))
         continue
     b = min(mn, key=t)
     for r in th:
         print("  %s: %s %s vs %s %s: %.2fx" % (gname(k), label(r), unit(r), label(b), unit(b), t(r) / t(b)))
+    bp = min(th, key=t)
+    print("  %s: mnistcu's best (%s, %s) / the best peer (%s, %s): %.2fx"
+          % (gname(k), label(b), unit(b), label(bp), unit(bp), t(b) / t(bp)))
     bt = max(th, key=lambda r: r["test_accuracy"])
     d = 100 * (b["test_accuracy"] - bt["test_accuracy"])
     if abs(d) > 1.5:
-        notes.append("%s: mnistcu's test accuracy %.2f%% differs from PyTorch's best %.2f%% by %.2f points"
-                     % (gname(k), 100 * b["test_accuracy"], 100 * bt["test_accuracy"], d))
+        notes.append("%s: mnistcu's test accuracy %.2f%% differs from the best peer accuracy (%s) %.2f%% by %.2f "
+                     "points" % (gname(k), 100 * b["test_accuracy"], label(bt), 100 * bt["test_accuracy"], d))
 for n in notes:
     print("NOTE: " + n)
 if bad:
@@ -245,6 +307,12 @@ gpu_configs() {
     [ -n "$NVCCBIN" ] || { failed "nvcc not found (set NVCC); for the CPU run use: sh bench/run.sh cpu"; return; }
     nvidia-smi -L > /dev/null 2>&1 || { failed "no GPU (nvidia-smi -L fails); for the CPU run use: sh bench/run.sh cpu"; return; }
     [ -n "$PY" ] || failed "PyTorch not importable: the PyTorch side will be missing"
+    for gc_peer in $PEERS; do
+        case $gc_peer in
+            eager|graph|compile|jax) ;;
+            *) failed "unknown peer $gc_peer in PEERS (eager graph compile jax)" ;;
+        esac
+    done
     HAVE_BENCH=0; HAVE_CUBLAS=0; HAVE_CUDNN=0
     # one binary serves every --gemm/--cnn choice: with cuBLAS and cuDNN, else cuBLAS only, else neither
     gc_base="$NVCCBIN -x cu -O3 -arch=sm_$CUDA_ARCH -o build/bench_cuda bench/bench.c"
@@ -292,16 +360,36 @@ gpu_configs() {
                     fi ;;
             esac
         fi
-        if [ -n "$PY" ]; then
-            run_json "torch-eager $C" "$PY" bench/torch_bench.py "$C" --device cuda --mode eager --epochs "$EP" --data "$CD"
-            run_json "torch-graph $C" "$PY" bench/torch_bench.py "$C" --device cuda --mode graph --epochs "$EP" --data "$CD"
-            case $C in P4|P5)
-                if [ "$CUDNN_BENCH" = 1 ]; then
-                    run_json "torch-graph+cudnn.benchmark $C" "$PY" bench/torch_bench.py "$C" --device cuda --mode graph \
-                        --cudnn-benchmark --epochs "$EP" --data "$CD"
-                fi ;;
+        # the peers (PEERS), each in its own process; a failed one leaves a failed row
+        for gc_peer in $PEERS; do
+            case $gc_peer in
+                eager|graph|compile)
+                    if [ -z "$PY" ]; then
+                        fail_row "torch-$gc_peer" "$C" "PyTorch not importable (PYTHON)"
+                        continue
+                    fi ;;
             esac
-        fi
+            case $gc_peer in
+                eager)
+                    run_peer torch-eager "$C" "torch-eager $C" "$PY" bench/torch_bench.py "$C" --device cuda \
+                        --mode eager --epochs "$EP" --data "$CD" ;;
+                graph)
+                    run_peer torch-graph "$C" "torch-graph $C" "$PY" bench/torch_bench.py "$C" --device cuda \
+                        --mode graph --epochs "$EP" --data "$CD"
+                    case $C in P4|P5)
+                        if [ "$CUDNN_BENCH" = 1 ]; then
+                            run_peer torch-graph+cudnn-benchmark "$C" "torch-graph+cudnn.benchmark $C" "$PY" \
+                                bench/torch_bench.py "$C" --device cuda --mode graph --cudnn-benchmark --epochs "$EP" --data "$CD"
+                        fi ;;
+                    esac ;;
+                compile)  # torch.compile (max-autotune kernels), the step captured in one CUDA graph
+                    run_peer torch-compile "$C" "torch-compile $C" "$PY" bench/torch_bench.py "$C" --device cuda \
+                        --mode compile --epochs "$EP" --data "$CD" ;;
+                jax)      # each epoch one jitted lax.scan
+                    run_peer jax-scan "$C" "jax-scan $C" "$JPY" bench/jax_bench.py "$C" --device cuda \
+                        --epochs "$EP" --data "$CD" ;;
+            esac
+        done
     done
 }
 
@@ -389,10 +477,20 @@ main() {
     else
         echo "torch: not importable (tried \$PYTHON, python3, /usr/bin/python3, python)"
     fi
+    JPY=
+    if [ "$MODE" = gpu ] && has_peer jax; then
+        if JPY=$(find_jax_python); then
+            echo "jax: $("$JPY" -c 'import jax; print(jax.__version__)' 2>&1 | tail -n 1) ($JPY)"
+        else
+            # jax_bench.py itself then reports why, as the jax rows' reason
+            JPY=${JAX_PYTHON:-${PY:-python3}}
+            echo "jax: not importable (tried \$JAX_PYTHON, PyTorch's python, python3, /usr/bin/python3, python): the jax-scan rows will fail"
+        fi
+    fi
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (working tree modified)')"
     if [ "$MODE" = gpu ]; then
         echo "cudnn: ${CUDNN:-none found (CUDNN_DIR)}"
-        echo "settings: CONFIGS=\"$CONFIGS\" EPOCHS=$EPOCHS CNN_EPOCHS=$CNN_EPOCHS CUDNN_BENCH=$CUDNN_BENCH KERNELS=\"$KERNELS\" BENCH_TIMEOUT=$BENCH_TIMEOUT"
+        echo "settings: CONFIGS=\"$CONFIGS\" PEERS=\"$PEERS\" EPOCHS=$EPOCHS CNN_EPOCHS=$CNN_EPOCHS CUDNN_BENCH=$CUDNN_BENCH KERNELS=\"$KERNELS\" BENCH_TIMEOUT=$BENCH_TIMEOUT"
     else
         echo "settings: EPOCHS=$EPOCHS TORCH_CPU_EPOCHS=$TORCH_CPU_EPOCHS CPU_CNN_EPOCHS=$CPU_CNN_EPOCHS CPU_CNN_LIMIT=$CPU_CNN_LIMIT CPU_CNN_WARMUP=$CPU_CNN_WARMUP BENCH_TIMEOUT=$BENCH_TIMEOUT"
     fi

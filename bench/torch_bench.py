@@ -3,6 +3,7 @@
 
     python3 bench/torch_bench.py P2 --mode eager            # on the GPU
     python3 bench/torch_bench.py P2 --mode graph            # the whole step in one CUDA graph
+    python3 bench/torch_bench.py P2 --mode compile          # torch.compile (max-autotune kernels) + one CUDA graph
     python3 bench/torch_bench.py P4 --mode graph --cudnn-benchmark   # LeNet-5, cuDNN autotuning on
     python3 bench/torch_bench.py P5 --mode graph            # the Fashion-MNIST CNN (data/fashion-mnist)
     python3 bench/torch_bench.py P7 --device cpu --threads 2
@@ -30,7 +31,24 @@ bench.c uses a fresh model), then the test set is evaluated after timing. One JS
 human-readable lines on stderr. Exits 1 on any failure, a non-finite loss included.
 
 --smoke: a few steps (640 images, 1 epoch, 1,000 test images) on CUDA if available, else the CPU
-(graph mode falls back to eager without CUDA); it checks that the whole path runs, not its speed.
+(graph and compile modes fall back to eager without CUDA); it checks that the whole path runs, not its
+speed.
+
+--mode compile (PyTorch 2.x): the training step of graph mode (batch gather, forward, loss, backward,
+optimizer.step(), loss accumulation) goes through torch.compile, then is captured and replayed exactly
+as in graph mode (warm-up on a side stream, one torch.cuda.CUDAGraph per step, the partial batch eager).
+--compile-mode max-autotune-no-cudagraphs (the default) is max-autotune (Inductor's Triton/template
+GEMMs and convolutions chosen by timing them, coordinate-descent tuning) without Inductor's own CUDA
+graphs, which cannot be captured inside ours: the compile happens in the warm-up steps, and the one
+captured graph holds the compiled forward, the compiled backward (AOTAutograd; Dynamo breaks the graph
+at loss.backward(), the autograd engine runs the compiled backward) and the compiled optimizer step.
+--compile-mode max-autotune leaves the graphs to Inductor (CUDA graph trees: one graph per compiled
+region, forward, backward and optimizer step, replayed from Python each step) and captures nothing
+itself; its row is "torch-compile-inductor-graphs". TF32 stays off for Inductor's kernels too (they
+follow torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32).
+
+A run that fails (an exception, torch.compile missing or failing, no CUDA) prints one JSON line with
+"failed": true and the "reason" on stdout, and exits 1.
 """
 import argparse
 import gzip
@@ -41,6 +59,7 @@ import statistics
 import struct
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -58,13 +77,28 @@ CONFIGS = {
 }
 
 
+# what a failed run reports on stdout (impl, config, device), filled in once the arguments are read
+FAIL_ROW = {}
+
+
 def log(*a):
     print("torch_bench:", *a, file=sys.stderr, flush=True)
 
 
 def die(msg):
     print("torch_bench: FAILED: " + msg, file=sys.stderr, flush=True)
+    if FAIL_ROW:
+        row = dict(FAIL_ROW)
+        row.update({"failed": True, "reason": msg})
+        print(json.dumps(row), flush=True)
     sys.exit(1)
+
+
+def impl_name(mode, compile_mode, cudnn_benchmark):
+    name = "torch-" + mode
+    if mode == "compile" and compile_mode == "max-autotune":
+        name += "-inductor-graphs"
+    return name + ("+cudnn-benchmark" if cudnn_benchmark else "")
 
 
 def load_idx(path):
@@ -121,7 +155,12 @@ def make_model(spec):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", choices=sorted(CONFIGS))
-    ap.add_argument("--mode", choices=["eager", "graph"], default="eager")
+    ap.add_argument("--mode", choices=["eager", "graph", "compile"], default="eager")
+    ap.add_argument("--compile-mode", choices=["max-autotune-no-cudagraphs", "max-autotune"],
+                    default="max-autotune-no-cudagraphs",
+                    help="torch.compile mode of --mode compile: max-autotune-no-cudagraphs (default: the "
+                         "compiled step captured in one CUDA graph by this program) or max-autotune "
+                         "(Inductor's own CUDA graphs, no capture here)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
                     help="default: cpu for P7, else cuda (--smoke: cuda if available, else cpu)")
     ap.add_argument("--epochs", type=int, default=None, help="timed epochs (default 5; P1: 10)")
@@ -141,12 +180,17 @@ def main():
     model_spec, batch, lr, momentum, shuffle, limit, epochs, data_dir, want_params = CONFIGS[args.config]
     device = args.device
     mode = args.mode
+    if args.smoke and device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    FAIL_ROW.update({"impl": impl_name(mode, args.compile_mode, args.cudnn_benchmark), "config": args.config,
+                     "device": device or ("cpu" if args.config == "P7" else "cuda"), "torch": torch.__version__})
+    if mode == "compile" and not hasattr(torch, "compile"):
+        die("--mode compile needs PyTorch 2.x (torch.compile); this is torch %s" % torch.__version__)
     if args.smoke:
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if mode == "graph" and device != "cuda":
-            log("smoke: no CUDA device, graph mode falls back to eager")
+        if mode in ("graph", "compile") and device != "cuda":
+            log("smoke: no CUDA device, %s mode falls back to eager" % mode)
             mode = "eager"
+            FAIL_ROW["impl"] = impl_name(mode, args.compile_mode, args.cudnn_benchmark)
         limit = 640 if args.limit is None else args.limit
         epochs = 1 if args.epochs is None else args.epochs
         if not args.warmup_limit:
@@ -168,8 +212,8 @@ def main():
     if device == "cuda" and not torch.cuda.is_available():
         die("--device cuda asked but torch.cuda.is_available() is False (torch %s, built for CUDA %s)"
             % (torch.__version__, torch.version.cuda))
-    if mode == "graph" and device != "cuda":
-        die("--mode graph needs --device cuda")
+    if mode in ("graph", "compile") and device != "cuda":
+        die("--mode %s needs --device cuda" % mode)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
@@ -195,6 +239,7 @@ def main():
         die("no training images")
     full_steps, tail = divmod(N, batch)
     inv255 = 1.0 / 255.0
+    FAIL_ROW["train_images"] = N
 
     model, in_shape = make_model(model_spec)
     model = model.to(dev)
@@ -228,6 +273,7 @@ def main():
     def graph_body():
         # Everything on the device, so one replay is one whole training step: the batch's indices come
         # from the static permutation buffer at a device-side offset that the graph itself advances.
+        # (compile mode: this is the step given to torch.compile)
         idx = perm_buf.index_select(0, arange_b + offset)
         x = X.index_select(0, idx).float().mul_(inv255).view(bshape)
         y = Y.index_select(0, idx)
@@ -238,27 +284,50 @@ def main():
         offset.add_(batch)
 
     graph = None
-    if mode == "graph":
+    step_fn = graph_body
+    setup_s = 0.0
+    if mode == "compile":
+        # The whole step through torch.compile. Nothing is compiled yet: the first calls (the warm-up
+        # steps below, or the warm-up epoch with Inductor's graphs) compile and autotune. The model
+        # itself stays uncompiled, so the eager partial batch and the test evaluation run eagerly.
+        step_fn = torch.compile(graph_body, mode=args.compile_mode)
+    capture = mode == "graph" or (mode == "compile" and args.compile_mode != "max-autotune")
+    if mode == "compile" and not capture:
+        # Inductor's CUDA graph trees copy each input that is not at a static address into the graph's
+        # own buffers at every replay: the resident data and the step's buffers never move, say so.
+        from torch import _dynamo
+        for t in (X, Y, perm_buf, arange_b, offset, loss_sum):
+            _dynamo.mark_static_address(t, guard=False)
+    if capture:
         if full_steps == 0:
             die("fewer training images than one batch: nothing to capture")
         # PyTorch's whole-network capture recipe: warm up on a side stream, zero_grad(set_to_none=True)
         # before capture, then capture one training step with static inputs. With momentum, the
         # warm-up steps create the momentum buffers, which the captured step then updates in place.
+        # In compile mode the first warm-up step compiles (and autotunes), the second recompiles the
+        # optimizer step when the momentum buffers have just been created, the third runs what the
+        # capture then records: nothing compiles while capturing.
+        t_setup = time.perf_counter()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(3):
                 opt.zero_grad(set_to_none=True)
                 offset.zero_()
-                graph_body()
+                step_fn()
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)
         with torch.cuda.graph(graph):
-            graph_body()
+            step_fn()
         torch.cuda.synchronize()
+        setup_s = time.perf_counter() - t_setup
+        log("%s mode: the warm-up steps%s and the capture took %.1f s"
+            % (mode, " (torch.compile %s: compile and autotune)" % args.compile_mode if mode == "compile" else "",
+               setup_s))
         # The last partial batch has another shape: it runs EAGERLY (one step per epoch), on the grad
         # tensors the graph owns (zeroed, accumulated, stepped: zero_grad(set_to_none=False) in eager_step).
+    mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
 
     def new_order():
         if shuffle:
@@ -277,6 +346,16 @@ def main():
         if graph is not None:
             for _ in range(steps):
                 graph.replay()
+            if do_tail:
+                eager_step(perm_buf[full_steps * batch:])
+        elif mode == "compile":
+            # Inductor's CUDA graphs (--compile-mode max-autotune): the compiled step called once per
+            # batch; it reads the batch at the device-side offset as in the captured graph.
+            for _ in range(steps):
+                opt.zero_grad(set_to_none=True)
+                if mark_step is not None:
+                    mark_step()
+                step_fn()
             if do_tail:
                 eager_step(perm_buf[full_steps * batch:])
         else:
@@ -307,7 +386,8 @@ def main():
     model_name = model_spec if isinstance(model_spec, str) else "-".join(map(str, model_spec))
     log("%s %s%s on %s, torch %s, model %s (%d params), %d training images, batch %d (%d full steps + %s), "
         "lr %g, momentum %g, %s, %d timed epochs%s"
-        % (args.config, mode, " +cudnn.benchmark" if args.cudnn_benchmark else "", name, torch.__version__,
+        % (args.config, mode + (" (%s)" % args.compile_mode if mode == "compile" else ""),
+           " +cudnn.benchmark" if args.cudnn_benchmark else "", name, torch.__version__,
            model_name, nparams, N, batch, full_steps,
            ("a partial batch of %d" % tail) if tail else "no partial batch", lr, momentum,
            "shuffled" if shuffle else "file order", epochs, " (SMOKE TEST)" if args.smoke else ""))
@@ -345,7 +425,7 @@ def main():
     else:
         log("%s %s: median %.3f ms/epoch over %d epochs, test accuracy %.2f%%, train loss %.4f"
             % (args.config, mode, med, epochs, 100 * acc, loss))
-    impl = "torch-" + mode + ("+cudnn-benchmark" if args.cudnn_benchmark else "")
+    impl = impl_name(mode, args.compile_mode, args.cudnn_benchmark)
     print(json.dumps({
         "impl": impl, "config": args.config, "device": device, "device_name": name,
         "torch": torch.__version__, "threads": torch.get_num_threads() if device == "cpu" else None,
@@ -353,11 +433,17 @@ def main():
         "train_images": N, "warmup_images": nw, "test_images": int(Xte.shape[0]), "epochs": epochs,
         "epoch_ms_median": round(med, 4), "epoch_ms_all": [round(v, 4) for v in all_ms],
         "total_s": round(total_s, 6), "wall_s": round(wall_s, 6),
-        "test_accuracy": acc, "train_loss": loss, "smoke": bool(args.smoke)}), flush=True)
+        "test_accuracy": acc, "train_loss": loss, "smoke": bool(args.smoke),
+        "compile_mode": args.compile_mode if mode == "compile" else None,
+        "setup_s": round(setup_s, 3)}), flush=True)
     if args.smoke:
         log("SMOKE OK: %s %s on %s ran %d + %d images, loss %.4f, test accuracy %.2f%% on %d images"
             % (args.config, mode, device, nw, N * epochs, loss, 100 * acc, Xte.shape[0]))
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as e:  # a compile or capture error included: report it as a failed row
+        traceback.print_exc()
+        die("%s: %s" % (type(e).__name__, " / ".join(str(e).split("\n"))[:600]))

@@ -2467,7 +2467,7 @@ static int write_pgm(const char *path, const uint8_t *px, int w, int h)
 static int cmd_predict(int argc, char **argv)
 {
     const char *model = NULL, *save = NULL, **images;
-    int nimages = 0, top = 3, raw = 0, i, status = EXIT_ERROR, first = 1;
+    int nimages = 0, top = 3, raw = 0, i, status = EXIT_ERROR, first = 1, flat, side, opened = 0;
     mnistcu_device device = MNISTCU_DEVICE_AUTO;
     mnistcu_ctx *ctx = NULL;
     mnistcu_model *net = NULL;
@@ -2525,8 +2525,15 @@ static int cmd_predict(int argc, char **argv)
     }
     if (!create_context(device, 0, 0, &ctx) || failed(ctx, mnistcu_model_load(ctx, model, &net))) goto done;
     mnistcu_model_info_get(net, &mi);
-    if (mi.input_shape[0] != 1 && !(mi.input_shape[1] == 1 && mi.input_shape[2] == 1)) {
-        cli_error("invalid_argument", "predict: the model takes %dx%dx%d inputs; images give one channel",
+    /* flat models (1x1xN or Nx1x1) take a square image of N pixels; others one channel of HxH */
+    flat = mi.input_shape[1] == 1 && (mi.input_shape[0] == 1 || mi.input_shape[2] == 1);
+    if (flat) {
+        for (side = 1; (size_t)side * (size_t)side < mi.inputs; ++side) {}
+    } else {
+        side = mi.input_shape[1];
+    }
+    if ((size_t)side * (size_t)side != mi.inputs || (!flat && (mi.input_shape[0] != 1 || mi.input_shape[2] != side))) {
+        cli_error("invalid_argument", "predict: the model takes %dx%dx%d inputs; images give one square channel",
                   mi.input_shape[0], mi.input_shape[1], mi.input_shape[2]);
         goto done;
     }
@@ -2537,21 +2544,13 @@ static int cmd_predict(int argc, char **argv)
     printf("{\"command\":\"predict\"");
     json_field_str("model_file", model);
     printf(",\"results\":[");
+    opened = 1;
     for (i = 0; i < nimages; ++i) {
         mnistcu_image img;
-        int side = mi.input_shape[1] == 1 && mi.input_shape[2] == 1 ? 0 : mi.input_shape[1], k, c, best[256];
+        int k, c, best[256];
         size_t need = mi.inputs;
         int32_t label;
         if (failed(ctx, mnistcu_image_load(ctx, images[i], &img))) goto fail;
-        if (side == 0) { /* a flat model: a square image of its size */
-            side = 1;
-            while ((size_t)side * (size_t)side < need) ++side;
-            if ((size_t)side * (size_t)side != need) {
-                cli_error("invalid_argument", "predict: the model's %zu inputs are not a square image", need);
-                mnistcu_image_free(ctx, &img);
-                goto fail;
-            }
-        }
         if (raw) {
             if ((size_t)img.width * (size_t)img.height != need || img.width != side) {
                 cli_error("invalid_argument", "%s: --raw needs a %dx%d image, this one is %dx%d", images[i], side, side,
@@ -2615,7 +2614,7 @@ fail:
     printf("}\n");
     status = EXIT_ERROR;
 done:
-    if (status == EXIT_ERROR && !net) {
+    if (status == EXIT_ERROR && !opened) {
         printf("{\"command\":\"predict\"");
         json_error_fields();
         json_field_str("model_file", model);

@@ -554,6 +554,12 @@ sys.exit(0 if len(j["results"]) == 20 and right >= 18 else 1)' >"$TMP/py_out" 2>
 else
     fail "predict on drawn digits (exit $status): $(cat "$TMP/py_out")"
 fi
+run predict --model "$TMP/m.safetensors" --top 2 tests/fixtures/images/digits/digit_7_a.png
+if [ "$status" -eq 0 ] && json_check 'len(j["results"][0]["top"]) == 2'; then
+    pass "predict with a flat MLP model (784 inputs): the image becomes 28x28"
+else
+    fail "predict with a flat MLP model (exit $status): $(tail -n 1 "$TMP/out")"
+fi
 run predict --model "$TMP/lenet.safetensors" tests/fixtures/images/crc_idat.png
 if [ "$status" -eq 1 ] && json_check 'j["error"] == "png_crc"' && [ "$(errors_printed)" -eq 1 ]; then
     pass "predict on a corrupt PNG: one error naming the CRC, valid JSON"

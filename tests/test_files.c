@@ -160,7 +160,13 @@ TEST files_corrupt_header_fields(void)
         {"\"format_version\":\"1\"", "\"format_version\":\"2\"", MNISTCU_ERR_ST_METADATA},
         {"\"format_version\":\"1\"", "\"format_version\":1", MNISTCU_ERR_ST_METADATA},
         {"\"spec\":\"4 dense3 relu dense2\"", "\"spec\":\"4 dense3 relu dense2 conv\"", MNISTCU_ERR_ST_METADATA},
-        {"\"spec\":\"4 dense3 relu dense2\"", "\"spec\":\"4 dense3 relu dense5\"", MNISTCU_ERR_ST_METADATA},
+        {"\"spec\":\"4 dense3 relu dense2\"", "\"spec\":\"4 dense3 relu dense5\"", MNISTCU_ERR_ST_TENSORS},
+        {"\"spec\":\"4 dense3 relu dense2\"", "\"spec\":\"4194304 dense64\"", MNISTCU_ERR_ST_TENSORS}, /* no GBs */
+        {"\"classes\":\"2\"", "\"classes\":\"2.0\"", MNISTCU_ERR_ST_METADATA},
+        {"\"loss_sum\":\"0\"", "\"loss_sum\":\"0.5\"", MNISTCU_ERR_ST_METADATA},
+        {"\"spec\"", "\"sp\xED\xA0\x80" "c\"", MNISTCU_ERR_ST_JSON},
+        {"\"spec\"", "\"sp\xE0\x80\xAF" "c\"", MNISTCU_ERR_ST_JSON},
+        {"\"spec\"", "\"sp\xF4\x90\x80\x80" "c\"", MNISTCU_ERR_ST_JSON},
         {"\"norm_scale\":\"", "\"norm_scale\":\"x", MNISTCU_ERR_ST_METADATA},
         {"\"loss\":\"ce\"", "\"loss\":\"l1\"", MNISTCU_ERR_ST_METADATA},
         {"\"class_names\":\"[", "\"class_names\":\"[\\\"extra\\\",", MNISTCU_ERR_ST_METADATA},
@@ -526,6 +532,63 @@ done:
     TU_END();
 }
 
+/* Plain SGD (no optimizer state: the CLI's default) resumes to the same bits;
+   a model trained with momentum and then with Adam (a state twice as large)
+   keeps its divergence copies the right size. */
+TEST files_resume_plain_sgd_and_optimizer_switch(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0), *c2 = NULL;
+    mnistcu_dataset *tr = NULL, *tr2 = NULL;
+    mnistcu_model *a = NULL, *b = NULL;
+    mnistcu_train_desc td;
+    float pa[500], pb[500];
+    size_t np;
+    int failed = 0;
+    TU_REQUIRE(ctx && (tr = tf_images(ctx, 96, 12, 12, 5, 4)) && mnistcu_model_create_spec(ctx, "144-3-5", &a) == MNISTCU_OK,
+               "setup");
+    np = mnistcu_model_num_params(a);
+    memset(&td, 0, sizeof td);
+    td.epochs = 3;
+    td.batch_size = 32;
+    td.checkpoint_path = "build/test_ck_sgd.safetensors";
+    td.checkpoint_every = 2;
+    TU_REQUIRE(mnistcu_train(a, tr, &td, NULL) == MNISTCU_OK, "train: %s", mnistcu_ctx_error(ctx));
+    c2 = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    td.epochs = 2; /* the checkpoint of epoch 2, written at that run's end */
+    TU_REQUIRE(c2 && (tr2 = tf_images(c2, 96, 12, 12, 5, 4)) && mnistcu_model_create_spec(c2, "144-3-5", &b) == MNISTCU_OK &&
+                   mnistcu_train(b, tr2, &td, NULL) == MNISTCU_OK, "the shorter run: %s", mnistcu_ctx_error(c2));
+    mnistcu_ctx_destroy(c2);
+    c2 = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
+    td.epochs = 3;
+    td.resume_from = "build/test_ck_sgd.safetensors";
+    td.checkpoint_path = "build/test_ck_sgd2.safetensors";
+    TU_REQUIRE(c2 && (tr2 = tf_images(c2, 96, 12, 12, 5, 4)) && mnistcu_model_create_spec(c2, "144-3-5", &b) == MNISTCU_OK &&
+                   mnistcu_train(b, tr2, &td, NULL) == MNISTCU_OK, "resume: %s", mnistcu_ctx_error(c2));
+    TU_REQUIRE(mnistcu_model_get_params(a, pa, np) == MNISTCU_OK && mnistcu_model_get_params(b, pb, np) == MNISTCU_OK &&
+                   memcmp(pa, pb, np * sizeof(float)) == 0, "plain SGD: the resumed weights differ");
+    memset(&td, 0, sizeof td); /* momentum, then Adam, checking every step */
+    td.epochs = 1;
+    td.batch_size = 16;
+    td.optim.momentum = 0.9f;
+    td.progress_every = 1;
+    td.progress = tf_stop_at; /* never stops: epoch 0 does not exist */
+    {
+        tf_stop never = {0, 0};
+        td.progress_user = &never;
+        TU_REQUIRE(mnistcu_train(a, tr, &td, NULL) == MNISTCU_OK, "momentum: %s", mnistcu_ctx_error(ctx));
+        td.optim.momentum = 0.0f;
+        td.optim.kind = MNISTCU_OPTIM_ADAM;
+        td.optim.learning_rate = 0.001f;
+        TU_REQUIRE(mnistcu_train(a, tr, &td, NULL) == MNISTCU_OK, "Adam after momentum: %s", mnistcu_ctx_error(ctx));
+    }
+done:
+    mnistcu_ctx_destroy(ctx);
+    mnistcu_ctx_destroy(c2);
+    remove("build/test_ck_sgd.safetensors");
+    remove("build/test_ck_sgd2.safetensors");
+    TU_END();
+}
+
 SUITE(files_suite)
 {
     RUN_TEST(files_round_trip_every_kind);
@@ -533,4 +596,5 @@ SUITE(files_suite)
     RUN_TEST(files_save_is_atomic);
     RUN_TEST(files_resume_is_bit_exact);
     RUN_TEST(files_resume_refuses_other_settings);
+    RUN_TEST(files_resume_plain_sgd_and_optimizer_switch);
 }
