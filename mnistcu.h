@@ -1,4 +1,4 @@
-/* mnistcu.h - v0.2.0 - train neural networks on MNIST-style data, on the CPU or a CUDA GPU.
+/* mnistcu.h - v0.3.0 - train neural networks on MNIST-style data, on the CPU or a CUDA GPU.
    Public domain or MIT, your choice: see the end of this file.
 
    QUICK START
@@ -169,9 +169,9 @@
 #define MNISTCU_H
 
 #define MNISTCU_VERSION_MAJOR 0
-#define MNISTCU_VERSION_MINOR 2
+#define MNISTCU_VERSION_MINOR 3
 #define MNISTCU_VERSION_PATCH 0
-#define MNISTCU_VERSION_STRING "0.2.0"
+#define MNISTCU_VERSION_STRING "0.3.0"
 
 #include <stddef.h>
 #include <stdint.h>
