@@ -6856,11 +6856,13 @@ static mnistcu_result mnistcu__parse_layer(mnistcu_ctx *ctx, const char *spec, c
         if (args == aend) break;
         {
             float f = mnistcu__parse_float_text(args, aend, &ok);
-            if (!ok || (d->kind == MNISTCU_LAYER_DROPOUT && !(f > 0.0f && f < 1.0f)))
+            if (!ok || (d->kind == MNISTCU_LAYER_DROPOUT && !(f > 0.0f && f < 1.0f)) ||
+                (d->kind == MNISTCU_LAYER_LEAKY_RELU && f == 0.0f)) /* 0 (or -0) would read as the default */
                 return mnistcu__spec_fail(ctx, spec, tok, len, index, "%s",
                                           d->kind == MNISTCU_LAYER_DROPOUT
                                               ? "expected dropoutP with 0 < P < 1, e.g. dropout0.25"
-                                              : "expected leaky_reluS with S a number, e.g. leaky_relu0.1");
+                                              : "expected leaky_reluS with S a non-zero number, e.g. leaky_relu0.1 "
+                                                "(a slope of 0 is relu)");
             if (d->kind == MNISTCU_LAYER_DROPOUT) d->p = f;
             else d->slope = f;
         }

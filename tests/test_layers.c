@@ -2273,6 +2273,7 @@ TEST spec_invalid(void)
         {"10 dropout1.5 dense2", "dropout1.5", 3},
         {"10 dropout0 dense2", "dropout0", 3},
         {"10 leaky_relu0.1.2 dense2", "leaky_relu0.1.2", 3},
+        {"10 leaky_relu-.0 dense2", "leaky_relu-.0", 3},                   /* 0 would read as the default */
         {"1x8x8 maxpool0 flatten dense2", "maxpool0", 6},
         {"1x8x8 maxpool2x2x2 flatten dense2", "maxpool2x2x2", 6},
         {"1x8x8 conv3x3x2:q=1 flatten dense2", "conv3x3x2:q=1", 6},        /* bad options */
