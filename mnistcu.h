@@ -7280,21 +7280,22 @@ static mnistcu_result mnistcu__backward(mnistcu_model *m, size_t B)
     return MNISTCU_OK;
 }
 
-/* The optimizer state's memory, on the model's device. */
-static mnistcu_result mnistcu__state_alloc(mnistcu_model *m, float **p, size_t n)
+/* n floats on the model's device (the optimizer state, the divergence check's
+   and early stopping's copies of the weights); what names them in messages. */
+static mnistcu_result mnistcu__model_floats(mnistcu_model *m, float **p, size_t n, const char *what)
 {
     *p = NULL;
 #ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_malloc(m->ctx, (void **)p, n * sizeof(float), "optimizer state");
+    if (m->device == MNISTCU_DEVICE_CUDA) return mnistcu__cuda_malloc(m->ctx, (void **)p, n * sizeof(float), what);
 #endif
     *p = (float *)mnistcu__alloc(m->ctx, n * sizeof(float));
     if (!*p)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for %llu floats of optimizer state",
-                             MNISTCU__ULL(n));
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for %llu floats of %s", MNISTCU__ULL(n),
+                             what);
     return MNISTCU_OK;
 }
 
-static void mnistcu__state_free(mnistcu_model *m, float *p)
+static void mnistcu__model_floats_free(mnistcu_model *m, float *p)
 {
 #ifdef __CUDACC__
     if (m->device == MNISTCU_DEVICE_CUDA) {
@@ -7440,11 +7441,11 @@ static mnistcu_result mnistcu__opt_state(mnistcu_model *m, const mnistcu_optim_d
     if (!mnistcu__mul((size_t)mnistcu__opt_slots(o), m->num_params, &floats))
         return mnistcu__fail(m->ctx, MNISTCU_ERR_OVERFLOW, "optimizer state overflows");
     if (floats != m->state_floats) {
-        mnistcu__state_free(m, m->state);
+        mnistcu__model_floats_free(m, m->state);
         m->state = NULL;
         m->state_floats = 0;
         m->state_sig = 0;
-        if (floats && (r = mnistcu__state_alloc(m, &m->state, floats))) return r;
+        if (floats && (r = mnistcu__model_floats(m, &m->state, floats, "optimizer state"))) return r;
         m->state_floats = floats;
     }
     if (floats && (r = mnistcu__state_fill(m, m->state, floats, init))) return r;
@@ -8128,19 +8129,45 @@ typedef struct mnistcu__st_out {
 #endif
 #endif
 
-/* Writes a safetensors file atomically: PATH.tmp, flushed and synced, renamed over PATH. */
+/* size bytes to path, atomically (PATH.tmp, synced, renamed). */
+static mnistcu_result mnistcu__write_atomic(mnistcu_ctx *ctx, const char *path, const void *data, size_t size)
+{
+    char tmp[4200];
+    FILE *f;
+    int ok;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%.300s: path too long", path);
+    f = fopen(tmp, "wb");
+    if (!f) return mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot create the file (%s)", tmp, strerror(errno));
+    ok = fwrite(data, 1, size, f) == size && fflush(f) == 0 && MNISTCU_FSYNC(f) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok) {
+        remove(tmp);
+        return mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: writing failed (%s); %.300s is unchanged", tmp,
+                             strerror(errno), path);
+    }
+#ifdef _WIN32
+    remove(path);
+#endif
+    if (rename(tmp, path) != 0) {
+        remove(tmp);
+        return mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot rename %.300s over it (%s)", path, tmp, strerror(errno));
+    }
+    return MNISTCU_OK;
+}
+
+/* Writes a safetensors file (atomically, see mnistcu__write_atomic). */
 static mnistcu_result mnistcu__st_write(mnistcu_ctx *ctx, const char *path, const mnistcu__st_out *t, int nt,
                                         const char *const *mk, const char *const *mv, int nm)
 {
-    mnistcu__text h, tmp;
+    mnistcu__text h, file;
     uint64_t off = 0, n;
     unsigned char len8[8], chunk[4096];
-    FILE *f = NULL;
-    mnistcu_result r = MNISTCU_OK;
-    int i, k, ok;
+    mnistcu_result r;
+    int i, k;
     memset(&h, 0, sizeof h);
-    memset(&tmp, 0, sizeof tmp);
-    h.ctx = tmp.ctx = ctx;
+    memset(&file, 0, sizeof file);
+    h.ctx = file.ctx = ctx;
     mnistcu__text_put(&h, "{\"__metadata__\":{", 17);
     for (i = 0; i < nm; ++i) {
         if (i) mnistcu__text_put(&h, ",", 1);
@@ -8160,48 +8187,23 @@ static mnistcu_result mnistcu__st_write(mnistcu_ctx *ctx, const char *path, cons
     }
     mnistcu__text_put(&h, "}", 1);
     while (!h.oom && (8 + h.len) % 8) mnistcu__text_put(&h, " ", 1);
-    mnistcu__text_put(&tmp, path, strlen(path));
-    mnistcu__text_put(&tmp, ".tmp", 4);
-    if (h.oom || tmp.oom) {
-        r = mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: out of memory for the header", path);
-        goto done;
-    }
     n = h.len;
     for (k = 0; k < 8; ++k) len8[k] = (unsigned char)(n >> (8 * k));
-    f = fopen(tmp.p, "wb");
-    if (!f) {
-        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot create the file (%s)", tmp.p, strerror(errno));
-        goto done;
-    }
-    ok = fwrite(len8, 1, 8, f) == 8 && fwrite(h.p, 1, h.len, f) == h.len;
-    for (i = 0; ok && i < nt; ++i) {
+    mnistcu__text_put(&file, (const char *)len8, 8);
+    mnistcu__text_put(&file, h.p ? h.p : "", h.len);
+    for (i = 0; i < nt && !file.oom; ++i) { /* the tensors, little-endian */
         int es = mnistcu__st_dtypes[t[i].dtype].size;
         size_t per = sizeof chunk / (size_t)es, done_n;
-        for (done_n = 0; ok && done_n < t[i].count; done_n += per) {
+        for (done_n = 0; done_n < t[i].count; done_n += per) {
             size_t c = MNISTCU__MIN(per, t[i].count - done_n);
             mnistcu__le_copy(chunk, (const unsigned char *)t[i].data + done_n * (size_t)es, c, es);
-            ok = fwrite(chunk, (size_t)es, c, f) == c;
+            mnistcu__text_put(&file, (const char *)chunk, c * (size_t)es);
         }
     }
-    ok = ok && fflush(f) == 0 && MNISTCU_FSYNC(f) == 0;
-    ok = fclose(f) == 0 && ok;
-    f = NULL;
-    if (!ok) {
-        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: writing failed (%s); %.300s is unchanged", tmp.p,
-                          strerror(errno), path);
-        remove(tmp.p);
-        goto done;
-    }
-#ifdef _WIN32
-    remove(path); /* rename does not replace on Windows */
-#endif
-    if (rename(tmp.p, path) != 0) {
-        r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot rename %.300s over it (%s)", path, tmp.p, strerror(errno));
-        remove(tmp.p);
-    }
-done:
+    r = h.oom || file.oom ? mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "%.300s: out of memory", path)
+                          : mnistcu__write_atomic(ctx, path, file.p, file.len);
     mnistcu__free(ctx, h.p);
-    mnistcu__free(ctx, tmp.p);
+    mnistcu__free(ctx, file.p);
     return r;
 }
 
@@ -8810,33 +8812,6 @@ static void mnistcu__onnx_value_info(mnistcu__pb *graph, int field, const char *
     mnistcu__free(graph->ctx, dim.p);
 }
 
-/* size bytes to path, atomically (PATH.tmp, synced, renamed). */
-static mnistcu_result mnistcu__write_atomic(mnistcu_ctx *ctx, const char *path, const void *data, size_t size)
-{
-    char tmp[4200];
-    FILE *f;
-    int ok;
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "%.300s: path too long", path);
-    f = fopen(tmp, "wb");
-    if (!f) return mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot create the file (%s)", tmp, strerror(errno));
-    ok = fwrite(data, 1, size, f) == size && fflush(f) == 0 && MNISTCU_FSYNC(f) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok) {
-        remove(tmp);
-        return mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: writing failed (%s); %.300s is unchanged", tmp,
-                             strerror(errno), path);
-    }
-#ifdef _WIN32
-    remove(path);
-#endif
-    if (rename(tmp, path) != 0) {
-        remove(tmp);
-        return mnistcu__fail(ctx, MNISTCU_ERR_IO, "%.300s: cannot rename %.300s over it (%s)", path, tmp, strerror(errno));
-    }
-    return MNISTCU_OK;
-}
-
 MNISTCU_DEF mnistcu_result mnistcu_model_export_onnx(mnistcu_model *m, const char *path)
 {
     mnistcu_ctx *ctx;
@@ -9177,41 +9152,16 @@ static mnistcu_result mnistcu__finite_copy(mnistcu_model *m, float *dst, const f
     return MNISTCU_OK;
 }
 
-static mnistcu_result mnistcu__finite_alloc(mnistcu_model *m, float **p, size_t n)
-{
-    *p = NULL;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA)
-        return mnistcu__cuda_malloc(m->ctx, (void **)p, n * sizeof(float), "divergence check: a copy of the weights");
-#endif
-    *p = (float *)mnistcu__alloc(m->ctx, n * sizeof(float));
-    if (!*p)
-        return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY,
-                             "divergence check: out of memory for a copy of %llu weights", MNISTCU__ULL(n));
-    return MNISTCU_OK;
-}
-
-static void mnistcu__finite_free(mnistcu_model *m, float *p)
-{
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA) {
-        mnistcu__cuda_free(m->ctx, p);
-        return;
-    }
-#endif
-    mnistcu__free(m->ctx, p);
-}
-
 /* Copies the parameters and momentum aside, over the older of the two copies,
    which becomes the newest. */
 static mnistcu_result mnistcu__finite_snapshot(mnistcu_model *m, mnistcu__finite_guard *g, int epoch, size_t step)
 {
     mnistcu__finite_copy_slot *c = &g->slot[g->copies ? !g->newest : g->newest];
     mnistcu_result r;
-    if (!c->params && (r = mnistcu__finite_alloc(m, &c->params, m->num_params))) return r;
+    if (!c->params && (r = mnistcu__model_floats(m, &c->params, m->num_params, "a copy of the weights"))) return r;
     if ((r = mnistcu__finite_copy(m, c->params, m->params, m->num_params, 0))) return r;
     if (m->num_buffers) {
-        if (!c->buffers && (r = mnistcu__finite_alloc(m, &c->buffers, m->num_buffers))) return r;
+        if (!c->buffers && (r = mnistcu__model_floats(m, &c->buffers, m->num_buffers, "a copy of the weights"))) return r;
         if ((r = mnistcu__finite_copy(m, c->buffers, m->buffers, m->num_buffers, 0))) return r;
     }
     c->has_state = m->state_sig != 0 && m->state_floats != 0;
@@ -9219,12 +9169,12 @@ static mnistcu_result mnistcu__finite_snapshot(mnistcu_model *m, mnistcu__finite
     c->state_steps = m->state_steps;
     if (c->has_state) { /* the state grows when another optimizer takes over: the copy grows with it */
         if (c->state && c->state_floats < m->state_floats) {
-            mnistcu__finite_free(m, c->state);
+            mnistcu__model_floats_free(m, c->state);
             c->state = NULL;
             c->state_floats = 0;
         }
         if (!c->state) {
-            if ((r = mnistcu__finite_alloc(m, &c->state, m->state_floats))) return r;
+            if ((r = mnistcu__model_floats(m, &c->state, m->state_floats, "a copy of the weights"))) return r;
             c->state_floats = m->state_floats;
         }
         if ((r = mnistcu__finite_copy(m, c->state, m->state, m->state_floats, 0))) return r;
@@ -9291,9 +9241,9 @@ static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
     if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_finite_end(m, g);
 #endif
     for (k = 0; k < 2; ++k) {
-        mnistcu__finite_free(m, g->slot[k].params);
-        mnistcu__finite_free(m, g->slot[k].state);
-        mnistcu__finite_free(m, g->slot[k].buffers);
+        mnistcu__model_floats_free(m, g->slot[k].params);
+        mnistcu__model_floats_free(m, g->slot[k].state);
+        mnistcu__model_floats_free(m, g->slot[k].buffers);
     }
     memset(g, 0, sizeof *g);
 }
@@ -10063,8 +10013,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         goto done;
     }
     if (d.early_stop && !d.keep_last &&
-        ((r = mnistcu__finite_alloc(m, &best_params, m->num_params)) ||
-         (m->num_buffers && (r = mnistcu__finite_alloc(m, &best_buffers, m->num_buffers)))))
+        ((r = mnistcu__model_floats(m, &best_params, m->num_params, "a copy of the weights")) ||
+         (m->num_buffers && (r = mnistcu__model_floats(m, &best_buffers, m->num_buffers, "a copy of the weights")))))
         goto done;
     o0 = o;
     memset(&ts, 0, sizeof ts);
@@ -10288,8 +10238,8 @@ done:
     if (result && r == MNISTCU_ERR_DIVERGED) *result = res;
     if (logf && fclose(logf) != 0 && r == MNISTCU_OK)
         r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: closing the log %.300s failed", d.log_path);
-    mnistcu__finite_free(m, best_params);
-    mnistcu__finite_free(m, best_buffers);
+    mnistcu__model_floats_free(m, best_params);
+    mnistcu__model_floats_free(m, best_buffers);
     mnistcu__finite_end(m, &guard);
     mnistcu__free(ctx, kept);
     m->mode = mode;

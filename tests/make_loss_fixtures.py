@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from make_optim_fixtures import f32  # the shortest decimal that reads back as the same float32
+
 B, IN, C = 5, 6, 4
 
 # name, loss, smoothing, sum, margin, p, targets (0 labels, 1 floats), scale
@@ -45,13 +47,6 @@ CASES = [
 ]
 
 
-def f32(v):
-    v = float(np.float32(v))
-    for prec in range(1, 10):
-        s = "%.*g" % (prec, v)
-        if float(np.float32(float(s))) == v:
-            return s
-    return "%.9g" % v
 
 
 def row(key, t):
