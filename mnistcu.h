@@ -839,6 +839,9 @@ typedef struct mnistcu_train_desc {
                                             schedule and early stopping come from it. The settings (but epochs,
                                             which may grow), batch size, dataset size and the context's seed
                                             must be the checkpoint's */
+    int no_fused;                        /* 0: on the GPU with the own kernels, a model with one hidden layer
+                                            trains in the fused MLP kernel (see >>cuda), which gives the same
+                                            bits as the step by step path, faster; 1: step by step always */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -854,6 +857,7 @@ typedef struct mnistcu_train_result {
     int best_epoch;              /* with a validation set: the epoch of the lowest validation loss (0: none) */
     double best_val_loss;        /* ... and that loss */
     int early_stopped;           /* 1 when early_stop ended training before desc.epochs */
+    size_t fused_steps;          /* of steps, those the fused MLP kernel ran (see no_fused) */
 } mnistcu_train_result;
 
 typedef struct mnistcu_metrics {
@@ -943,6 +947,15 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
 #define MNISTCU__HD __host__ __device__
 #else
 #define MNISTCU__HD
+#endif
+/* A product that the compiler may not fuse with a following sum into an fma:
+   in device code, whether it would depends on the kernel the function is
+   inlined into, and the fused MLP kernel must round the loss as the loss
+   kernel does. */
+#ifdef __CUDA_ARCH__
+#define MNISTCU__MUL(a, b) __fmul_rn(a, b)
+#else
+#define MNISTCU__MUL(a, b) ((a) * (b))
 #endif
 #define MNISTCU__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MNISTCU__MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -3663,7 +3676,7 @@ static MNISTCU__HD void mnistcu__loss_row(const mnistcu__lossp *lp, const float 
     case MNISTCU_LOSS_MSE:
         for (j = 0; j < C; ++j) {
             float d = z[j] - (t ? t[j] : (float)((int32_t)j == y));
-            acc += d * d;
+            acc += MNISTCU__MUL(d, d);
             if (g) g[j] = 2.0f * d * e;
         }
         *loss = lp->sum ? acc : acc / (float)C;
@@ -3671,7 +3684,7 @@ static MNISTCU__HD void mnistcu__loss_row(const mnistcu__lossp *lp, const float 
     case MNISTCU_LOSS_BCE:
         for (j = 0; j < C; ++j) {
             float x = z[j], tj = t ? t[j] : (float)((int32_t)j == y), ex = expf(-fabsf(x));
-            acc += (x > 0.0f ? x : 0.0f) - x * tj + log1pf(ex);
+            acc += (x > 0.0f ? x : 0.0f) - MNISTCU__MUL(x, tj) + log1pf(ex);
             if (g) g[j] = ((x >= 0.0f ? 1.0f / (1.0f + ex) : ex / (1.0f + ex)) - tj) * e;
         }
         *loss = lp->sum ? acc : acc / (float)C;
@@ -3682,7 +3695,7 @@ static MNISTCU__HD void mnistcu__loss_row(const mnistcu__lossp *lp, const float 
             float v = lp->margin - zy + z[j];
             if (g) g[j] = 0.0f;
             if ((int32_t)j == y || !(v > 0.0f)) continue;
-            acc += lp->p == 2 ? v * v : v;
+            acc += lp->p == 2 ? MNISTCU__MUL(v, v) : v;
             if (g) {
                 float d = (lp->p == 2 ? 2.0f * v : 1.0f) * inv * grad_scale;
                 g[j] = d;
@@ -3856,6 +3869,7 @@ static void mnistcu__cpu_optim(mnistcu_ctx *ctx, const mnistcu__opt *o, float *w
    >>cuda at the end. */
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
+#include <cooperative_groups.h>
 #ifdef MNISTCU_CUBLAS
 #include <cublas_v2.h>
 #endif
@@ -3910,6 +3924,8 @@ typedef struct mnistcu__cuda_model {
     int slot_used[MNISTCU__STREAM_SLOTS];
     size_t step_counter;
     void *prep;               /* l2 and clipping: per-block sums of squares (double), then the factor (float) */
+    mnistcu__opt *fused_opt;  /* [fused_cap] the fused MLP kernel's per-step optimizer scalars */
+    size_t fused_cap;
 } mnistcu__cuda_model;
 
 static mnistcu__cuda *mnistcu__cu(const mnistcu_ctx *ctx) { return (mnistcu__cuda *)ctx->cuda; }
@@ -8990,6 +9006,17 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
 static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
 static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
 static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
+typedef struct mnistcu__fused_plan {
+    int ok;
+    int grid, nu_max, per_max, ldx, ldw, slots;
+    size_t smem;
+    const mnistcu__layer *L1, *L2;
+} mnistcu__fused_plan;
+static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds, size_t B, size_t n,
+                                     const mnistcu_optim_desc *o, int aug_on, mnistcu__fused_plan *pl);
+static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_dataset *ds,
+                                                const mnistcu__fused_plan *pl, const mnistcu__opt *ops, size_t B,
+                                                size_t n, size_t step0, size_t nsteps);
 #endif
 
 typedef struct mnistcu__stats {
@@ -9944,6 +9971,44 @@ static mnistcu_result mnistcu__check_dataset(const mnistcu_model *m, const mnist
     return MNISTCU_OK;
 }
 
+/* Whether training reports (progress, log line, checkpoint, the epoch's end)
+   after 0-based step `step` of `steps`: where the host must look at the GPU. */
+static int mnistcu__report_due(const mnistcu_train_desc *d, int logging, size_t step, size_t steps)
+{
+    return step + 1 == steps || (d->progress && d->progress_every && (step + 1) % d->progress_every == 0) ||
+           (logging && d->log_every && (step + 1) % d->log_every == 0) ||
+           (d->checkpoint_path && d->checkpoint_every_steps && (step + 1) % d->checkpoint_every_steps == 0);
+}
+
+#ifdef __CUDACC__
+/* Steps [step, end) of an epoch in the fused MLP kernel, each step's optimizer
+   scalars made as mnistcu__update makes them; o's rate ends as the last step's. */
+static mnistcu_result mnistcu__fused_chunk(mnistcu_model *m, const mnistcu_dataset *ds, const mnistcu__fused_plan *pl,
+                                           const mnistcu_train_desc *d, mnistcu_optim_desc *o, int epoch, size_t steps,
+                                           size_t n, size_t step, size_t end)
+{
+    size_t s;
+    mnistcu__opt *ops;
+    mnistcu_result r;
+    if ((r = mnistcu__opt_state(m, o))) return r;
+    ops = (mnistcu__opt *)mnistcu__alloc(m->ctx, (end - step) * sizeof *ops);
+    if (!ops) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu steps",
+                                   (unsigned long)(end - step));
+    for (s = step; s < end; ++s) {
+        if (d->schedule.per_step)
+            o->learning_rate = mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate,
+                                                   (int)((size_t)(epoch - 1) * steps + s), (int)(steps * (size_t)d->epochs));
+        m->steps++;
+        m->state_steps++;
+        mnistcu__opt_make(o, m->state_steps, m->num_params, &ops[s - step]);
+    }
+    m->batch_targets = 0;
+    r = mnistcu__cuda_fused_steps(m, ds, pl, ops, (size_t)d->batch_size, n, step, end - step);
+    mnistcu__free(m->ctx, ops);
+    return r;
+}
+#endif
+
 MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
                                          mnistcu_train_result *result)
 {
@@ -9967,6 +10032,9 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     mnistcu_optim_desc o0;                 /* the optimizer as given (o's rate follows the schedule) */
     int start_epoch = 1, new_best = 0, ck_now = 0, nkept = 0, *kept = NULL; /* kept: (epoch, step) ring */
     size_t start_step = 0;
+#ifdef __CUDACC__
+    mnistcu__fused_plan fused;             /* the fused MLP kernel, when it applies */
+#endif
 
     if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
     ctx = m->ctx;
@@ -10075,11 +10143,28 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
             if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
         }
         if ((r = mnistcu__epoch_begin(m, train, idx, n, &st))) goto done;
+#ifdef __CUDACC__
+        memset(&fused, 0, sizeof fused);
+        if (!d.no_fused && m->device == MNISTCU_DEVICE_CUDA)
+            mnistcu__fused_plan_make(m, train, B, n, &o, aug.on, &fused);
+#endif
         for (step = resumed ? start_step : 0; step < steps && !stop; ++step) {
             size_t b = MNISTCU__MIN(B, n - step * B);
             if (d.schedule.per_step)
                 o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate,
                                                       (int)((size_t)(epoch - 1) * steps + step), (int)(steps * (size_t)d.epochs));
+#ifdef __CUDACC__
+            if (fused.ok) { /* every step up to the next report in one kernel */
+                size_t end = step + 1;
+                while (!mnistcu__report_due(&d, logf != NULL, end - 1, steps)) ++end;
+                if ((r = mnistcu__fused_chunk(m, train, &fused, &d, &o, epoch, steps, n, step, end))) goto done;
+                seen += (end - 1 - step) * B; /* full batches: only an epoch's last may be partial */
+                res.steps += end - 1 - step;
+                res.fused_steps += end - step;
+                step = end - 1;
+                b = MNISTCU__MIN(B, n - step * B);
+            } else
+#endif
             if ((r = mnistcu__gather(m, train, idx, step * B, b, &aug)) || (r = mnistcu__forward(m, b)) ||
                 (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, &st)) ||
                 (r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, &o)))
@@ -10088,8 +10173,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
             res.steps++;
             ck_now = d.checkpoint_path && d.checkpoint_every_steps && (step + 1) % d.checkpoint_every_steps == 0 &&
                      step + 1 < steps;
-            if (step + 1 == steps || (d.progress && d.progress_every && (step + 1) % d.progress_every == 0) ||
-                (logf && d.log_every && (step + 1) % d.log_every == 0) || ck_now) {
+            if (mnistcu__report_due(&d, logf != NULL, step, steps)) {
                 mnistcu_progress p;
                 if ((r = mnistcu__finite_queue(m, &guard)) ||
                     (r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct)))
@@ -10604,11 +10688,12 @@ __global__ void mnistcu__k_loss(mnistcu__lossp lp, const float *logits, const in
                           grad_scale, grad ? grad + (size_t)i * C : NULL, &loss[i], &pred[i]);
 }
 
-/* One block: the step's loss sum and correct count, in a fixed-order tree. */
-__global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, const int32_t *labels, int B,
-                                      double *loss_out, double *correct_out)
+/* One block of MNISTCU__THREADS threads (all of them call it): the step's loss
+   sum and correct count, in a fixed-order tree over sl and sc (shared). The
+   step kernel and the fused MLP kernel both use it, so their sums agree. */
+static __device__ void mnistcu__stats_block(const float *loss, const int32_t *pred, const int32_t *labels, int B,
+                                            double *sl, double *sc, double *loss_out, double *correct_out)
 {
-    __shared__ double sl[MNISTCU__THREADS], sc[MNISTCU__THREADS];
     int t = (int)threadIdx.x, i, stride;
     double l = 0.0, c = 0.0;
     for (i = t; i < B; i += MNISTCU__THREADS) {
@@ -10629,6 +10714,13 @@ __global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, co
         *loss_out = sl[0];
         *correct_out = sc[0];
     }
+}
+
+__global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, const int32_t *labels, int B,
+                                      double *loss_out, double *correct_out)
+{
+    __shared__ double sl[MNISTCU__THREADS], sc[MNISTCU__THREADS];
+    mnistcu__stats_block(loss, pred, labels, B, sl, sc, loss_out, correct_out);
 }
 
 /* One optimizer step over the flat parameter arena (mnistcu__opt_one, see
@@ -10712,7 +10804,7 @@ __global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int
         size_t i = mnistcu__div(e, (size_t)F), j = e - i * (size_t)F, k;
         size_t s = idx ? (size_t)idx[offset + i] : offset + i;
         float raw = u8 ? (float)u8[s * F + j] : f32[s * F + j];
-        x[e] = raw * scale + shift;
+        x[e] = fmaf(raw, scale, shift); /* one rounding, as the fused MLP kernel's */
         if (j == 0) labels[i] = src_labels[s];
         if (src_targets)
             for (k = j; k < (size_t)T; k += (size_t)F) targets[i * T + k] = src_targets[s * T + k];
@@ -10957,6 +11049,7 @@ static void mnistcu__cuda_model_free(mnistcu_model *m)
         mnistcu__cuda_free(ctx, cm->idx);
         mnistcu__cuda_free(ctx, cm->stats);
         mnistcu__cuda_free(ctx, cm->prep);
+        mnistcu__cuda_free(ctx, cm->fused_opt);
         if (cm->host_stats) cudaFreeHost(cm->host_stats);
         mnistcu__cuda_stream_free(m);
         mnistcu__free(ctx, cm);
@@ -11013,6 +11106,31 @@ static mnistcu_result mnistcu__cuda_fill(mnistcu_model *m, float *p, size_t n, f
 }
 
 /* ---- the matrix product: our kernel or cuBLAS ------------------------------------ */
+/* How the own kernels compute an M x N x K product: *small picks the 16x16
+   kernel (few 64x64 tiles, small batches: it keeps more of the GPU busy), and
+   the result is the number of K slices (1: one fmaf chain per output over all
+   of K). Long sums over few outputs (a convolution's weight gradient sums over
+   batch x positions, 7,744 terms for the Fashion CNN's second one) are split so
+   that about 264 blocks (two per H100 multiprocessor) share the work, each
+   slice at least 128 long; only for K >= 1024, so that the MLPs' products keep
+   their single launch. (A 128x128 tile with 8x8 outputs per thread was slower
+   than this 64x64 one on every convolution shape: bench/cuda_gemm.cu, v6.) The
+   fused MLP kernel asks it too: it reproduces unsplit products only. */
+static size_t mnistcu__gemm_split(size_t M, size_t N, size_t K, int *small)
+{
+    size_t tiles64 = ((M + MNISTCU__GBM - 1) / MNISTCU__GBM) * ((N + MNISTCU__GBN - 1) / MNISTCU__GBN);
+    size_t tiles16 = ((M + MNISTCU__GT - 1) / MNISTCU__GT) * ((N + MNISTCU__GT - 1) / MNISTCU__GT), S = 1;
+    *small = tiles64 < 128;
+    if (tiles64 < 128 && K >= 1024 && M >= 32 && N >= 32) {
+        *small = 0; /* a convolution's weight gradient, a wide dense layer's forward pass */
+        S = MNISTCU__MIN((2 * 132 + tiles64 - 1) / tiles64, K / 128);
+    } else if (K >= 2048) {
+        *small = 1; /* few outputs: LeNet's convolutions, a 1-channel input's */
+        S = MNISTCU__MIN((4 * 132 + tiles16 - 1) / tiles16, K / 128);
+    }
+    return S > 1 ? S : 1;
+}
+
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                          const float *bias, int act)
@@ -11038,10 +11156,8 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
     }
 #endif
     {
-        /* Few 64x64 tiles (small batches): the 16x16 kernel keeps more of the GPU busy. */
-        size_t tiles64 = ((M + MNISTCU__GBM - 1) / MNISTCU__GBM) * ((N + MNISTCU__GBN - 1) / MNISTCU__GBN);
-        size_t tiles16 = ((M + MNISTCU__GT - 1) / MNISTCU__GT) * ((N + MNISTCU__GT - 1) / MNISTCU__GT), S = 1;
-        int small = tiles64 < 128;
+        size_t S;
+        int small;
         size_t tm, tn, mtiles;
         dim3 grid;
         int m_ = (int)M, n_ = (int)N, k_ = (int)K, la = (int)lda, lb = (int)ldb, lc = (int)ldc;
@@ -11049,20 +11165,7 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         float *out = C;
         int fuse = bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY);
         if (fuse && (ta || !tb)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused gemm is only NT");
-        /* Long sums over few outputs (a convolution's weight gradient sums over
-           batch x positions, 7,744 terms for the Fashion CNN's second one): split
-           K so that about 264 blocks (two per H100 multiprocessor) share the work,
-           each slice at least 128 long. Only for K >= 1024, so that the MLPs'
-           products keep their single launch. (A 128x128 tile with 8x8 outputs per
-           thread was slower than this 64x64 one on every convolution shape:
-           bench/cuda_gemm.cu, v6.) */
-        if (tiles64 < 128 && K >= 1024 && M >= 32 && N >= 32) {
-            small = 0; /* a convolution's weight gradient, a wide dense layer's forward pass */
-            S = MNISTCU__MIN((2 * 132 + tiles64 - 1) / tiles64, K / 128);
-        } else if (K >= 2048) {
-            small = 1; /* few outputs: LeNet's convolutions, a 1-channel input's */
-            S = MNISTCU__MIN((4 * 132 + tiles16 - 1) / tiles16, K / 128);
-        }
+        S = mnistcu__gemm_split(M, N, K, &small);
         if (S > 1) {
             mnistcu_result r = mnistcu__cuda_partials(ctx, S * M * N, &out);
             if (r) return r;
@@ -11136,6 +11239,501 @@ static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt 
     mnistcu__k_optim<<<mnistcu__blocks(m->num_params), MNISTCU__THREADS, 0, st>>>(*k, m->params, m->grads, m->state,
                                                                                   coef);
     MNISTCU__LAUNCHED(m->ctx, "optimizer");
+    return MNISTCU_OK;
+}
+
+/* ---- the fused MLP step: many training steps in one kernel -----------------------
+   For the commonest small model, one hidden layer (dense with its activation,
+   then dense), the dozen launches of a step (gather, two products forward,
+   loss, statistics, three products and a bias sum backward, the optimizer) cost
+   far more than their arithmetic: 784-128-10 at batch 64 is 39 MFLOP a step,
+   under a microsecond of the GPU's time, while each kernel of the step takes
+   about 5 us (bench/graph_step.cu). Here one cooperative kernel, one block per
+   multiprocessor, runs the steps of an epoch up to the next report, with two
+   grid-wide barriers per step. Block j of G owns hidden units j, j+G, j+2G...:
+   their rows of W1, their entries of b1, their columns of W2.
+     1. Each block gathers and normalises the batch x [b][D] into shared
+        memory and computes its units' activations h [b][u] (to global memory).
+     -- barrier: all of h is written --
+     2. The b*C logits are shared out, a few consecutive ones per block:
+        z = act2(h W2^T + b2).
+     -- barrier: all of z is written --
+     3. Each block computes the loss gradient dz [b][C] of the whole batch (it
+        is small), block 0 also the step's statistics.
+     4. Each block, for its units only: dh = (dz W2[:,u]) * act1', then the
+        gradients of its W2 columns, b1 entries and W1 rows and their optimizer
+        update; block 0 updates b2.
+   Nothing is written while another block may still read it: W2 and b2 are read
+   in phase 2 and updated in phase 4, after the second barrier, and read again
+   only after the next step's first; h is rewritten in the next step's phase 1,
+   after every block passed this step's second barrier, so after phase 2; z is
+   rewritten in the next step's phase 2, after every block passed the next
+   step's first barrier, so after phase 3.
+
+   Exactness: every value is computed with the operations of the unfused path's
+   kernels in their order: each product output one fmaf chain over k from zero
+   as in >>cuda's products (which pad k to 16 with zeros: the one fmaf(0, 0, acc)
+   below is what those padded terms do), the bias sums in row order, and the
+   same functions for the activations, the loss row, the statistics tree and the
+   optimizer. So the weights after any number of steps are the same bits as the
+   unfused path's, and the fused path is the default where it applies (the own
+   kernels, see mnistcu__fused_plan). The price is a dependent chain of K fmafs
+   per output, 784 for the first layer: a split sum would be faster but would
+   change the bits. */
+typedef struct mnistcu__fused_args {
+    const uint8_t *u8;       /* the dataset on the device: u8 or f32 [count][D] */
+    const float *f32;
+    const int32_t *labels;   /* [count] */
+    const uint32_t *idx;     /* the epoch's sample order */
+    size_t n, step0;         /* samples in the epoch; the chunk's first step */
+    int nsteps, B;           /* steps in the chunk; batch size (the last batch may be smaller) */
+    int D, H, C, act1, act2; /* inputs, hidden units, outputs; the layers' activations */
+    int has_b1, has_b2, slots; /* biases; optimizer state slots */
+    int ldx, ldw, nu_max, per_max; /* row strides of x and the W1 rows; most units and logits per block */
+    float scale, shift;      /* normalisation */
+    float *params, *grads, *state;
+    size_t np;               /* parameters (the state's slot stride) */
+    size_t w1, b1, w2, b2;   /* offsets in the arenas */
+    float *h, *z;            /* [B][H] hidden activations, [B][C] logits (the layers' outputs) */
+    const mnistcu__opt *opt; /* [nsteps] each step's optimizer scalars */
+    mnistcu__lossp lp;
+    double *stats;           /* [2][stats_cap]: per step loss sums, then correct counts */
+    size_t stats_cap;
+} mnistcu__fused_args;
+
+/* What a block keeps in shared memory, in floats, in this order:
+     x     [B][ldx]      the batch (ldx >= D, ldx = 4 mod 32: aligned float4
+                         rows whose reads by 8 threads at a time, one row
+                         each, fall in distinct banks)
+     loc   [nloc]        the block's own parameters for the whole chunk: its W1
+                         rows [nu][ldw], b1 entries [nu], W2 columns [nu][C]
+     lst   [slots][nloc] their optimizer state
+     hs, dhs [nu][B]     its units' activations and their gradients
+     dz    [B][C]        the loss gradient
+     stg   [per][2H+1]   phase 2: a row of h and a row of W2 per logit
+     then the losses, labels, predictions and sample indices [B] each. */
+static MNISTCU__HD size_t mnistcu__fused_nloc(size_t nu, size_t ldw, size_t C) { return nu * (ldw + 1 + C); }
+static size_t mnistcu__fused_smem(size_t B, size_t H, size_t C, size_t ldx, size_t ldw, size_t nu, size_t per,
+                                  size_t slots)
+{
+    return B * ldx + (1 + slots) * mnistcu__fused_nloc(nu, ldw, C) + 2 * nu * B + B * C + per * (2 * H + 1) + 4 * B;
+}
+
+/* xs[r][k] = the batch, normalised as mnistcu__k_gather does, each thread
+   keeping four loads in flight (a load's latency is what this costs). */
+static __device__ void mnistcu__fused_stage_x(const mnistcu__fused_args *a, const uint32_t *srow, int b, float *xs)
+{
+    const int t = (int)threadIdx.x, T = (int)blockDim.x, D = a->D, ldx = a->ldx;
+    int e0, u;
+    if (a->u8 && D % 16 == 0) { /* 16 bytes a load */
+        const int V = D / 16, n = b * V;
+        for (e0 = t; e0 < n; e0 += 4 * T) {
+            uint4 v[4];
+#pragma unroll
+            for (u = 0; u < 4; ++u) {
+                int e = e0 + u * T, r = e / V;
+                if (e < n) v[u] = ((const uint4 *)(a->u8 + (size_t)srow[r] * (size_t)D))[e - r * V];
+            }
+#pragma unroll
+            for (u = 0; u < 4; ++u) {
+                int e = e0 + u * T, r = e / V, q;
+                const unsigned w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+                float4 *x = (float4 *)(xs + r * ldx + 16 * (e - r * V));
+                if (e >= n) continue;
+#pragma unroll
+                for (q = 0; q < 4; ++q)
+                    x[q] = make_float4(fmaf((float)(w[q] & 255u), a->scale, a->shift),
+                                       fmaf((float)((w[q] >> 8) & 255u), a->scale, a->shift),
+                                       fmaf((float)((w[q] >> 16) & 255u), a->scale, a->shift),
+                                       fmaf((float)(w[q] >> 24), a->scale, a->shift));
+            }
+        }
+    } else {
+        const int n = b * D;
+        for (e0 = t; e0 < n; e0 += 4 * T) {
+            float v[4];
+#pragma unroll
+            for (u = 0; u < 4; ++u) {
+                int e = e0 + u * T, r = e / D;
+                size_t at = (size_t)srow[r] * (size_t)D + (size_t)(e - r * D);
+                if (e < n) v[u] = a->u8 ? (float)a->u8[at] : a->f32[at];
+            }
+#pragma unroll
+            for (u = 0; u < 4; ++u) {
+                int e = e0 + u * T, r = e / D;
+                if (e < n) xs[r * ldx + e - r * D] = fmaf(v[u], a->scale, a->shift);
+            }
+        }
+    }
+}
+
+/* The block's own parameters and state between global memory and loc/lst:
+   W1 rows, b1 entries, W2 columns; out 0 loads them, 1 stores them back. */
+static __device__ void mnistcu__fused_own(const mnistcu__fused_args *a, int nu, float *loc, float *lst, int out)
+{
+    const int t = (int)threadIdx.x, T = (int)blockDim.x, j = (int)blockIdx.x, G = (int)gridDim.x;
+    const int D = a->D, C = a->C, ldw = a->ldw, nb1 = a->nu_max * ldw, nw2 = nb1 + a->nu_max;
+    const size_t nloc = mnistcu__fused_nloc((size_t)a->nu_max, (size_t)ldw, (size_t)C);
+    const int n = nu * (D + 1 + C);
+    int e, sl;
+    for (e = t; e < n; e += T) {
+        int li, ui, k;
+        size_t gi;
+        if (e < nu * D) { /* W1 [u][k] */
+            ui = e / D;
+            k = e - ui * D;
+            li = ui * ldw + k;
+            gi = a->w1 + (size_t)(j + ui * G) * (size_t)D + (size_t)k;
+        } else if (e < nu * (D + 1)) { /* b1 [u] */
+            ui = e - nu * D;
+            if (!a->has_b1) continue;
+            li = nb1 + ui;
+            gi = a->b1 + (size_t)(j + ui * G);
+        } else { /* W2 [c][u] */
+            int f = e - nu * (D + 1);
+            ui = f / C;
+            k = f - ui * C;
+            li = nw2 + ui * C + k;
+            gi = a->w2 + (size_t)k * (size_t)a->H + (size_t)(j + ui * G);
+        }
+        if (out) a->params[gi] = loc[li];
+        else loc[li] = a->params[gi];
+        for (sl = 0; sl < a->slots; ++sl) {
+            if (out) a->state[(size_t)sl * a->np + gi] = lst[(size_t)sl * nloc + (size_t)li];
+            else lst[(size_t)sl * nloc + (size_t)li] = a->state[(size_t)sl * a->np + gi];
+        }
+    }
+}
+
+/* bench/fused_phases.cu defines MNISTCU_FUSED_PROFILE: block 0 then sums the
+   clock cycles its thread 0 spends in each phase over all steps. */
+#ifdef MNISTCU_FUSED_PROFILE
+__device__ long long mnistcu__fused_prof[16];
+#define MNISTCU__FPROF(i)                                 \
+    do {                                                  \
+        if (j == 0 && t == 0) {                           \
+            long long c_ = clock64();                     \
+            prof_acc[i] += c_ - prof_last;                \
+            prof_last = c_;                               \
+        }                                                 \
+    } while (0)
+#else
+#define MNISTCU__FPROF(i) ((void)0)
+#endif
+
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu__fused_args a)
+{
+    extern __shared__ float4 mnistcu__fsm4[];
+    __shared__ double sl[MNISTCU__THREADS], sc[MNISTCU__THREADS];
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    const int t = (int)threadIdx.x, T = (int)blockDim.x, G = (int)gridDim.x, j = (int)blockIdx.x;
+    const int D = a.D, H = a.H, C = a.C, B = a.B, ldx = a.ldx, ldw = a.ldw, sH = 2 * H + 1, D4 = D & ~3;
+    const int nu = (H - j + G - 1) / G; /* this block's units: j, j + G, ... */
+    const size_t nloc = mnistcu__fused_nloc((size_t)a.nu_max, (size_t)ldw, (size_t)C);
+    const int nb1 = a.nu_max * ldw, nw2 = nb1 + a.nu_max; /* where b1 and the W2 columns sit in loc */
+    float *xs = (float *)mnistcu__fsm4;
+    float *loc = xs + (size_t)B * ldx;
+    float *lst = loc + nloc;
+    float *hs = lst + (size_t)a.slots * nloc;
+    float *dhs = hs + (size_t)a.nu_max * B;
+    float *dzs = dhs + (size_t)a.nu_max * B;
+    float *stg = dzs + (size_t)B * C;
+    float *ls = stg + (size_t)a.per_max * sH;
+    int32_t *labs = (int32_t *)(ls + B), *prs = labs + B;
+    uint32_t *srow = (uint32_t *)(prs + B);
+    float *P = a.params, *Gd = a.grads;
+    int q;
+#ifdef MNISTCU_FUSED_PROFILE
+    long long prof_acc[16] = {0}, prof_last = clock64();
+#endif
+    mnistcu__fused_own(&a, nu, loc, lst, 0);
+    MNISTCU__FPROF(0);
+    for (q = 0; q < a.nsteps; ++q) {
+        const size_t step = a.step0 + (size_t)q, off = step * (size_t)B;
+        const int b = (int)MNISTCU__MIN((size_t)B, a.n - off);
+        const mnistcu__opt o = a.opt[q];
+        mnistcu__opt ol = o; /* the same step over the block's own arena */
+        const float gscale = a.lp.sum ? 1.0f : 1.0f / (float)b;
+        int e, per, i0, cnt, e0, u;
+        ol.n = nloc;
+        /* 1. the batch, then h for this block's units */
+        for (e = t; e < b; e += T) {
+            srow[e] = a.idx[off + (size_t)e];
+            labs[e] = a.labels[srow[e]];
+        }
+        __syncthreads();
+        MNISTCU__FPROF(1);
+        mnistcu__fused_stage_x(&a, srow, b, xs);
+        __syncthreads();
+        MNISTCU__FPROF(2);
+        for (e = t; e < nu * b; e += T) { /* consecutive threads: consecutive rows, one unit */
+            int ui = e / b, r = e - ui * b, u1 = j + ui * G, k;
+            const float4 *x4 = (const float4 *)(xs + r * ldx), *w4 = (const float4 *)(loc + ui * ldw);
+            float acc = 0.0f;
+#pragma unroll 4
+            for (k = 0; k < D4 / 4; ++k) {
+                float4 xv = x4[k], wv = w4[k];
+                acc = fmaf(xv.x, wv.x, acc);
+                acc = fmaf(xv.y, wv.y, acc);
+                acc = fmaf(xv.z, wv.z, acc);
+                acc = fmaf(xv.w, wv.w, acc);
+            }
+            for (k = D4; k < D; ++k) acc = fmaf(xs[r * ldx + k], loc[ui * ldw + k], acc);
+            if (D % 16) acc = fmaf(0.0f, 0.0f, acc);
+            acc = mnistcu__act_f((mnistcu_act)a.act1, a.has_b1 ? acc + loc[nb1 + ui] : acc);
+            a.h[(size_t)r * H + u1] = acc;
+            hs[ui * B + r] = acc;
+        }
+        MNISTCU__FPROF(3);
+        grid.sync();
+        MNISTCU__FPROF(4);
+        /* 2. logits i0 .. i0+cnt-1 (row-major over [b][C]), each from staged rows */
+        per = (b * C + G - 1) / G;
+        i0 = j * per;
+        cnt = MNISTCU__MIN(per, b * C - i0);
+        for (e0 = t; e0 < cnt * H; e0 += 4 * T) {
+            float hv[4], wv[4];
+#pragma unroll
+            for (u = 0; u < 4; ++u) {
+                int e1 = e0 + u * T, qi = e1 / H, k = e1 - qi * H, i = i0 + qi, r = i / C;
+                if (e1 < cnt * H) {
+                    hv[u] = a.h[(size_t)r * H + k];
+                    wv[u] = P[a.w2 + (size_t)(i - r * C) * H + (size_t)k];
+                }
+            }
+#pragma unroll
+            for (u = 0; u < 4; ++u) {
+                int e1 = e0 + u * T, qi = e1 / H, k = e1 - qi * H;
+                if (e1 < cnt * H) {
+                    stg[qi * sH + k] = hv[u];
+                    stg[qi * sH + H + k] = wv[u];
+                }
+            }
+        }
+        __syncthreads();
+        MNISTCU__FPROF(5);
+        if (t < cnt) {
+            int i = i0 + t, c = i % C, k;
+            const float *hr = stg + t * sH, *wr = hr + H;
+            float acc = 0.0f;
+#pragma unroll 8
+            for (k = 0; k < H; ++k) acc = fmaf(hr[k], wr[k], acc);
+            if (H % 16) acc = fmaf(0.0f, 0.0f, acc);
+            a.z[i] = mnistcu__act_f((mnistcu_act)a.act2, a.has_b2 ? acc + P[a.b2 + (size_t)c] : acc);
+        }
+        MNISTCU__FPROF(6);
+        grid.sync();
+        MNISTCU__FPROF(7);
+        /* 3. the loss and its gradient for every row; the statistics */
+        for (e = t; e < b; e += T) {
+            int c;
+            mnistcu__loss_row(&a.lp, a.z + (size_t)e * C, labs[e], NULL, (size_t)C, gscale, dzs + e * C, &ls[e],
+                              &prs[e]);
+            if (a.act2 != MNISTCU_ACT_IDENTITY)
+                for (c = 0; c < C; ++c)
+                    dzs[e * C + c] =
+                        mnistcu__act_backward_one((mnistcu_act)a.act2, dzs[e * C + c], a.z[(size_t)e * C + c]);
+        }
+        __syncthreads();
+        MNISTCU__FPROF(8);
+        if (j == 0) mnistcu__stats_block(ls, prs, labs, b, sl, sc, a.stats + step, a.stats + a.stats_cap + step);
+        MNISTCU__FPROF(9);
+        /* 4. this block's units: dh with the old W2 columns, then every update */
+        for (e = t; e < nu * b; e += T) {
+            int ui = e / b, r = e - ui * b, c;
+            float acc = 0.0f;
+            for (c = 0; c < C; ++c) acc = fmaf(dzs[r * C + c], loc[nw2 + ui * C + c], acc);
+            if (C % 16) acc = fmaf(0.0f, 0.0f, acc);
+            dhs[ui * B + r] = mnistcu__act_backward_one((mnistcu_act)a.act1, acc, hs[ui * B + r]);
+        }
+        __syncthreads();
+        MNISTCU__FPROF(10);
+        for (e = t; e < nu * C; e += T) { /* W2 [c][u]: written through, other blocks read it */
+            int ui = e / C, c = e - ui * C, r, li = nw2 + ui * C + c;
+            size_t gi = a.w2 + (size_t)c * H + (size_t)(j + ui * G);
+            float acc = 0.0f;
+            for (r = 0; r < b; ++r) acc = fmaf(dzs[r * C + c], hs[ui * B + r], acc);
+            if (b % 16) acc = fmaf(0.0f, 0.0f, acc);
+            Gd[gi] = acc;
+            mnistcu__opt_one(&ol, (size_t)li, loc, acc, lst);
+            P[gi] = loc[li];
+        }
+        if (j == 0 && a.has_b2)
+            for (e = t; e < C; e += T) { /* b2, in global memory */
+                int r;
+                float s = 0.0f;
+                for (r = 0; r < b; ++r) s += dzs[r * C + e];
+                Gd[a.b2 + (size_t)e] = s;
+                mnistcu__opt_one(&o, a.b2 + (size_t)e, P, s, a.state);
+            }
+        if (a.has_b1)
+            for (e = t; e < nu; e += T) { /* b1 */
+                int r;
+                float s = 0.0f;
+                for (r = 0; r < b; ++r) s += dhs[e * B + r];
+                Gd[a.b1 + (size_t)(j + e * G)] = s;
+                mnistcu__opt_one(&ol, (size_t)(nb1 + e), loc, s, lst);
+            }
+        MNISTCU__FPROF(11);
+        for (e = t; e < nu * D; e += T) { /* W1 [u][k]: consecutive threads, consecutive k */
+            int ui = e / D, k = e - ui * D, r;
+            const float *dh = dhs + ui * B;
+            float acc = 0.0f;
+            for (r = 0; r < b; ++r) acc = fmaf(dh[r], xs[r * ldx + k], acc);
+            if (b % 16) acc = fmaf(0.0f, 0.0f, acc);
+            Gd[a.w1 + (size_t)(j + ui * G) * D + (size_t)k] = acc;
+            mnistcu__opt_one(&ol, (size_t)(ui * ldw + k), loc, acc, lst);
+        }
+        __syncthreads(); /* the next step overwrites xs, hs and srow */
+        MNISTCU__FPROF(12);
+    }
+    mnistcu__fused_own(&a, nu, loc, lst, 1);
+    MNISTCU__FPROF(13);
+#ifdef MNISTCU_FUSED_PROFILE
+    if (j == 0 && t == 0)
+        for (q = 0; q < 14; ++q) mnistcu__fused_prof[q] += prof_acc[q];
+#endif
+}
+
+/* Whether (and how) the fused kernel can train model m on ds at batch size B:
+   one hidden layer, the own kernels, a resident labelled dataset, no
+   augmentation, gradient clipping or l2 penalty, the unfused products unsplit
+   (so that the chains are the same), and shared memory enough for a batch. */
+
+static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds, size_t B, size_t n,
+                                     const mnistcu_optim_desc *o, int aug_on, mnistcu__fused_plan *pl)
+{
+    mnistcu__cuda *cu = mnistcu__cu(m->ctx);
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    const mnistcu__layer *L[2] = {NULL, NULL};
+    int i, nl = 0, sms = 0, coop = 0, optin = 0, per_sm = 0, small, last;
+    size_t D, H, C, nu, per, bytes, tail = n % B;
+    memset(pl, 0, sizeof *pl);
+    if (m->device != MNISTCU_DEVICE_CUDA || !cm || cm->streaming || !ds->device_copy || ds->targets || aug_on ||
+        o->l2 != 0.0f || o->clip_norm != 0.0f)
+        return;
+#ifdef MNISTCU_CUBLAS
+    if (cu->use_cublas) return;
+#endif
+    for (i = 0; i < m->num_layers; ++i) {
+        const mnistcu__layer *Li = &m->layers[i];
+        if (Li->passthrough) continue;
+        if (Li->d.kind != MNISTCU_LAYER_DENSE || nl == 2) return;
+        L[nl++] = Li;
+    }
+    if (nl != 2) return;
+    D = (size_t)L[0]->c;
+    H = (size_t)L[0]->oc;
+    C = (size_t)L[1]->oc;
+    if (D != m->inputs || (size_t)L[1]->c != H || C != m->classes || D > 65536 || H > 65536 || C > 4096 || B > 4096)
+        return;
+    /* every product as the unfused path makes it: one chain per output (either tile kernel) */
+    for (last = 0; last < 2; ++last) {
+        size_t b = last ? (tail ? tail : B) : B;
+        if (mnistcu__gemm_split(b, H, D, &small) > 1 || mnistcu__gemm_split(b, C, H, &small) > 1 ||
+            mnistcu__gemm_split(C, H, b, &small) > 1 || mnistcu__gemm_split(H, D, b, &small) > 1 ||
+            mnistcu__gemm_split(b, H, C, &small) > 1)
+            return;
+    }
+    if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cu->device) != cudaSuccess || !coop ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cu->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cu->device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    /* one block per multiprocessor (the shared batch is large), the units shared out evenly */
+    nu = (H + (size_t)sms - 1) / (size_t)sms;
+    pl->grid = (int)((H + nu - 1) / nu);
+    per = (B * C + (size_t)pl->grid - 1) / (size_t)pl->grid;
+    pl->ldx = (int)((D + 27) / 32 * 32 + 4); /* the least >= D that is 4 mod 32 */
+    pl->ldw = (int)((D + 3) / 4 * 4);
+    pl->slots = mnistcu__opt_slots(o);
+    bytes = mnistcu__fused_smem(B, H, C, (size_t)pl->ldx, (size_t)pl->ldw, nu, per, (size_t)pl->slots) * sizeof(float);
+    if (per > MNISTCU__THREADS || bytes + 2 * MNISTCU__THREADS * sizeof(double) > (size_t)optin) return;
+    if (cudaFuncSetAttribute(mnistcu__k_fused_mlp, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mnistcu__k_fused_mlp, MNISTCU__THREADS, bytes) !=
+            cudaSuccess ||
+        (size_t)per_sm * (size_t)sms < (size_t)pl->grid) {
+        (void)cudaGetLastError();
+        return;
+    }
+    pl->nu_max = (int)nu;
+    pl->per_max = (int)per;
+    pl->smem = bytes;
+    pl->L1 = L[0];
+    pl->L2 = L[1];
+    pl->ok = 1;
+}
+
+/* Steps [step0, step0 + nsteps) of the epoch, with ops[nsteps] the optimizer's
+   scalars of each (host memory). */
+static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_dataset *ds,
+                                                const mnistcu__fused_plan *pl, const mnistcu__opt *ops, size_t B,
+                                                size_t n, size_t step0, size_t nsteps)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
+    mnistcu__fused_args a;
+    void *args[1];
+    mnistcu_result r;
+    cudaError_t e;
+    if ((r = mnistcu__cuda_alive(ctx))) return r;
+    if (nsteps > cm->fused_cap) {
+        mnistcu__opt *d = NULL;
+        if ((r = mnistcu__cuda_malloc(ctx, (void **)&d, nsteps * sizeof(mnistcu__opt), "fused step scalars")))
+            return r;
+        cudaStreamSynchronize(cu->stream);
+        mnistcu__cuda_free(ctx, cm->fused_opt);
+        cm->fused_opt = d;
+        cm->fused_cap = nsteps;
+    }
+    /* pageable memory: the copy is staged before the call returns, in stream order */
+    e = cudaMemcpyAsync(cm->fused_opt, ops, nsteps * sizeof(mnistcu__opt), cudaMemcpyHostToDevice, cu->stream);
+    if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "fused step scalars");
+    memset(&a, 0, sizeof a);
+    a.u8 = dc->u8;
+    a.f32 = dc->f32;
+    a.labels = dc->labels;
+    a.idx = cm->idx;
+    a.n = n;
+    a.step0 = step0;
+    a.nsteps = (int)nsteps;
+    a.B = (int)B;
+    a.D = pl->L1->c;
+    a.H = pl->L1->oc;
+    a.C = pl->L2->oc;
+    a.act1 = (int)pl->L1->act;
+    a.act2 = (int)pl->L2->act;
+    a.has_b1 = pl->L1->nb != 0;
+    a.has_b2 = pl->L2->nb != 0;
+    a.ldx = pl->ldx;
+    a.ldw = pl->ldw;
+    a.slots = pl->slots;
+    a.np = m->num_params;
+    a.nu_max = pl->nu_max;
+    a.per_max = pl->per_max;
+    mnistcu__norm_for(m, ds, &a.scale, &a.shift);
+    a.params = m->params;
+    a.grads = m->grads;
+    a.state = m->state;
+    a.w1 = pl->L1->wo;
+    a.b1 = pl->L1->bo;
+    a.w2 = pl->L2->wo;
+    a.b2 = pl->L2->bo;
+    a.h = pl->L1->out;
+    a.z = pl->L2->out;
+    a.opt = cm->fused_opt;
+    a.lp = m->lossp;
+    a.stats = cm->stats;
+    a.stats_cap = cm->stats_cap;
+    args[0] = &a;
+    e = cudaLaunchCooperativeKernel((const void *)mnistcu__k_fused_mlp, dim3((unsigned)pl->grid),
+                                    dim3(MNISTCU__THREADS), args, pl->smem, cu->stream);
+    if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "the fused MLP kernel");
+    MNISTCU__LAUNCHED(ctx, "fused_mlp");
     return MNISTCU_OK;
 }
 

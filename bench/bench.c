@@ -5,7 +5,7 @@
          (add -DMNISTCU_CUDNN -I$CUDNN_DIR/include ... -lcudnn for --cnn cudnn; bench/run.sh finds cuDNN)
 
    Usage: bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
-                       [--threads N] [--seed S] [--limit N] [--warmup-limit N]
+                       [--threads N] [--seed S] [--limit N] [--warmup-limit N] [--fused on|off]
      CONFIG  P1  first 10,000 train images in file order, 784-1024-10, batch 32, SGD lr 0.01,
                  10 epochs: the total training time of the 10 epochs
              P2  MNIST 60k shuffled, 784-128-10, batch 64, SGD lr 0.1: time per epoch
@@ -19,6 +19,7 @@
      --gemm     CUDA matrix products: own kernels or cuBLAS (default: the build's default)
      --cnn      CUDA convolution/pooling: own kernels or cuDNN (default: the build's default, which is
                 cuDNN in a build with MNISTCU_CUDNN)
+     --fused    off trains P1/P2 step by step instead of in the fused MLP kernel (same bits; default on)
      --limit N  train on the first N images only (quick tests; not a benchmark configuration)
      --warmup-limit N  the warm-up epoch trains on the first N images only (slow CPU runs;
                  default: a whole epoch)
@@ -85,7 +86,7 @@ int main(int argc, char **argv)
 {
     const char *config, *data = NULL, *device_arg = NULL, *gemm_arg = NULL, *cnn_arg = NULL, *layers;
     const char *dev_json, *gemm_json, *cnn_json;
-    int epochs = -1, threads = 0, batch, no_shuffle = 0, is_p1 = 0, is_spec = 0, i, e;
+    int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, is_p1 = 0, is_spec = 0, i, e;
     unsigned long long seed = 0;
     size_t limit = 0, warmup_limit = 0, want_params, warmup_images;
     float lr, momentum = 0.0f;
@@ -115,6 +116,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--limit")) limit = (size_t)strtoull(v, NULL, 10);
         else if (!strcmp(a, "--warmup-limit")) warmup_limit = (size_t)strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--fused")) no_fused = !strcmp(v, "off");
         else { fprintf(stderr, "bench: unknown option %s\n", a); usage(); return 2; }
         ++i;
     }
@@ -235,6 +237,7 @@ int main(int argc, char **argv)
     td.optim.learning_rate = lr;
     td.optim.momentum = momentum;
     td.no_shuffle = no_shuffle;
+    td.no_fused = no_fused;
 
     /* warm-up: P1 on a model of its own (P1's timed model starts fresh), else one epoch of the timed model */
     if (is_spec ? mnistcu_model_create_spec(ctx, layers, &net) : mnistcu_model_create_mlp(ctx, layers, &net))
@@ -306,7 +309,8 @@ int main(int argc, char **argv)
            (unsigned long)want_params, batch, (double)lr, (double)momentum, (unsigned long)info.count,
            (unsigned long)warmup_images, (unsigned long)test_info.count, epochs, med);
     for (e = 0; e < epochs; ++e) printf("%s%.4f", e ? "," : "", ms[e]);
-    printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f}\n", total_s, met.accuracy, tr.train_loss);
+    printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f,\"fused_steps\":%lu}\n", total_s,
+           met.accuracy, tr.train_loss, (unsigned long)tr.fused_steps);
     fflush(stdout);
 
     free(ms);

@@ -222,7 +222,8 @@ def label(r):
         if r["device"] != "cuda":
             return "mnistcu cpu %dt" % r["threads"]
         conv = r["config"] in ("P4", "P5") or r.get("model") in ("lenet5", "fashion-cnn")
-        return "mnistcu " + r["gemm"] + ("+cudnn" if conv and r.get("cnn") == "cudnn" else "")
+        return ("mnistcu " + r["gemm"] + ("+cudnn" if conv and r.get("cnn") == "cudnn" else "")
+                + (" fused" if r.get("fused_steps") else ""))
     return r["impl"] + ("" if r["device"] == "cuda" else " cpu %st" % r.get("threads"))
 def epochs(r):
     n, w = r.get("train_images", 0), r.get("warmup_images", r.get("train_images", 0))
@@ -355,6 +356,9 @@ gpu_configs() {
                     fi ;;
                 *)
                     run_json "mnistcu $C own" build/bench_cuda "$C" --device cuda --gemm own --epochs "$EP" --data "$CD"
+                    case $C in P1|P2)  # the same bits step by step: what the fused kernel gains
+                        run_json "mnistcu $C own unfused" build/bench_cuda "$C" --device cuda --gemm own --fused off --epochs "$EP" --data "$CD" ;;
+                    esac
                     if [ "$HAVE_CUBLAS" = 1 ]; then
                         run_json "mnistcu $C cublas" build/bench_cuda "$C" --device cuda --gemm cublas --epochs "$EP" --data "$CD"
                     fi ;;

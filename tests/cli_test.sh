@@ -395,10 +395,31 @@ elif [ "$status" -eq 0 ]; then
     else
         fail "--device cuda trains on the GPU"
     fi
+    # a one-hidden-layer MLP on the own kernels trains in the fused kernel, to the same numbers as step by step
+    fused_loss=$(json_number train_loss)
+    if json_check 'j["fused_steps"] == j["epochs"] * 32'; then
+        pass "--device cuda: 784-32-10 trains in the fused kernel (fused_steps)"
+    else
+        fail "--device cuda: 784-32-10 trains in the fused kernel ($(tail -n 1 "$TMP/out"))"
+    fi
+    run train --limit 2000 --epochs 1 --layers 784-32-10 --quiet --device cuda --no-fused
+    if [ "$status" -eq 0 ] && json_check 'j["fused_steps"] == 0' && [ "$(json_number train_loss)" = "$fused_loss" ]; then
+        pass "--no-fused: step by step, the same loss as the fused kernel's"
+    else
+        fail "--no-fused: step by step, the same loss as the fused kernel's ($fused_loss; $(tail -n 1 "$TMP/out"))"
+    fi
 elif [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ]; then
     pass "--device cuda without a usable GPU: exit 1 with one clear error"
 else
     fail "--device cuda: exit 0, or 1 with one clear error (exit $status)"
+fi
+
+# --no-fused is a training option on every device; the CPU never runs the fused GPU kernel
+run train --limit 1000 --epochs 1 --layers 784-32-10 --device cpu --quiet --no-fused
+if [ "$status" -eq 0 ] && json_check 'j["fused_steps"] == 0 and j["epochs"] == 1'; then
+    pass "--no-fused on the CPU: trains, fused_steps 0"
+else
+    fail "--no-fused on the CPU: trains, fused_steps 0 ($(tail -n 1 "$TMP/out"))"
 fi
 
 # ---- the training log and early stopping --------------------------------------------------

@@ -1125,6 +1125,216 @@ TEST cuda_cnn_runs_are_bitwise_identical(void)
     PASS();
 }
 
+/* ---- the fused MLP kernel ------------------------------------------------------------
+   Same bits as the step-by-step path: each case trains twice in fresh contexts of
+   the same seed, fused (the default) and with no_fused, and the weights, the mean
+   loss and the accuracy must be identical, and the fused run must have run every
+   step in the fused kernel (else the comparison would prove nothing). */
+typedef struct tc_fused_case {
+    const char *name;
+    int D, H, C, B;
+    size_t n;
+    int epochs, hidden, out; /* activation layers after each dense (a layer kind; 0: none) */
+    int no_bias1, no_bias2, u8, no_shuffle, progress_every, cosine_per_step, loss_sum, hinge_p;
+    mnistcu_loss loss;
+    float smoothing;
+    mnistcu_optim_desc optim;
+} tc_fused_case;
+
+/* count images of D = 28 x 28 bytes, or 1 x D, as IDX files in memory: a u8 dataset. */
+static mnistcu_dataset *tc_u8_dataset(mnistcu_ctx *ctx, size_t count, int D, int classes, uint64_t seed)
+{
+    tu_rng rng = tu_rng_make(seed);
+    int rows = D == 784 ? 28 : 1, cols = D / rows;
+    size_t isz = 16 + count * (size_t)D, lsz = 8 + count, i;
+    unsigned char *img = (unsigned char *)calloc(isz, 1), *lab = (unsigned char *)calloc(lsz, 1);
+    mnistcu_dataset_desc dd;
+    mnistcu_dataset *ds = NULL;
+    img[2] = 8; img[3] = 3;
+    img[4] = (unsigned char)(count >> 24); img[5] = (unsigned char)(count >> 16);
+    img[6] = (unsigned char)(count >> 8); img[7] = (unsigned char)count;
+    img[11] = (unsigned char)rows; img[15] = (unsigned char)cols;
+    lab[2] = 8; lab[3] = 1;
+    memcpy(lab + 4, img + 4, 4);
+    for (i = 0; i < count * (size_t)D; ++i) img[16 + i] = (unsigned char)(tu_next(&rng) >> 56);
+    for (i = 0; i < count; ++i) lab[8 + i] = (unsigned char)(img[16 + i * (size_t)D + 3] % classes);
+    memset(&dd, 0, sizeof dd);
+    dd.images_data = img;
+    dd.images_size = isz;
+    dd.labels_data = lab;
+    dd.labels_size = lsz;
+    dd.num_classes = classes;
+    if (mnistcu_dataset_load(ctx, &dd, &ds) != MNISTCU_OK) ds = NULL;
+    free(img);
+    free(lab);
+    return ds;
+}
+
+static float *tc_fused_train(const tc_fused_case *c, int no_fused, size_t *np, mnistcu_train_result *res)
+{
+    mnistcu_ctx *ctx = tc_ctx(MNISTCU_GEMM_OWN);
+    mnistcu_dataset *ds = NULL;
+    mnistcu_model *m = NULL;
+    mnistcu_model_desc md;
+    mnistcu_train_desc td;
+    tc_curve curve;
+    float *p = NULL;
+    int l = 0;
+    if (!ctx) return NULL;
+    ds = c->u8 ? tc_u8_dataset(ctx, c->n, c->D, c->C, 7) : tc_synthetic(ctx, c->n, (size_t)c->D, c->C, 7);
+    memset(&md, 0, sizeof md);
+    md.input_c = 1;
+    md.input_h = 1;
+    md.input_w = c->D;
+    md.layers[l].kind = MNISTCU_LAYER_DENSE;
+    md.layers[l].units = c->H;
+    md.layers[l++].no_bias = c->no_bias1;
+    if (c->hidden) md.layers[l++].kind = (mnistcu_layer_kind)c->hidden;
+    md.layers[l].kind = MNISTCU_LAYER_DENSE;
+    md.layers[l].units = c->C;
+    md.layers[l++].no_bias = c->no_bias2;
+    if (c->out) md.layers[l++].kind = (mnistcu_layer_kind)c->out;
+    md.loss = c->loss;
+    md.label_smoothing = c->smoothing;
+    md.loss_sum = c->loss_sum;
+    md.hinge_p = c->hinge_p;
+    memset(&td, 0, sizeof td);
+    td.epochs = c->epochs;
+    td.batch_size = c->B;
+    td.optim = c->optim;
+    td.no_shuffle = c->no_shuffle;
+    td.no_fused = no_fused;
+    if (c->progress_every) {
+        curve.n = 0;
+        td.progress_every = (size_t)c->progress_every;
+        td.progress = tc_record;
+        td.progress_user = &curve;
+    }
+    if (c->cosine_per_step) {
+        td.schedule.kind = MNISTCU_SCHEDULE_COSINE;
+        td.schedule.per_step = 1;
+        td.schedule.warmup = 3;
+    }
+    if (!ds || mnistcu_model_create(ctx, &md, &m) != MNISTCU_OK || mnistcu_train(m, ds, &td, res) != MNISTCU_OK)
+        printf("    %s (%s): %s\n", c->name, no_fused ? "step by step" : "fused", mnistcu_ctx_error(ctx));
+    else {
+        *np = mnistcu_model_num_params(m);
+        p = (float *)malloc(*np * sizeof(float));
+        if (mnistcu_model_get_params(m, p, *np) != MNISTCU_OK) {
+            free(p);
+            p = NULL;
+        }
+    }
+    mnistcu_ctx_destroy(ctx);
+    return p;
+}
+
+TEST cuda_fused_mlp_equals_unfused_bitwise(void)
+{
+    static tc_fused_case cases[8];
+    int i, ncases = 0;
+    tc_fused_case *c;
+    memset(cases, 0, sizeof cases);
+    /* P2's shape on bytes, a partial last batch */
+    c = &cases[ncases++];
+    c->name = "784-128-10 relu, u8, batch 64, SGD";
+    c->D = 784; c->H = 128; c->C = 10; c->B = 64; c->n = 1000; c->epochs = 1;
+    c->hidden = MNISTCU_LAYER_RELU; c->u8 = 1;
+    c->optim.learning_rate = 0.1f;
+    /* P1's shape: 8 units per block, three logits per block, file order, smoothing */
+    c = &cases[ncases++];
+    c->name = "784-1024-10 relu, batch 32, no shuffle, smoothing";
+    c->D = 784; c->H = 1024; c->C = 10; c->B = 32; c->n = 336; c->epochs = 1;
+    c->hidden = MNISTCU_LAYER_RELU; c->no_shuffle = 1; c->smoothing = 0.1f;
+    c->optim.learning_rate = 0.01f;
+    /* odd shapes (every chain padded), chunks of 3 steps, momentum */
+    c = &cases[ncases++];
+    c->name = "37-19-7 tanh, batch 13, Nesterov, chunks of 3";
+    c->D = 37; c->H = 19; c->C = 7; c->B = 13; c->n = 100; c->epochs = 2;
+    c->hidden = MNISTCU_LAYER_TANH; c->progress_every = 3;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f; c->optim.nesterov = 1; c->optim.weight_decay = 1e-3f;
+    /* Adam, a rate that changes every step, no output bias */
+    c = &cases[ncases++];
+    c->name = "50-300-3 sigmoid, Adam amsgrad, per-step cosine";
+    c->D = 50; c->H = 300; c->C = 3; c->B = 16; c->n = 170; c->epochs = 2;
+    c->hidden = MNISTCU_LAYER_SIGMOID; c->no_bias2 = 1; c->cosine_per_step = 1;
+    c->optim.kind = MNISTCU_OPTIM_ADAM; c->optim.learning_rate = 1e-3f; c->optim.amsgrad = 1;
+    c->optim.weight_decay = 1e-4f;
+    /* no hidden activation, a sigmoid on the outputs, MSE summed, RMSprop */
+    c = &cases[ncases++];
+    c->name = "20-40-5 identity/sigmoid, MSE sum, RMSprop centered";
+    c->D = 20; c->H = 40; c->C = 5; c->B = 8; c->n = 50; c->epochs = 2;
+    c->out = MNISTCU_LAYER_SIGMOID; c->loss = MNISTCU_LOSS_MSE; c->loss_sum = 1; c->no_bias1 = 1;
+    c->optim.kind = MNISTCU_OPTIM_RMSPROP; c->optim.learning_rate = 0.01f; c->optim.momentum = 0.5f;
+    c->optim.centered = 1;
+    /* more units than multiprocessors: two per block, hinge, Adagrad */
+    c = &cases[ncases++];
+    c->name = "30-133-4 relu, hinge p2, Adagrad";
+    c->D = 30; c->H = 133; c->C = 4; c->B = 64; c->n = 130; c->epochs = 2;
+    c->hidden = MNISTCU_LAYER_RELU; c->loss = MNISTCU_LOSS_HINGE; c->hinge_p = 2;
+    c->optim.kind = MNISTCU_OPTIM_ADAGRAD; c->optim.learning_rate = 0.05f;
+    /* BCE on labels, AdamW */
+    c = &cases[ncases++];
+    c->name = "25-64-6 relu, BCE, AdamW";
+    c->D = 25; c->H = 64; c->C = 6; c->B = 32; c->n = 100; c->epochs = 2;
+    c->hidden = MNISTCU_LAYER_RELU; c->loss = MNISTCU_LOSS_BCE;
+    c->optim.kind = MNISTCU_OPTIM_ADAMW; c->optim.learning_rate = 1e-3f; c->optim.weight_decay = 0.01f;
+    /* bytes loaded 16 at a time for a width other than 784, no biases, dampening */
+    c = &cases[ncases++];
+    c->name = "64-32-10 sigmoid, u8, no biases, SGD dampening";
+    c->D = 64; c->H = 32; c->C = 10; c->B = 20; c->n = 90; c->epochs = 2;
+    c->hidden = MNISTCU_LAYER_SIGMOID; c->u8 = 1; c->no_bias1 = 1; c->no_bias2 = 1;
+    c->optim.learning_rate = 0.1f; c->optim.momentum = 0.9f; c->optim.dampening = 0.3f;
+    for (i = 0; i < ncases; ++i) {
+        mnistcu_train_result ra, rb;
+        size_t na = 0, nb = 0, steps;
+        float *pa, *pb;
+        c = &cases[i];
+        memset(&ra, 0, sizeof ra);
+        memset(&rb, 0, sizeof rb);
+        pa = tc_fused_train(c, 0, &na, &ra);
+        pb = tc_fused_train(c, 1, &nb, &rb);
+        printf("    %-52s fused steps %lu of %lu, loss %.9g / %.9g\n", c->name, (unsigned long)ra.fused_steps,
+               (unsigned long)ra.steps, ra.train_loss, rb.train_loss);
+        steps = (c->n + (size_t)c->B - 1) / (size_t)c->B * (size_t)c->epochs;
+        ASSERTm(c->name, pa && pb && na == nb);
+        ASSERT_EQm(c->name, steps, ra.steps);
+        ASSERT_EQm(c->name, steps, ra.fused_steps); /* the fused kernel ran them all */
+        ASSERT_EQm(c->name, (size_t)0, rb.fused_steps);
+        ASSERT_ARRAY_EQ_BITS_F(pa, pb, na);
+        ASSERT_EQm(c->name, 0, memcmp(&ra.train_loss, &rb.train_loss, sizeof(double)));
+        ASSERT_EQm(c->name, 0, memcmp(&ra.train_accuracy, &rb.train_accuracy, sizeof(double)));
+        free(pa);
+        free(pb);
+    }
+    PASS();
+}
+
+/* Where the fused kernel does not apply, training runs step by step and says so. */
+TEST cuda_fused_mlp_declines_what_it_cannot_do(void)
+{
+    tc_fused_case c;
+    mnistcu_train_result r;
+    size_t np = 0;
+    float *p;
+    memset(&c, 0, sizeof c);
+    c.name = "clipping";
+    c.D = 20; c.H = 16; c.C = 3; c.B = 8; c.n = 40; c.epochs = 1;
+    c.hidden = MNISTCU_LAYER_RELU;
+    c.optim.learning_rate = 0.1f; c.optim.clip_norm = 1.0f;
+    p = tc_fused_train(&c, 0, &np, &r);
+    ASSERT(p);
+    ASSERT_EQ((size_t)5, r.steps);
+    ASSERT_EQ((size_t)0, r.fused_steps);
+    free(p);
+    c.optim.clip_norm = 0.0f;
+    p = tc_fused_train(&c, 0, &np, &r);
+    ASSERT(p);
+    ASSERT_EQ((size_t)5, r.fused_steps);
+    free(p);
+    PASS();
+}
+
 SUITE(cuda_suite)
 {
     RUN_TEST(cuda_reports_device);
@@ -1145,5 +1355,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_layers_match_cpu);
     RUN_TEST(cuda_dropout_mask_matches_cpu_bitwise);
     RUN_TEST(cuda_cnn_runs_are_bitwise_identical);
+    RUN_TEST(cuda_fused_mlp_equals_unfused_bitwise);
+    RUN_TEST(cuda_fused_mlp_declines_what_it_cannot_do);
     RUN_TEST(cuda_sticky_error_is_latched);
 }

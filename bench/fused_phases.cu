@@ -1,0 +1,71 @@
+/* bench/fused_phases.cu - where the fused MLP kernel's time goes, phase by phase.
+
+   nvcc -O3 -arch=sm_90 -o build/fused_phases bench/fused_phases.cu && build/fused_phases [data/mnist]
+
+   Builds the header with MNISTCU_FUSED_PROFILE, so that block 0 of the fused kernel sums the clock
+   cycles its first thread spends in each phase; trains P2 (784-128-10, batch 64, one epoch after a
+   warm-up epoch) and P1 (784-1024-10, batch 32, 10,000 images, file order), and prints microseconds
+   per step for each phase at the multiprocessor clock. Phases after a __syncthreads or a grid barrier
+   are the block's; the barrier rows include the wait for the slowest block. */
+#define MNISTCU_IMPLEMENTATION
+#define MNISTCU_FUSED_PROFILE
+#include "../mnistcu.h"
+#include <stdio.h>
+#include <string.h>
+
+static const char *const names[14] = {
+    "load own params (chunk)", "sample indices, labels", "stage the batch x", "phase 1: h = act(x W1^T + b1)",
+    "grid barrier 1", "phase 2: stage h and W2 rows", "phase 2: logits", "grid barrier 2", "loss rows",
+    "statistics (block 0)", "dh", "W2, b2, b1 updates", "dW1 and W1 update", "store own params (chunk)"};
+
+static int run(const char *dir, const char *cfg, const char *spec, int batch, float lr, size_t limit, int no_shuffle)
+{
+    mnistcu_ctx_desc cd;
+    mnistcu_ctx *ctx = NULL;
+    mnistcu_dataset_desc dd;
+    mnistcu_dataset *train = NULL;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    mnistcu_train_result tr;
+    long long prof[16], zero[16];
+    int khz = 0, i;
+    size_t steps;
+    memset(&cd, 0, sizeof cd);
+    cd.device = MNISTCU_DEVICE_CUDA;
+    cd.gemm = MNISTCU_GEMM_OWN;
+    cd.log_level = MNISTCU_LOG_SILENT;
+    if (mnistcu_ctx_create(&ctx, &cd)) return 1;
+    memset(&dd, 0, sizeof dd);
+    dd.dir = dir;
+    dd.split = MNISTCU_SPLIT_TRAIN;
+    dd.norm = MNISTCU_NORM_UNIT;
+    dd.limit = limit;
+    if (mnistcu_dataset_load(ctx, &dd, &train) || mnistcu_model_create_mlp(ctx, spec, &m)) {
+        fprintf(stderr, "%s\n", mnistcu_ctx_error(ctx));
+        return 1;
+    }
+    memset(&td, 0, sizeof td);
+    td.epochs = 1;
+    td.batch_size = batch;
+    td.optim.learning_rate = lr;
+    td.no_shuffle = no_shuffle;
+    if (mnistcu_train(m, train, &td, &tr)) return 1; /* warm-up */
+    memset(zero, 0, sizeof zero);
+    cudaMemcpyToSymbol(mnistcu__fused_prof, zero, sizeof zero);
+    if (mnistcu_train(m, train, &td, &tr)) return 1;
+    cudaMemcpyFromSymbol(prof, mnistcu__fused_prof, sizeof prof);
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    steps = tr.steps;
+    printf("%s: %lu steps (%lu fused), %.3f ms, loss %.4f; clock %.0f MHz; us per step:\n", cfg,
+           (unsigned long)steps, (unsigned long)tr.fused_steps, 1e3 * tr.seconds, tr.train_loss, khz / 1e3);
+    for (i = 0; i < 14; ++i)
+        printf("  %-32s %8.3f\n", names[i], (double)prof[i] / (khz * 1e-3) / (double)steps);
+    mnistcu_ctx_destroy(ctx);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = argc > 1 ? argv[1] : "data/mnist";
+    return run(dir, "P2", "784-128-10", 64, 0.1f, 0, 0) || run(dir, "P1", "784-1024-10", 32, 0.01f, 10000, 1);
+}
