@@ -9080,7 +9080,7 @@ static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, si
 static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
 typedef struct mnistcu__fused_plan {
     int ok;
-    int grid, nu_max, per_max, ldx, ldw, slots;
+    int grid, nu_max, per_max, slots, prefetch;
     size_t smem;
     const mnistcu__layer *L1, *L2;
 } mnistcu__fused_plan;
@@ -10779,37 +10779,43 @@ __global__ void mnistcu__k_loss(mnistcu__lossp lp, const float *logits, const in
 }
 
 /* One block of MNISTCU__THREADS threads (all of them call it): the step's loss
-   sum and correct count, in a fixed-order tree over sl and sc (shared). The
-   step kernel and the fused MLP kernel both use it, so their sums agree. */
+   sum and correct count in a fixed order (each warp's values by shuffles, then
+   the warps' sums in order), so the same bits every run. sl and sc: shared,
+   MNISTCU__THREADS / 32 each. The step kernel and the fused MLP kernel both
+   use it, so their sums agree. */
 static __device__ void mnistcu__stats_block(const float *loss, const int32_t *pred, const int32_t *labels, int B,
                                             double *sl, double *sc, double *loss_out, double *correct_out)
 {
-    int t = (int)threadIdx.x, i, stride;
+    int t = (int)threadIdx.x, i, o;
     double l = 0.0, c = 0.0;
     for (i = t; i < B; i += MNISTCU__THREADS) {
         l += (double)loss[i];
         c += pred[i] == labels[i] ? 1.0 : 0.0;
     }
-    sl[t] = l;
-    sc[t] = c;
-    __syncthreads();
-    for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
-        if (t < stride) {
-            sl[t] += sl[t + stride];
-            sc[t] += sc[t + stride];
-        }
-        __syncthreads();
+    for (o = 16; o > 0; o >>= 1) {
+        l += __shfl_down_sync(0xffffffffu, l, o);
+        c += __shfl_down_sync(0xffffffffu, c, o);
     }
+    if ((t & 31) == 0) {
+        sl[t >> 5] = l;
+        sc[t >> 5] = c;
+    }
+    __syncthreads();
     if (t == 0) {
-        *loss_out = sl[0];
-        *correct_out = sc[0];
+        l = c = 0.0;
+        for (i = 0; i < MNISTCU__THREADS / 32; ++i) {
+            l += sl[i];
+            c += sc[i];
+        }
+        *loss_out = l;
+        *correct_out = c;
     }
 }
 
 __global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, const int32_t *labels, int B,
                                       double *loss_out, double *correct_out)
 {
-    __shared__ double sl[MNISTCU__THREADS], sc[MNISTCU__THREADS];
+    __shared__ double sl[MNISTCU__THREADS / 32], sc[MNISTCU__THREADS / 32];
     mnistcu__stats_block(loss, pred, labels, B, sl, sc, loss_out, correct_out);
 }
 
@@ -11379,7 +11385,8 @@ typedef struct mnistcu__fused_args {
     int nsteps, B;           /* steps in the chunk; batch size (the last batch may be smaller) */
     int D, H, C, act1, act2; /* inputs, hidden units, outputs; the layers' activations */
     int has_b1, has_b2, slots; /* biases; optimizer state slots */
-    int ldx, ldw, nu_max, per_max; /* row strides of x and the W1 rows; most units and logits per block */
+    int nu_max, per_max;     /* most units, most logits of a block */
+    int prefetch;            /* the next batch's bytes are loaded into registers during a step */
     float scale, shift;      /* normalisation */
     float *params, *grads, *state;
     size_t np;               /* parameters (the state's slot stride) */
@@ -11391,79 +11398,120 @@ typedef struct mnistcu__fused_args {
     size_t stats_cap;
 } mnistcu__fused_args;
 
-/* What a block keeps in shared memory, in floats, in this order:
-     x     [B][ldx]      the batch (ldx >= D, ldx = 4 mod 32: aligned float4
-                         rows whose reads by 8 threads at a time, one row
-                         each, fall in distinct banks)
-     loc   [nloc]        the block's own parameters for the whole chunk: its W1
-                         rows [nu][ldw], b1 entries [nu], W2 columns [nu][C]
-     lst   [slots][nloc] their optimizer state
-     hs, dhs [nu][B]     its units' activations and their gradients
-     dz    [B][C]        the loss gradient
-     stg   [per][2H+1]   phase 2: a row of h and a row of W2 per logit
-     then the losses, labels, predictions and sample indices [B] each. */
-static MNISTCU__HD size_t mnistcu__fused_nloc(size_t nu, size_t ldw, size_t C) { return nu * (ldw + 1 + C); }
-static size_t mnistcu__fused_smem(size_t B, size_t H, size_t C, size_t ldx, size_t ldw, size_t nu, size_t per,
-                                  size_t slots)
+/* What a block keeps in shared memory, in floats, each part 16-byte aligned:
+     x     [B][ldx]       the batch (ldx >= D, ldx = 4 mod 32: float4 rows
+                          whose reads by 8 threads, one row each, hit distinct
+                          banks)
+     loc   [nloc]         the block's own parameters, for the whole chunk: its
+                          W1 rows [nu][ldw], b1 entries [nu], W2 columns [nu][C]
+     lst   [slots][nloc]  their optimizer state
+     hs    [nu][B]        its units' activations
+     dh    [B][nu4]       their gradients (nu4: nu rounded up to 4)
+     dz    [B][C]         the loss gradient; zs [B][C] the logits
+     stg   [per][sh]      phase 2: a row of h at 0 and a row of W2 at ldw2
+     gs    [nu][ldw]      the gradients of its W1 rows, before their update
+     ls    [B]            losses; then the int32 predictions [B], and labels
+                          and sample indices [2][B] each (this step's, the next's) */
+typedef struct mnistcu__fused_layout {
+    int ldx, ldw, nu4, ldw2, sh;
+    size_t nloc, x, loc, lst, hs, dh, dz, zs, stg, gs, ls, ints, total;
+} mnistcu__fused_layout;
+
+static MNISTCU__HD size_t mnistcu__r4(size_t v) { return (v + 3) / 4 * 4; }
+static MNISTCU__HD int mnistcu__mod32_4(int v) { return (v + 27) / 32 * 32 + 4; } /* the least >= v that is 4 mod 32 */
+
+static MNISTCU__HD void mnistcu__fused_layout_make(int B, int D, int H, int C, int nu, int per, int slots,
+                                                   mnistcu__fused_layout *l)
 {
-    return B * ldx + (1 + slots) * mnistcu__fused_nloc(nu, ldw, C) + 2 * nu * B + B * C + per * (2 * H + 1) + 4 * B;
+    size_t o = 0;
+    l->ldx = mnistcu__mod32_4(D);
+    l->ldw = (int)mnistcu__r4((size_t)D);
+    l->nu4 = (int)mnistcu__r4((size_t)nu);
+    l->ldw2 = (int)mnistcu__r4((size_t)H);
+    l->sh = mnistcu__mod32_4(2 * l->ldw2);
+    l->nloc = mnistcu__r4((size_t)nu * (size_t)(l->ldw + 1 + C));
+    l->x = o; o += (size_t)B * (size_t)l->ldx;
+    l->loc = o; o += l->nloc;
+    l->lst = o; o += (size_t)slots * l->nloc;
+    l->hs = o; o += mnistcu__r4((size_t)nu * (size_t)B);
+    l->dh = o; o += (size_t)B * (size_t)l->nu4;
+    l->dz = o; o += mnistcu__r4((size_t)B * (size_t)C);
+    l->zs = o; o += mnistcu__r4((size_t)B * (size_t)C);
+    l->stg = o; o += (size_t)per * (size_t)l->sh;
+    l->gs = o; o += (size_t)nu * (size_t)l->ldw;
+    l->ls = o; o += mnistcu__r4((size_t)B);
+    l->ints = o; o += 5 * (size_t)B;
+    l->total = o;
 }
 
-/* xs[r][k] = the batch, normalised as mnistcu__k_gather does, each thread
-   keeping four loads in flight (a load's latency is what this costs). */
-static __device__ void mnistcu__fused_stage_x(const mnistcu__fused_args *a, const uint32_t *srow, int b, float *xs)
+/* The most 16-byte loads of the next batch a thread keeps in registers. */
+#define MNISTCU__FUSED_PV 13 /* 784-byte images at batch 64: 12.25 a thread */
+
+/* xs[r][k] = the batch, normalised as mnistcu__k_gather does: each thread keeps
+   four loads in flight (a load's latency is what this costs). */
+static __device__ void mnistcu__fused_stage_x(const mnistcu__fused_args *a, const uint32_t *srow, int b, int ldx,
+                                              float *xs)
 {
-    const int t = (int)threadIdx.x, T = (int)blockDim.x, D = a->D, ldx = a->ldx;
+    const int t = (int)threadIdx.x, T = (int)blockDim.x, D = a->D, n = b * D;
     int e0, u;
-    if (a->u8 && D % 16 == 0) { /* 16 bytes a load */
-        const int V = D / 16, n = b * V;
-        for (e0 = t; e0 < n; e0 += 4 * T) {
-            uint4 v[4];
+    for (e0 = t; e0 < n; e0 += 4 * T) {
+        float v[4];
 #pragma unroll
-            for (u = 0; u < 4; ++u) {
-                int e = e0 + u * T, r = e / V;
-                if (e < n) v[u] = ((const uint4 *)(a->u8 + (size_t)srow[r] * (size_t)D))[e - r * V];
-            }
-#pragma unroll
-            for (u = 0; u < 4; ++u) {
-                int e = e0 + u * T, r = e / V, q;
-                const unsigned w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-                float4 *x = (float4 *)(xs + r * ldx + 16 * (e - r * V));
-                if (e >= n) continue;
-#pragma unroll
-                for (q = 0; q < 4; ++q)
-                    x[q] = make_float4(fmaf((float)(w[q] & 255u), a->scale, a->shift),
-                                       fmaf((float)((w[q] >> 8) & 255u), a->scale, a->shift),
-                                       fmaf((float)((w[q] >> 16) & 255u), a->scale, a->shift),
-                                       fmaf((float)(w[q] >> 24), a->scale, a->shift));
-            }
-        }
-    } else {
-        const int n = b * D;
-        for (e0 = t; e0 < n; e0 += 4 * T) {
-            float v[4];
-#pragma unroll
-            for (u = 0; u < 4; ++u) {
-                int e = e0 + u * T, r = e / D;
+        for (u = 0; u < 4; ++u) {
+            int e = e0 + u * T, r = e / D;
+            if (e < n) { /* r < b: srow has b entries */
                 size_t at = (size_t)srow[r] * (size_t)D + (size_t)(e - r * D);
-                if (e < n) v[u] = a->u8 ? (float)a->u8[at] : a->f32[at];
-            }
-#pragma unroll
-            for (u = 0; u < 4; ++u) {
-                int e = e0 + u * T, r = e / D;
-                if (e < n) xs[r * ldx + e - r * D] = fmaf(v[u], a->scale, a->shift);
+                v[u] = a->u8 ? (float)a->u8[at] : a->f32[at];
             }
         }
+#pragma unroll
+        for (u = 0; u < 4; ++u) {
+            int e = e0 + u * T, r = e / D;
+            if (e < n) xs[r * ldx + e - r * D] = fmaf(v[u], a->scale, a->shift);
+        }
+    }
+}
+
+/* The prefetching path (bytes, D a multiple of 16): the batch of rows srow as
+   16-byte loads into v, the thread's loads e = t, t + T, ...; then into xs. */
+static __device__ void mnistcu__fused_load_x(const mnistcu__fused_args *a, const uint32_t *srow, int b,
+                                             uint4 v[MNISTCU__FUSED_PV])
+{
+    const int t = (int)threadIdx.x, T = (int)blockDim.x, V = a->D / 16, n = b * V;
+    int u;
+#pragma unroll
+    for (u = 0; u < MNISTCU__FUSED_PV; ++u) {
+        int e = t + u * T, r = e / V;
+        if (e < n) v[u] = ((const uint4 *)(a->u8 + (size_t)srow[r] * (size_t)a->D))[e - r * V];
+    }
+}
+
+static __device__ void mnistcu__fused_store_x(const mnistcu__fused_args *a, int b, int ldx,
+                                              const uint4 v[MNISTCU__FUSED_PV], float *xs)
+{
+    const int t = (int)threadIdx.x, T = (int)blockDim.x, V = a->D / 16, n = b * V;
+    const float sc = a->scale, sh = a->shift;
+    int u, q;
+#pragma unroll
+    for (u = 0; u < MNISTCU__FUSED_PV; ++u) {
+        int e = t + u * T, r = e / V;
+        const unsigned w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        float4 *x = (float4 *)(xs + r * ldx + 16 * (e - r * V));
+        if (e >= n) continue;
+#pragma unroll
+        for (q = 0; q < 4; ++q)
+            x[q] = make_float4(fmaf((float)(w[q] & 255u), sc, sh), fmaf((float)((w[q] >> 8) & 255u), sc, sh),
+                               fmaf((float)((w[q] >> 16) & 255u), sc, sh), fmaf((float)(w[q] >> 24), sc, sh));
     }
 }
 
 /* The block's own parameters and state between global memory and loc/lst:
    W1 rows, b1 entries, W2 columns; out 0 loads them, 1 stores them back. */
-static __device__ void mnistcu__fused_own(const mnistcu__fused_args *a, int nu, float *loc, float *lst, int out)
+static __device__ void mnistcu__fused_own(const mnistcu__fused_args *a, const mnistcu__fused_layout *l, int nu,
+                                          float *loc, float *lst, int out)
 {
     const int t = (int)threadIdx.x, T = (int)blockDim.x, j = (int)blockIdx.x, G = (int)gridDim.x;
-    const int D = a->D, C = a->C, ldw = a->ldw, nb1 = a->nu_max * ldw, nw2 = nb1 + a->nu_max;
-    const size_t nloc = mnistcu__fused_nloc((size_t)a->nu_max, (size_t)ldw, (size_t)C);
+    const int D = a->D, C = a->C, ldw = l->ldw, nb1 = a->nu_max * ldw, nw2 = nb1 + a->nu_max;
     const int n = nu * (D + 1 + C);
     int e, sl;
     for (e = t; e < n; e += T) {
@@ -11489,10 +11537,41 @@ static __device__ void mnistcu__fused_own(const mnistcu__fused_args *a, int nu, 
         if (out) a->params[gi] = loc[li];
         else loc[li] = a->params[gi];
         for (sl = 0; sl < a->slots; ++sl) {
-            if (out) a->state[(size_t)sl * a->np + gi] = lst[(size_t)sl * nloc + (size_t)li];
-            else lst[(size_t)sl * nloc + (size_t)li] = a->state[(size_t)sl * a->np + gi];
+            if (out) a->state[(size_t)sl * a->np + gi] = lst[(size_t)sl * l->nloc + (size_t)li];
+            else lst[(size_t)sl * l->nloc + (size_t)li] = a->state[(size_t)sl * a->np + gi];
         }
     }
+}
+
+/* acc + a[0] b[0] + a[1] b[1] + ... over n float4 pairs, one fmaf at a time in
+   order (one output of the products), with sixteen terms loaded at once so that
+   the loads' latency is paid once per sixteen fmafs. */
+static __device__ float mnistcu__dot_chain(const float4 *a, const float4 *b, int n, float acc)
+{
+    int k = 0, u;
+    for (; k + 4 <= n; k += 4) {
+        float4 av[4], bv[4];
+#pragma unroll
+        for (u = 0; u < 4; ++u) {
+            av[u] = a[k + u];
+            bv[u] = b[k + u];
+        }
+#pragma unroll
+        for (u = 0; u < 4; ++u) {
+            acc = fmaf(av[u].x, bv[u].x, acc);
+            acc = fmaf(av[u].y, bv[u].y, acc);
+            acc = fmaf(av[u].z, bv[u].z, acc);
+            acc = fmaf(av[u].w, bv[u].w, acc);
+        }
+    }
+    for (; k < n; ++k) {
+        float4 av = a[k], bv = b[k];
+        acc = fmaf(av.x, bv.x, acc);
+        acc = fmaf(av.y, bv.y, acc);
+        acc = fmaf(av.z, bv.z, acc);
+        acc = fmaf(av.w, bv.w, acc);
+    }
+    return acc;
 }
 
 /* bench/fused_phases.cu defines MNISTCU_FUSED_PROFILE: block 0 then sums the
@@ -11514,77 +11593,93 @@ __device__ long long mnistcu__fused_prof[16];
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu__fused_args a)
 {
     extern __shared__ float4 mnistcu__fsm4[];
-    __shared__ double sl[MNISTCU__THREADS], sc[MNISTCU__THREADS];
+    __shared__ double sl[MNISTCU__THREADS / 32], sc[MNISTCU__THREADS / 32];
     cooperative_groups::grid_group grid = cooperative_groups::this_grid();
     const int t = (int)threadIdx.x, T = (int)blockDim.x, G = (int)gridDim.x, j = (int)blockIdx.x;
-    const int D = a.D, H = a.H, C = a.C, B = a.B, ldx = a.ldx, ldw = a.ldw, sH = 2 * H + 1, D4 = D & ~3;
+    const int D = a.D, H = a.H, C = a.C, B = a.B, D4 = D & ~3, H4 = H & ~3;
     const int nu = (H - j + G - 1) / G; /* this block's units: j, j + G, ... */
-    const size_t nloc = mnistcu__fused_nloc((size_t)a.nu_max, (size_t)ldw, (size_t)C);
-    const int nb1 = a.nu_max * ldw, nw2 = nb1 + a.nu_max; /* where b1 and the W2 columns sit in loc */
-    float *xs = (float *)mnistcu__fsm4;
-    float *loc = xs + (size_t)B * ldx;
-    float *lst = loc + nloc;
-    float *hs = lst + (size_t)a.slots * nloc;
-    float *dhs = hs + (size_t)a.nu_max * B;
-    float *dzs = dhs + (size_t)a.nu_max * B;
-    float *stg = dzs + (size_t)B * C;
-    float *ls = stg + (size_t)a.per_max * sH;
-    int32_t *labs = (int32_t *)(ls + B), *prs = labs + B;
-    uint32_t *srow = (uint32_t *)(prs + B);
+    mnistcu__fused_layout l;
+    float *sm = (float *)mnistcu__fsm4, *xs, *loc, *lst, *hs, *dhs, *dzs, *zs, *stg, *gs, *ls;
+    int32_t *labs, *labs_next, *prs;
+    uint32_t *srow, *srow_next;
     float *P = a.params, *Gd = a.grads;
-    int q;
+    int q, ldx, ldw, nu4, nb1, nw2;
+    uint4 v[MNISTCU__FUSED_PV];
 #ifdef MNISTCU_FUSED_PROFILE
     long long prof_acc[16] = {0}, prof_last = clock64();
 #endif
-    mnistcu__fused_own(&a, nu, loc, lst, 0);
+    mnistcu__fused_layout_make(B, D, H, C, a.nu_max, a.per_max, a.slots, &l);
+    ldx = l.ldx;
+    ldw = l.ldw;
+    nu4 = l.nu4;
+    nb1 = a.nu_max * ldw; /* where b1 and the W2 columns sit in loc */
+    nw2 = nb1 + a.nu_max;
+    xs = sm + l.x;
+    loc = sm + l.loc;
+    lst = sm + l.lst;
+    hs = sm + l.hs;
+    dhs = sm + l.dh;
+    dzs = sm + l.dz;
+    zs = sm + l.zs;
+    stg = sm + l.stg;
+    gs = sm + l.gs;
+    ls = sm + l.ls;
+    prs = (int32_t *)(sm + l.ints);
+    labs = prs + B;
+    labs_next = labs + B;
+    srow = (uint32_t *)(labs_next + B);
+    srow_next = srow + B;
+    mnistcu__fused_own(&a, &l, nu, loc, lst, 0);
+    {   /* the first batch's rows */
+        const size_t off = a.step0 * (size_t)B;
+        const int b = (int)MNISTCU__MIN((size_t)B, a.n - off);
+        for (q = t; q < b; q += T) srow[q] = a.idx[off + (size_t)q];
+        __syncthreads();
+        for (q = t; q < b; q += T) labs[q] = a.labels[srow[q]];
+        if (a.prefetch) mnistcu__fused_load_x(&a, srow, b, v);
+    }
     MNISTCU__FPROF(0);
     for (q = 0; q < a.nsteps; ++q) {
         const size_t step = a.step0 + (size_t)q, off = step * (size_t)B;
         const int b = (int)MNISTCU__MIN((size_t)B, a.n - off);
+        const int more = q + 1 < a.nsteps; /* else the gradients stay in Gd, as the unfused path leaves them */
+        const int bn = more ? (int)MNISTCU__MIN((size_t)B, a.n - off - (size_t)B) : 0; /* the next batch */
         const mnistcu__opt o = a.opt[q];
         mnistcu__opt ol = o; /* the same step over the block's own arena */
         const float gscale = a.lp.sum ? 1.0f : 1.0f / (float)b;
         int e, per, i0, cnt, e0, u;
-        ol.n = nloc;
-        /* 1. the batch, then h for this block's units */
-        for (e = t; e < b; e += T) {
-            srow[e] = a.idx[off + (size_t)e];
-            labs[e] = a.labels[srow[e]];
-        }
+        ol.n = l.nloc;
+        /* 1. the batch into xs, then h for this block's units; then the next
+           batch's sample indices (first by the threads phase 1 leaves idle) */
+        if (a.prefetch) mnistcu__fused_store_x(&a, b, ldx, v, xs);
+        else mnistcu__fused_stage_x(&a, srow, b, ldx, xs);
         __syncthreads();
         MNISTCU__FPROF(1);
-        mnistcu__fused_stage_x(&a, srow, b, xs);
-        __syncthreads();
-        MNISTCU__FPROF(2);
         for (e = t; e < nu * b; e += T) { /* consecutive threads: consecutive rows, one unit */
             int ui = e / b, r = e - ui * b, u1 = j + ui * G, k;
-            const float4 *x4 = (const float4 *)(xs + r * ldx), *w4 = (const float4 *)(loc + ui * ldw);
-            float acc = 0.0f;
-#pragma unroll 4
-            for (k = 0; k < D4 / 4; ++k) {
-                float4 xv = x4[k], wv = w4[k];
-                acc = fmaf(xv.x, wv.x, acc);
-                acc = fmaf(xv.y, wv.y, acc);
-                acc = fmaf(xv.z, wv.z, acc);
-                acc = fmaf(xv.w, wv.w, acc);
-            }
+            float acc = mnistcu__dot_chain((const float4 *)(xs + r * ldx), (const float4 *)(loc + ui * ldw), D4 / 4,
+                                           0.0f);
             for (k = D4; k < D; ++k) acc = fmaf(xs[r * ldx + k], loc[ui * ldw + k], acc);
             if (D % 16) acc = fmaf(0.0f, 0.0f, acc);
             acc = mnistcu__act_f((mnistcu_act)a.act1, a.has_b1 ? acc + loc[nb1 + ui] : acc);
             a.h[(size_t)r * H + u1] = acc;
             hs[ui * B + r] = acc;
         }
-        MNISTCU__FPROF(3);
+        for (e = t; e < bn; e += T) srow_next[e] = a.idx[off + (size_t)B + (size_t)e]; /* idle threads first */
+        MNISTCU__FPROF(2);
         grid.sync();
-        MNISTCU__FPROF(4);
+        MNISTCU__FPROF(3);
+        /* the next batch's labels and bytes travel while this step goes on */
+        for (e = t; e < bn; e += T) labs_next[e] = a.labels[srow_next[e]];
+        if (more && a.prefetch) mnistcu__fused_load_x(&a, srow_next, bn, v);
         /* 2. logits i0 .. i0+cnt-1 (row-major over [b][C]), each from staged rows */
         per = (b * C + G - 1) / G;
         i0 = j * per;
         cnt = MNISTCU__MIN(per, b * C - i0);
-        for (e0 = t; e0 < cnt * H; e0 += 4 * T) {
-            float hv[4], wv[4];
+        for (e0 = t; e0 < cnt * H; e0 += 8 * T) {
+            float hv[8], wv[8];
 #pragma unroll
-            for (u = 0; u < 4; ++u) {
+            for (u = 0; u < 8; ++u) {
                 int e1 = e0 + u * T, qi = e1 / H, k = e1 - qi * H, i = i0 + qi, r = i / C;
                 if (e1 < cnt * H) {
                     hv[u] = a.h[(size_t)r * H + k];
@@ -11592,96 +11687,137 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
                 }
             }
 #pragma unroll
-            for (u = 0; u < 4; ++u) {
+            for (u = 0; u < 8; ++u) {
                 int e1 = e0 + u * T, qi = e1 / H, k = e1 - qi * H;
                 if (e1 < cnt * H) {
-                    stg[qi * sH + k] = hv[u];
-                    stg[qi * sH + H + k] = wv[u];
+                    stg[qi * l.sh + k] = hv[u];
+                    stg[qi * l.sh + l.ldw2 + k] = wv[u];
                 }
             }
         }
         __syncthreads();
-        MNISTCU__FPROF(5);
+        MNISTCU__FPROF(4);
         if (t < cnt) {
             int i = i0 + t, c = i % C, k;
-            const float *hr = stg + t * sH, *wr = hr + H;
-            float acc = 0.0f;
-#pragma unroll 8
-            for (k = 0; k < H; ++k) acc = fmaf(hr[k], wr[k], acc);
+            const float *hr = stg + t * l.sh, *wr = hr + l.ldw2;
+            float acc = mnistcu__dot_chain((const float4 *)hr, (const float4 *)wr, H4 / 4, 0.0f);
+            for (k = H4; k < H; ++k) acc = fmaf(hr[k], wr[k], acc);
             if (H % 16) acc = fmaf(0.0f, 0.0f, acc);
             a.z[i] = mnistcu__act_f((mnistcu_act)a.act2, a.has_b2 ? acc + P[a.b2 + (size_t)c] : acc);
         }
-        MNISTCU__FPROF(6);
+        MNISTCU__FPROF(5);
         grid.sync();
-        MNISTCU__FPROF(7);
+        MNISTCU__FPROF(6);
         /* 3. the loss and its gradient for every row; the statistics */
+        for (e = t; e < b * C; e += T) zs[e] = a.z[e];
+        __syncthreads();
         for (e = t; e < b; e += T) {
             int c;
-            mnistcu__loss_row(&a.lp, a.z + (size_t)e * C, labs[e], NULL, (size_t)C, gscale, dzs + e * C, &ls[e],
-                              &prs[e]);
+            mnistcu__loss_row(&a.lp, zs + e * C, labs[e], NULL, (size_t)C, gscale, dzs + e * C, &ls[e], &prs[e]);
             if (a.act2 != MNISTCU_ACT_IDENTITY)
                 for (c = 0; c < C; ++c)
-                    dzs[e * C + c] =
-                        mnistcu__act_backward_one((mnistcu_act)a.act2, dzs[e * C + c], a.z[(size_t)e * C + c]);
+                    dzs[e * C + c] = mnistcu__act_backward_one((mnistcu_act)a.act2, dzs[e * C + c], zs[e * C + c]);
         }
         __syncthreads();
-        MNISTCU__FPROF(8);
+        MNISTCU__FPROF(7);
         if (j == 0) mnistcu__stats_block(ls, prs, labs, b, sl, sc, a.stats + step, a.stats + a.stats_cap + step);
-        MNISTCU__FPROF(9);
+        MNISTCU__FPROF(8);
         /* 4. this block's units: dh with the old W2 columns, then every update */
         for (e = t; e < nu * b; e += T) {
             int ui = e / b, r = e - ui * b, c;
             float acc = 0.0f;
             for (c = 0; c < C; ++c) acc = fmaf(dzs[r * C + c], loc[nw2 + ui * C + c], acc);
             if (C % 16) acc = fmaf(0.0f, 0.0f, acc);
-            dhs[ui * B + r] = mnistcu__act_backward_one((mnistcu_act)a.act1, acc, hs[ui * B + r]);
+            dhs[r * nu4 + ui] = mnistcu__act_backward_one((mnistcu_act)a.act1, acc, hs[ui * B + r]);
         }
         __syncthreads();
+        MNISTCU__FPROF(9);
+        /* W2 [c][u] (written through: other blocks read it), b1 [u], and in block 0 b2 [c]: one thread each */
+        for (e = t; e < nu * C + nu + (j == 0 ? C : 0); e += T) {
+            int r;
+            float acc = 0.0f;
+            if (e < nu * C) {
+                int ui = e / C, c = e - ui * C, li = nw2 + ui * C + c;
+                size_t gi = a.w2 + (size_t)c * H + (size_t)(j + ui * G);
+#pragma unroll 4
+                for (r = 0; r < b; ++r) acc = fmaf(dzs[r * C + c], hs[ui * B + r], acc);
+                if (b % 16) acc = fmaf(0.0f, 0.0f, acc);
+                if (!more) Gd[gi] = acc;
+                mnistcu__opt_one(&ol, (size_t)li, loc, acc, lst);
+                P[gi] = loc[li];
+            } else if (e < nu * C + nu) {
+                int ui = e - nu * C;
+                if (!a.has_b1) continue;
+#pragma unroll 4
+                for (r = 0; r < b; ++r) acc += dhs[r * nu4 + ui];
+                if (!more) Gd[a.b1 + (size_t)(j + ui * G)] = acc;
+                mnistcu__opt_one(&ol, (size_t)(nb1 + ui), loc, acc, lst);
+            } else {
+                int c = e - nu * C - nu;
+                if (!a.has_b2) continue;
+#pragma unroll 4
+                for (r = 0; r < b; ++r) acc += dzs[r * C + c];
+                if (!more) Gd[a.b2 + (size_t)c] = acc;
+                mnistcu__opt_one(&o, a.b2 + (size_t)c, P, acc, a.state);
+            }
+        }
         MNISTCU__FPROF(10);
-        for (e = t; e < nu * C; e += T) { /* W2 [c][u]: written through, other blocks read it */
-            int ui = e / C, c = e - ui * C, r, li = nw2 + ui * C + c;
-            size_t gi = a.w2 + (size_t)c * H + (size_t)(j + ui * G);
-            float acc = 0.0f;
-            for (r = 0; r < b; ++r) acc = fmaf(dzs[r * C + c], hs[ui * B + r], acc);
-            if (b % 16) acc = fmaf(0.0f, 0.0f, acc);
-            Gd[gi] = acc;
-            mnistcu__opt_one(&ol, (size_t)li, loc, acc, lst);
-            P[gi] = loc[li];
+        /* W1 [u][k], in tiles of 4 units x 4 inputs per thread: a row's four x
+           and four dh come in one load each */
+        {
+            const int ntk = (D + 3) / 4, ntiles = ntk * ((nu + 3) / 4);
+            for (e = t; e < ntiles; e += T) {
+                const int k0 = 4 * (e % ntk), u0 = 4 * (e / ntk);
+                float acc[4][4];
+                int r, uu, kk;
+#pragma unroll
+                for (uu = 0; uu < 4; ++uu)
+#pragma unroll
+                    for (kk = 0; kk < 4; ++kk) acc[uu][kk] = 0.0f;
+#pragma unroll 2
+                for (r = 0; r < b; ++r) {
+                    const float4 xv = *(const float4 *)(xs + r * ldx + k0);
+                    const float4 dv = *(const float4 *)(dhs + r * nu4 + u0);
+                    const float x4[4] = {xv.x, xv.y, xv.z, xv.w}, d4[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+                    for (uu = 0; uu < 4; ++uu)
+#pragma unroll
+                        for (kk = 0; kk < 4; ++kk) acc[uu][kk] = fmaf(d4[uu], x4[kk], acc[uu][kk]);
+                }
+#pragma unroll
+                for (uu = 0; uu < 4; ++uu)
+#pragma unroll
+                    for (kk = 0; kk < 4; ++kk) {
+                        float g = acc[uu][kk];
+                        if (u0 + uu >= nu || k0 + kk >= D) continue;
+                        if (b % 16) g = fmaf(0.0f, 0.0f, g);
+                        gs[(u0 + uu) * ldw + k0 + kk] = g;
+                    }
+            }
         }
-        if (j == 0 && a.has_b2)
-            for (e = t; e < C; e += T) { /* b2, in global memory */
-                int r;
-                float s = 0.0f;
-                for (r = 0; r < b; ++r) s += dzs[r * C + e];
-                Gd[a.b2 + (size_t)e] = s;
-                mnistcu__opt_one(&o, a.b2 + (size_t)e, P, s, a.state);
-            }
-        if (a.has_b1)
-            for (e = t; e < nu; e += T) { /* b1 */
-                int r;
-                float s = 0.0f;
-                for (r = 0; r < b; ++r) s += dhs[e * B + r];
-                Gd[a.b1 + (size_t)(j + e * G)] = s;
-                mnistcu__opt_one(&ol, (size_t)(nb1 + e), loc, s, lst);
-            }
+        __syncthreads();
+        for (e = t; e < nu * D; e += T) { /* consecutive threads, consecutive k */
+            int ui = e / D, k = e - ui * D;
+            float g = gs[ui * ldw + k];
+            if (!more) Gd[a.w1 + (size_t)(j + ui * G) * D + (size_t)k] = g;
+            mnistcu__opt_one(&ol, (size_t)(ui * ldw + k), loc, g, lst);
+        }
         MNISTCU__FPROF(11);
-        for (e = t; e < nu * D; e += T) { /* W1 [u][k]: consecutive threads, consecutive k */
-            int ui = e / D, k = e - ui * D, r;
-            const float *dh = dhs + ui * B;
-            float acc = 0.0f;
-            for (r = 0; r < b; ++r) acc = fmaf(dh[r], xs[r * ldx + k], acc);
-            if (b % 16) acc = fmaf(0.0f, 0.0f, acc);
-            Gd[a.w1 + (size_t)(j + ui * G) * D + (size_t)k] = acc;
-            mnistcu__opt_one(&ol, (size_t)(ui * ldw + k), loc, acc, lst);
+        __syncthreads(); /* the next step overwrites xs, hs and the sample rows */
+        {
+            uint32_t *sw = srow;
+            int32_t *lw = labs;
+            srow = srow_next;
+            srow_next = sw;
+            labs = labs_next;
+            labs_next = lw;
         }
-        __syncthreads(); /* the next step overwrites xs, hs and srow */
-        MNISTCU__FPROF(12);
     }
-    mnistcu__fused_own(&a, nu, loc, lst, 1);
-    MNISTCU__FPROF(13);
+    mnistcu__fused_own(&a, &l, nu, loc, lst, 1);
+    MNISTCU__FPROF(12);
 #ifdef MNISTCU_FUSED_PROFILE
     if (j == 0 && t == 0)
-        for (q = 0; q < 14; ++q) mnistcu__fused_prof[q] += prof_acc[q];
+        for (q = 0; q < 13; ++q) mnistcu__fused_prof[q] += prof_acc[q];
 #endif
 }
 
@@ -11735,11 +11871,15 @@ static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds
     nu = (H + (size_t)sms - 1) / (size_t)sms;
     pl->grid = (int)((H + nu - 1) / nu);
     per = (B * C + (size_t)pl->grid - 1) / (size_t)pl->grid;
-    pl->ldx = (int)((D + 27) / 32 * 32 + 4); /* the least >= D that is 4 mod 32 */
-    pl->ldw = (int)((D + 3) / 4 * 4);
     pl->slots = mnistcu__opt_slots(o);
-    bytes = mnistcu__fused_smem(B, H, C, (size_t)pl->ldx, (size_t)pl->ldw, nu, per, (size_t)pl->slots) * sizeof(float);
-    if (per > MNISTCU__THREADS || bytes + 2 * MNISTCU__THREADS * sizeof(double) > (size_t)optin) return;
+    {
+        mnistcu__fused_layout l;
+        mnistcu__fused_layout_make((int)B, (int)D, (int)H, (int)C, (int)nu, (int)per, pl->slots, &l);
+        bytes = l.total * sizeof(float);
+    }
+    if (per > MNISTCU__THREADS || bytes + MNISTCU__THREADS / 16 * sizeof(double) > (size_t)optin) return;
+    /* bytes, whole 16-byte rows, few enough to keep the next batch in registers */
+    pl->prefetch = ds->u8 && D % 16 == 0 && B * (D / 16) <= (size_t)MNISTCU__FUSED_PV * MNISTCU__THREADS;
     if (cudaFuncSetAttribute(mnistcu__k_fused_mlp, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
             cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mnistcu__k_fused_mlp, MNISTCU__THREADS, bytes) !=
@@ -11799,8 +11939,7 @@ static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_
     a.act2 = (int)pl->L2->act;
     a.has_b1 = pl->L1->nb != 0;
     a.has_b2 = pl->L2->nb != 0;
-    a.ldx = pl->ldx;
-    a.ldw = pl->ldw;
+    a.prefetch = pl->prefetch;
     a.slots = pl->slots;
     a.np = m->num_params;
     a.nu_max = pl->nu_max;

@@ -13,9 +13,10 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const names[14] = {
-    "load own params (chunk)", "sample indices, labels", "stage the batch x", "phase 1: h = act(x W1^T + b1)",
-    "grid barrier 1", "phase 2: stage h and W2 rows", "phase 2: logits", "grid barrier 2", "loss rows",
+#define NPHASES 13 /* the kernel's MNISTCU__FPROF(0) .. (12) */
+static const char *const names[NPHASES] = {
+    "own params, first batch (chunk)", "batch x into shared memory", "phase 1: h = act(x W1^T + b1)",
+    "grid barrier 1", "next batch's loads; stage h, W2", "phase 2: logits", "grid barrier 2", "loss rows",
     "statistics (block 0)", "dh", "W2, b2, b1 updates", "dW1 and W1 update", "store own params (chunk)"};
 
 static int run(const char *dir, const char *cfg, const char *spec, int batch, float lr, size_t limit, int no_shuffle)
@@ -58,7 +59,7 @@ static int run(const char *dir, const char *cfg, const char *spec, int batch, fl
     steps = tr.steps;
     printf("%s: %lu steps (%lu fused), %.3f ms, loss %.4f; clock %.0f MHz; us per step:\n", cfg,
            (unsigned long)steps, (unsigned long)tr.fused_steps, 1e3 * tr.seconds, tr.train_loss, khz / 1e3);
-    for (i = 0; i < 14; ++i)
+    for (i = 0; i < NPHASES; ++i)
         printf("  %-32s %8.3f\n", names[i], (double)prof[i] / (khz * 1e-3) / (double)steps);
     mnistcu_ctx_destroy(ctx);
     return 0;

@@ -1218,9 +1218,10 @@ static float *tc_fused_train(const tc_fused_case *c, int no_fused, size_t *np, m
     if (!ds || mnistcu_model_create(ctx, &md, &m) != MNISTCU_OK || mnistcu_train(m, ds, &td, res) != MNISTCU_OK)
         printf("    %s (%s): %s\n", c->name, no_fused ? "step by step" : "fused", mnistcu_ctx_error(ctx));
     else {
-        *np = mnistcu_model_num_params(m);
+        size_t n = mnistcu_model_num_params(m);
+        *np = 2 * n; /* the parameters, then the last step's gradients */
         p = (float *)malloc(*np * sizeof(float));
-        if (mnistcu_model_get_params(m, p, *np) != MNISTCU_OK) {
+        if (p && (mnistcu_model_get_params(m, p, n) != MNISTCU_OK || mnistcu_model_get_grads(m, p + n, n) != MNISTCU_OK)) {
             free(p);
             p = NULL;
         }
