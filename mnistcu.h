@@ -88,7 +88,10 @@
      and PGM files: see >>safetensors, >>checkpoint, >>onnx and >>image.
 
    WHAT IT DOES NOT DO (YET)
-     No multi-GPU. No half precision. No CUDA graphs or fused training steps.
+     No multi-GPU. No half-precision storage: weights, gradients and optimizer
+     state are FP32 always (mnistcu_ctx_desc.precision only changes how the
+     GPU's matrix products multiply). CUDA graphs are measured, not used
+     (bench/RESULTS.md); the fused training step covers one-hidden-layer MLPs.
 
    CONFIGURATION MACROS (define before including the implementation)
      MNISTCU_STATIC            make every function static to the including file
@@ -309,6 +312,27 @@ typedef enum mnistcu_cnn {
     MNISTCU_CNN_CUDNN        /* cuDNN's (deterministic algorithms, FP32); needs MNISTCU_CUDNN at build time */
 } mnistcu_cnn;
 
+/* How the GPU's matrix products (dense layers, im2col convolutions; own kernels
+   or cuBLAS) multiply. FP32 is the default and the reference; TF32 and BF16 are
+   opt-in and use the tensor cores (sm_80 and newer): the operands are rounded
+   to TF32 (10 mantissa bits) or BF16 (7) as they are read, the products are
+   summed in FP32, and weights, gradients and optimizer state stay FP32. Results
+   are then no longer bitwise those of FP32 (each output within
+   (2u + K 2^-23) sum |a_k b_k| of it, u = 2^-10 for TF32, 2^-8 for BF16;
+   tests/test_cuda.h). It is a permission, not a demand: the own kernels keep
+   products of fewer than 16 64x64 tiles of output (small batches' dense
+   layers) in FP32, where the tensor cores do not pay, and cuBLAS picks its own
+   kernels for its FAST_TF32 / FAST_16BF compute types. The CPU, the direct
+   convolution kernels, cuDNN and the fused MLP kernel compute in FP32 whatever is asked; a context on the CPU, or
+   on a GPU older than sm_80, resolves TF32 and BF16 to FP32 and says so in
+   its log (mnistcu_ctx_resolved_desc reports what is used). */
+typedef enum mnistcu_precision {
+    MNISTCU_PRECISION_DEFAULT = 0, /* FP32 */
+    MNISTCU_PRECISION_FP32,
+    MNISTCU_PRECISION_TF32,
+    MNISTCU_PRECISION_BF16
+} mnistcu_precision;
+
 typedef enum mnistcu_data_mode {
     MNISTCU_DATA_DEFAULT = 0, /* RESIDENT when the dataset fits in GPU memory, else STREAM */
     MNISTCU_DATA_RESIDENT,    /* upload each dataset once as uint8 (or float) */
@@ -327,6 +351,7 @@ typedef struct mnistcu_ctx_desc {
     mnistcu_gemm gemm;           /* CUDA matrix products: DEFAULT (see mnistcu_gemm) */
     mnistcu_data_mode data_mode; /* CUDA datasets: DEFAULT (see mnistcu_data_mode) */
     mnistcu_cnn cnn;             /* CUDA convolution, pooling, batch norm: DEFAULT (see mnistcu_cnn) */
+    mnistcu_precision precision; /* CUDA matrix products: DEFAULT = FP32 (see mnistcu_precision) */
 } mnistcu_ctx_desc;
 
 /* On failure *out still holds a context carrying the error message (NULL only when
@@ -2806,11 +2831,12 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
 
     if ((unsigned)d.device > MNISTCU_DEVICE_CUDA || (unsigned)d.log_level > MNISTCU_LOG_DEBUG ||
         d.threads < 0 || d.cuda_device < 0 || (unsigned)d.gemm > MNISTCU_GEMM_CUBLAS || (unsigned)d.cnn > MNISTCU_CNN_CUDNN ||
-        (unsigned)d.data_mode > MNISTCU_DATA_STREAM)
+        (unsigned)d.data_mode > MNISTCU_DATA_STREAM || (unsigned)d.precision > MNISTCU_PRECISION_BF16)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
-                             "context desc: device %d, log_level %d, threads %d, cuda_device %d, gemm %d or "
-                             "data_mode %d out of range", (int)d.device, (int)d.log_level, d.threads, d.cuda_device,
-                             (int)d.gemm, (int)d.data_mode);
+                             "context desc: device %d, log_level %d, threads %d, cuda_device %d, gemm %d, "
+                             "data_mode %d or precision %d out of range", (int)d.device, (int)d.log_level, d.threads,
+                             d.cuda_device, (int)d.gemm, (int)d.data_mode, (int)d.precision);
+    if (ctx->desc.precision == MNISTCU_PRECISION_DEFAULT) ctx->desc.precision = MNISTCU_PRECISION_FP32;
     if ((d.allocator.device_alloc == NULL) != (d.allocator.device_free == NULL))
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "allocator: give both device_alloc and device_free");
 #ifndef MNISTCU_CUBLAS
@@ -2863,9 +2889,19 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
         }
 #endif
     }
-    if (ctx->device == MNISTCU_DEVICE_CPU)
+    if (ctx->device == MNISTCU_DEVICE_CPU) {
         snprintf(ctx->device_name, sizeof ctx->device_name, "CPU (%d thread%s)", ctx->threads,
                  ctx->threads == 1 ? "" : "s");
+        if (ctx->desc.precision != MNISTCU_PRECISION_FP32) {
+            mnistcu__log(ctx, MNISTCU_LOG_INFO, "precision %s applies to GPU matrix products: the CPU computes in FP32",
+                         ctx->desc.precision == MNISTCU_PRECISION_TF32 ? "TF32" : "BF16");
+            ctx->desc.precision = MNISTCU_PRECISION_FP32;
+        }
+    } else if (d.precision > MNISTCU_PRECISION_FP32 && ctx->desc.precision == MNISTCU_PRECISION_FP32) {
+        mnistcu__log(ctx, MNISTCU_LOG_WARN, "precision %s needs tensor cores (sm_80 or newer) and code for them in this "
+                     "build, and %s has none: computing in FP32", d.precision == MNISTCU_PRECISION_TF32 ? "TF32" : "BF16",
+                     ctx->device_name);
+    }
     ctx->desc.device = ctx->device;
     return MNISTCU_OK;
 }
@@ -3942,6 +3978,9 @@ static void mnistcu__cpu_optim(mnistcu_ctx *ctx, const mnistcu__opt *o, float *w
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+#include <type_traits>
 #ifdef MNISTCU_CUBLAS
 #include <cublas_v2.h>
 #endif
@@ -3956,6 +3995,7 @@ typedef struct mnistcu__cuda {
     cudaError_t sticky;        /* latched unrecoverable error, cudaSuccess if none */
     int use_cublas;
     int use_cudnn;
+    int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32 or BF16 */
     float *splitk;             /* partial sums of split-K products, grown on demand */
     size_t splitk_floats;
 #ifdef MNISTCU_CUBLAS
@@ -10753,6 +10793,116 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm16(int M, int N, int K, co
     }
 }
 
+/* The tensor-core product (mnistcu_ctx_desc.precision TF32 or BF16): the same
+   64x64 tiles of C, K-steps of 16 and split-K slices as mnistcu__k_gemm, with
+   the operands rounded as they are staged (BF16) or loaded into fragments
+   (TF32, round to nearest) and each warp's 16x32 part of the tile summed by
+   the tensor cores in FP32 (wmma: 16x16x8 TF32, 16x16x16 BF16). The sum's
+   order within a K-step is the hardware's; it is fixed, so two runs give the
+   same bits. The tile goes through shared memory for the epilogue. Compiled to
+   nothing before sm_80, where mnistcu__k_tc_probe reports 0 and the context
+   keeps FP32. */
+__global__ void mnistcu__k_tc_probe(int *ok)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    *ok = 1;
+#else
+    *ok = 0;
+#endif
+}
+
+/* Products of fewer 64x64 tiles stay on the FP32 kernels even in a TF32 or BF16
+   context: LeNet-5's dense layers at batch 64 (1 to 7 tiles) ran 1.14x slower
+   per epoch on the tensor-core kernel than on the 16x16 one (bench/RESULTS.md). */
+#define MNISTCU__TC_MIN_TILES 16
+#define MNISTCU__TC_LDA 24 /* As [64][k]: 16 + 8, rows 32-byte aligned as wmma asks, fewer bank conflicts */
+#define MNISTCU__TC_LDB 72 /* Bs [16][n] */
+#define MNISTCU__TC_LDC 68 /* Cs [64][n] */
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+/* Staging an operand: BF16 rounds to nearest here, TF32 keeps the float (the
+   fragment rounds it). Explicit, so that builds with __CUDA_NO_BFLOAT16_CONVERSIONS__ work. */
+static __device__ __forceinline__ void mnistcu__tc_put(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void mnistcu__tc_put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+template <int BF16> struct mnistcu__tc_round { /* BF16 fragments hold rounded values already */
+    template <class F> static __device__ __forceinline__ void run(F &) {}
+};
+template <> struct mnistcu__tc_round<0> { /* TF32: round each loaded float to nearest */
+    template <class F> static __device__ __forceinline__ void run(F &f)
+    {
+        int i;
+        for (i = 0; i < f.num_elements; ++i) f.x[i] = nvcuda::wmma::__float_to_tf32(f.x[i]);
+    }
+};
+#endif
+
+template <int TA, int TB, int FUSE, int BF16>
+__global__ void __launch_bounds__(256) mnistcu__k_gemm_tc(int M, int N, int K, const float *__restrict__ A, int lda,
+                                                           const float *__restrict__ B, int ldb, float *__restrict__ C,
+                                                           int ldc, const float *__restrict__ bias, int act)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    namespace wm = nvcuda::wmma;
+    typedef typename std::conditional<BF16, __nv_bfloat16, float>::type st_t;       /* staged element */
+    typedef typename std::conditional<BF16, __nv_bfloat16, wm::precision::tf32>::type op_t; /* fragment element */
+    const int KF = BF16 ? 16 : 8; /* the fragments' K */
+    __shared__ __align__(32) st_t As[MNISTCU__GBM * MNISTCU__TC_LDA];
+    __shared__ __align__(32) st_t Bs[MNISTCU__GBK * MNISTCU__TC_LDB];
+    __shared__ __align__(32) float Cs[MNISTCU__GBM * MNISTCU__TC_LDC];
+    const int t = (int)threadIdx.x, w = t / 32, wm0 = 16 * (w / 2), wn0 = 32 * (w % 2);
+    const int n0 = (int)blockIdx.x * MNISTCU__GBN;
+    int r, k0, kk, m0, f, i;
+    MNISTCU__GEMM_SLICE();
+    for (m0 = (int)blockIdx.y * MNISTCU__GBM; m0 < M; m0 += (int)gridDim.y * MNISTCU__GBM) {
+        wm::fragment<wm::accumulator, 16, 16, BF16 ? 16 : 8, float> acc[2];
+        wm::fill_fragment(acc[0], 0.0f);
+        wm::fill_fragment(acc[1], 0.0f);
+        for (k0 = kz0; k0 < K; k0 += MNISTCU__GBK) {
+            for (r = 0; r < 4; ++r) { /* read along each source's contiguous direction, as mnistcu__k_gemm */
+                int m = TA ? t % 64 : t / 16 + 16 * r, k = TA ? t / 64 + 4 * r : t % 16;
+                int gm = m0 + m, gk = k0 + k;
+                float v = 0.0f;
+                if (gm < M && gk < K) v = TA ? A[(size_t)gk * lda + gm] : A[(size_t)gm * lda + gk];
+                mnistcu__tc_put(&As[m * MNISTCU__TC_LDA + k], v);
+            }
+            for (r = 0; r < 4; ++r) {
+                int n = TB ? t / 16 + 16 * r : t % 64, k = TB ? t % 16 : t / 64 + 4 * r;
+                int gn = n0 + n, gk = k0 + k;
+                float v = 0.0f;
+                if (gn < N && gk < K) v = TB ? B[(size_t)gn * ldb + gk] : B[(size_t)gk * ldb + gn];
+                mnistcu__tc_put(&Bs[k * MNISTCU__TC_LDB + n], v);
+            }
+            __syncthreads();
+            for (kk = 0; kk < MNISTCU__GBK; kk += KF) {
+                wm::fragment<wm::matrix_a, 16, 16, BF16 ? 16 : 8, op_t, wm::row_major> fa;
+                wm::load_matrix_sync(fa, As + wm0 * MNISTCU__TC_LDA + kk, MNISTCU__TC_LDA);
+                mnistcu__tc_round<BF16>::run(fa);
+#pragma unroll
+                for (f = 0; f < 2; ++f) {
+                    wm::fragment<wm::matrix_b, 16, 16, BF16 ? 16 : 8, op_t, wm::row_major> fb;
+                    wm::load_matrix_sync(fb, Bs + kk * MNISTCU__TC_LDB + wn0 + 16 * f, MNISTCU__TC_LDB);
+                    mnistcu__tc_round<BF16>::run(fb);
+                    wm::mma_sync(acc[f], fa, fb, acc[f]);
+                }
+            }
+            __syncthreads();
+        }
+        wm::store_matrix_sync(Cs + wm0 * MNISTCU__TC_LDC + wn0, acc[0], MNISTCU__TC_LDC, wm::mem_row_major);
+        wm::store_matrix_sync(Cs + wm0 * MNISTCU__TC_LDC + wn0 + 16, acc[1], MNISTCU__TC_LDC, wm::mem_row_major);
+        __syncthreads();
+        for (i = t; i < MNISTCU__GBM * MNISTCU__GBN; i += 256) { /* coalesced: consecutive threads, consecutive n */
+            int m = i / MNISTCU__GBN, n = i % MNISTCU__GBN, gm = m0 + m, gn = n0 + n;
+            float v = Cs[m * MNISTCU__TC_LDC + n];
+            if (gm < M && gn < N)
+                C[(size_t)gm * ldc + gn] = FUSE ? mnistcu__act_f((mnistcu_act)act, bias ? v + bias[gn] : v) : v;
+        }
+        __syncthreads(); /* Cs is read before the next row of tiles overwrites it */
+    }
+#else
+    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc, (void)bias, (void)act;
+#endif
+}
+
 /* C = epilogue(sum over s of part [S][M][N]), slices added in order. */
 __global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, float *C, int ldc, const float *bias,
                                       int act, int fuse)
@@ -10991,6 +11141,22 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
         }
     }
 #endif
+    cu->precision = ctx->desc.precision;
+    if (cu->precision != MNISTCU_PRECISION_FP32) { /* is there tensor-core code for this GPU? (ctx_create logs a no) */
+        int *probe = NULL, tc = 0;
+        mnistcu_allocator al = ctx->desc.allocator;
+        if (al.device_alloc) probe = (int *)al.device_alloc(al.user, sizeof(int));
+        else if (cudaMalloc((void **)&probe, sizeof(int)) != cudaSuccess) probe = NULL;
+        if (probe) {
+            mnistcu__k_tc_probe<<<1, 1, 0, cu->stream>>>(probe);
+            if (cudaMemcpyAsync(&tc, probe, sizeof(int), cudaMemcpyDeviceToHost, cu->stream) != cudaSuccess ||
+                cudaStreamSynchronize(cu->stream) != cudaSuccess)
+                tc = 0;
+            mnistcu__cuda_free(ctx, probe);
+        }
+        (void)cudaGetLastError();
+        if (!tc) cu->precision = ctx->desc.precision = MNISTCU_PRECISION_FP32;
+    }
 #ifdef MNISTCU_CUDNN
     cu->use_cudnn = ctx->desc.cnn != MNISTCU_CNN_OWN;
     if (cu->use_cudnn) {
@@ -11003,8 +11169,9 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
     }
 #endif
     ctx->device = MNISTCU_DEVICE_CUDA;
-    snprintf(ctx->device_name, sizeof ctx->device_name, "%.255s (sm_%d%d%s%s)", prop.name, prop.major, prop.minor,
-             cu->use_cublas ? ", cuBLAS" : "", cu->use_cudnn ? ", cuDNN" : "");
+    snprintf(ctx->device_name, sizeof ctx->device_name, "%.255s (sm_%d%d%s%s%s)", prop.name, prop.major, prop.minor,
+             cu->use_cublas ? ", cuBLAS" : "", cu->use_cudnn ? ", cuDNN" : "",
+             cu->precision == MNISTCU_PRECISION_TF32 ? ", TF32" : cu->precision == MNISTCU_PRECISION_BF16 ? ", BF16" : "");
     return MNISTCU_OK;
 }
 
@@ -11238,10 +11405,19 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         /* cuBLAS is column-major: a row-major C = op(A) op(B) is, read column-major,
            C^T = op(B)^T op(A)^T, so the operands swap places and keep their flags. */
         const float one = 1.0f, zero = 0.0f;
-        cublasStatus_t s = cublasSgemm(cu->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N,
-                                       (int)M, (int)K, &one, B, (int)ldb, A, (int)lda, &zero, C, (int)ldc);
+        const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+        cublasStatus_t s;
+        if (cu->precision == MNISTCU_PRECISION_FP32)
+            s = cublasSgemm(cu->blas, opb, opa, (int)N, (int)M, (int)K, &one, B, (int)ldb, A, (int)lda, &zero, C,
+                            (int)ldc);
+        else /* FP32 operands and results, the products on the tensor cores in TF32 or BF16 */
+            s = cublasGemmEx(cu->blas, opb, opa, (int)N, (int)M, (int)K, &one, B, CUDA_R_32F, (int)ldb, A, CUDA_R_32F,
+                             (int)lda, &zero, C, CUDA_R_32F, (int)ldc,
+                             cu->precision == MNISTCU_PRECISION_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                                     : CUBLAS_COMPUTE_32F_FAST_TF32,
+                             CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS)
-            return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cublasSgemm %lux%lux%lu: %s", (unsigned long)M,
+            return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cuBLAS product %lux%lux%lu: %s", (unsigned long)M,
                                  (unsigned long)N, (unsigned long)K, cublasGetStatusString(s));
         if (bias || (act != 0 && act != MNISTCU_ACT_IDENTITY)) {
             size_t n = M * N;
@@ -11260,8 +11436,18 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         cudaStream_t st = cu->stream;
         float *out = C;
         int fuse = bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY);
+        int tc = cu->precision == MNISTCU_PRECISION_TF32 ? 1 : cu->precision == MNISTCU_PRECISION_BF16 ? 2 : 0;
         if (fuse && (ta || !tb)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused gemm is only NT");
         S = mnistcu__gemm_split(M, N, K, &small);
+        if (tc) { /* 64x64 tiles on the tensor cores; with few of them, K split so that about 264 blocks work */
+            size_t tiles = ((M + MNISTCU__GBM - 1) / MNISTCU__GBM) * ((N + MNISTCU__GBN - 1) / MNISTCU__GBN);
+            if (tiles < MNISTCU__TC_MIN_TILES) {
+                tc = 0; /* too small to pay: the FP32 kernels, as in an FP32 context */
+            } else {
+                small = 0;
+                S = tiles < 132 && K >= 256 ? MNISTCU__MIN((2 * 132 + tiles - 1) / tiles, K / 128) : 1;
+            }
+        }
         if (S > 1) {
             mnistcu_result r = mnistcu__cuda_partials(ctx, S * M * N, &out);
             if (r) return r;
@@ -11275,7 +11461,11 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         grid = dim3((unsigned)((N + tn - 1) / tn), (unsigned)(mtiles < 65535 ? mtiles : 65535), (unsigned)S);
 #define MNISTCU__GEMM_LAUNCH(TA_, TB_, FUSE_)                                                                     \
     do {                                                                                                          \
-        if (small)                                                                                                \
+        if (tc == 1)                                                                                              \
+            mnistcu__k_gemm_tc<TA_, TB_, FUSE_, 0><<<grid, 256, 0, st>>>(m_, n_, k_, A, la, B, lb, out, lc, bias, act); \
+        else if (tc == 2)                                                                                         \
+            mnistcu__k_gemm_tc<TA_, TB_, FUSE_, 1><<<grid, 256, 0, st>>>(m_, n_, k_, A, la, B, lb, out, lc, bias, act); \
+        else if (small)                                                                                           \
             mnistcu__k_gemm16<TA_, TB_, FUSE_><<<grid, 256, 0, st>>>(m_, n_, k_, A, la, B, lb, out, lc, bias, act); \
         else                                                                                                      \
             mnistcu__k_gemm<TA_, TB_, FUSE_><<<grid, 256, 0, st>>>(m_, n_, k_, A, la, B, lb, out, lc, bias, act);   \
@@ -11544,25 +11734,46 @@ static __device__ void mnistcu__fused_own(const mnistcu__fused_args *a, const mn
 }
 
 /* acc + a[0] b[0] + a[1] b[1] + ... over n float4 pairs, one fmaf at a time in
-   order (one output of the products), with sixteen terms loaded at once so that
-   the loads' latency is paid once per sixteen fmafs. */
+   order (one output of the products), sixteen terms loaded at once, and the
+   next sixteen loaded before this sixteen's fmafs, so that the loads' latency
+   hides behind the chain. */
+static __device__ __forceinline__ float mnistcu__fma16(const float4 av[4], const float4 bv[4], float acc)
+{
+    int u;
+#pragma unroll
+    for (u = 0; u < 4; ++u) {
+        acc = fmaf(av[u].x, bv[u].x, acc);
+        acc = fmaf(av[u].y, bv[u].y, acc);
+        acc = fmaf(av[u].z, bv[u].z, acc);
+        acc = fmaf(av[u].w, bv[u].w, acc);
+    }
+    return acc;
+}
 static __device__ float mnistcu__dot_chain(const float4 *a, const float4 *b, int n, float acc)
 {
     int k = 0, u;
-    for (; k + 4 <= n; k += 4) {
+    if (n >= 4) { /* the next sixteen terms are loaded before this sixteen's fmafs */
         float4 av[4], bv[4];
 #pragma unroll
         for (u = 0; u < 4; ++u) {
-            av[u] = a[k + u];
-            bv[u] = b[k + u];
+            av[u] = a[u];
+            bv[u] = b[u];
         }
+        for (k = 4; k + 4 <= n; k += 4) {
+            float4 an[4], bn[4];
 #pragma unroll
-        for (u = 0; u < 4; ++u) {
-            acc = fmaf(av[u].x, bv[u].x, acc);
-            acc = fmaf(av[u].y, bv[u].y, acc);
-            acc = fmaf(av[u].z, bv[u].z, acc);
-            acc = fmaf(av[u].w, bv[u].w, acc);
+            for (u = 0; u < 4; ++u) {
+                an[u] = a[k + u];
+                bn[u] = b[k + u];
+            }
+            acc = mnistcu__fma16(av, bv, acc);
+#pragma unroll
+            for (u = 0; u < 4; ++u) {
+                av[u] = an[u];
+                bv[u] = bn[u];
+            }
         }
+        acc = mnistcu__fma16(av, bv, acc);
     }
     for (; k < n; ++k) {
         float4 av = a[k], bv = b[k];
@@ -11648,9 +11859,13 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         mnistcu__opt ol = o; /* the same step over the block's own arena */
         const float gscale = a.lp.sum ? 1.0f : 1.0f / (float)b;
         int e, per, i0, cnt, e0, u;
+        /* the next batch's first T sample indices, loaded now and stored after
+           phase 1, so that their latency hides behind it */
+        const uint32_t nidx = t < bn ? a.idx[off + (size_t)B + (size_t)t] : 0u;
+        int32_t nlab;
         ol.n = l.nloc;
         /* 1. the batch into xs, then h for this block's units; then the next
-           batch's sample indices (first by the threads phase 1 leaves idle) */
+           batch's sample indices */
         if (a.prefetch) mnistcu__fused_store_x(&a, b, ldx, v, xs);
         else mnistcu__fused_stage_x(&a, srow, b, ldx, xs);
         __syncthreads();
@@ -11665,12 +11880,14 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
             a.h[(size_t)r * H + u1] = acc;
             hs[ui * B + r] = acc;
         }
-        for (e = t; e < bn; e += T) srow_next[e] = a.idx[off + (size_t)B + (size_t)e]; /* idle threads first */
+        if (t < bn) srow_next[t] = nidx;
+        for (e = t + T; e < bn; e += T) srow_next[e] = a.idx[off + (size_t)B + (size_t)e]; /* batches above T */
         MNISTCU__FPROF(2);
         grid.sync();
         MNISTCU__FPROF(3);
-        /* the next batch's labels and bytes travel while this step goes on */
-        for (e = t; e < bn; e += T) labs_next[e] = a.labels[srow_next[e]];
+        /* the next batch's labels and bytes travel while this step goes on (the
+           labels reach shared memory at the step's end) */
+        nlab = t < bn ? a.labels[srow_next[t]] : 0;
         if (more && a.prefetch) mnistcu__fused_load_x(&a, srow_next, bn, v);
         /* 2. logits i0 .. i0+cnt-1 (row-major over [b][C]), each from staged rows */
         per = (b * C + G - 1) / G;
@@ -11796,12 +12013,17 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
             }
         }
         __syncthreads();
-        for (e = t; e < nu * D; e += T) { /* consecutive threads, consecutive k */
-            int ui = e / D, k = e - ui * D;
-            float g = gs[ui * ldw + k];
-            if (!more) Gd[a.w1 + (size_t)(j + ui * G) * D + (size_t)k] = g;
-            mnistcu__opt_one(&ol, (size_t)(ui * ldw + k), loc, g, lst);
+        {   /* consecutive threads, consecutive k; (ui, k) stepped without a division */
+            int ui = t / D, k = t - ui * D;
+            for (e = t; e < nu * D; e += T) {
+                float g = gs[ui * ldw + k];
+                if (!more) Gd[a.w1 + (size_t)(j + ui * G) * D + (size_t)k] = g;
+                mnistcu__opt_one(&ol, (size_t)(ui * ldw + k), loc, g, lst);
+                for (k += T; k >= D; k -= D) ++ui;
+            }
         }
+        if (t < bn) labs_next[t] = nlab;
+        for (e = t + T; e < bn; e += T) labs_next[e] = a.labels[srow_next[e]];
         MNISTCU__FPROF(11);
         __syncthreads(); /* the next step overwrites xs, hs and the sample rows */
         {
@@ -11836,7 +12058,7 @@ static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds
     size_t D, H, C, nu, per, bytes, tail = n % B;
     memset(pl, 0, sizeof *pl);
     if (m->device != MNISTCU_DEVICE_CUDA || !cm || cm->streaming || !ds->device_copy || ds->targets || aug_on ||
-        o->l2 != 0.0f || o->clip_norm != 0.0f)
+        o->l2 != 0.0f || o->clip_norm != 0.0f || cu->precision != MNISTCU_PRECISION_FP32)
         return;
 #ifdef MNISTCU_CUBLAS
     if (cu->use_cublas) return;

@@ -6,6 +6,7 @@
 
    Usage: bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
                        [--threads N] [--seed S] [--limit N] [--warmup-limit N] [--fused on|off]
+                       [--precision fp32|tf32|bf16]
      CONFIG  P1  first 10,000 train images in file order, 784-1024-10, batch 32, SGD lr 0.01,
                  10 epochs: the total training time of the 10 epochs
              P2  MNIST 60k shuffled, 784-128-10, batch 64, SGD lr 0.1: time per epoch
@@ -20,6 +21,8 @@
      --cnn      CUDA convolution/pooling: own kernels or cuDNN (default: the build's default, which is
                 cuDNN in a build with MNISTCU_CUDNN)
      --fused    off trains P1/P2 step by step instead of in the fused MLP kernel (same bits; default on)
+     --precision  the GPU's matrix products: fp32 (default), tf32 or bf16 on the tensor cores (the
+                context must resolve to it, else the run fails)
      --limit N  train on the first N images only (quick tests; not a benchmark configuration)
      --warmup-limit N  the warm-up epoch trains on the first N images only (slow CPU runs;
                  default: a whole epoch)
@@ -72,7 +75,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: bench P1|P2|P3|P4|P5|P7 [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn]\n"
                     "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
-                    "                               [--warmup-limit N]\n");
+                    "                               [--warmup-limit N] [--fused on|off] [--precision fp32|tf32|bf16]\n");
 }
 
 static int fail(mnistcu_ctx *ctx, const char *what)
@@ -85,7 +88,7 @@ static int fail(mnistcu_ctx *ctx, const char *what)
 int main(int argc, char **argv)
 {
     const char *config, *data = NULL, *device_arg = NULL, *gemm_arg = NULL, *cnn_arg = NULL, *layers;
-    const char *dev_json, *gemm_json, *cnn_json;
+    const char *dev_json, *gemm_json, *cnn_json, *precision_json, *precision_arg = NULL;
     int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, is_p1 = 0, is_spec = 0, i, e;
     unsigned long long seed = 0;
     size_t limit = 0, warmup_limit = 0, want_params, warmup_images;
@@ -117,6 +120,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--limit")) limit = (size_t)strtoull(v, NULL, 10);
         else if (!strcmp(a, "--warmup-limit")) warmup_limit = (size_t)strtoull(v, NULL, 10);
         else if (!strcmp(a, "--fused")) no_fused = !strcmp(v, "off");
+        else if (!strcmp(a, "--precision")) precision_arg = v;
         else { fprintf(stderr, "bench: unknown option %s\n", a); usage(); return 2; }
         ++i;
     }
@@ -177,8 +181,12 @@ int main(int argc, char **argv)
         cd.cnn = MNISTCU_CNN_CUDNN;
 #endif
     } else { fprintf(stderr, "bench: --cnn must be own or cudnn\n"); return 2; }
-    if (cd.device == MNISTCU_DEVICE_CPU && (gemm_arg || cnn_arg)) {
-        fprintf(stderr, "bench: --gemm and --cnn apply to --device cuda only\n");
+    if (!precision_arg || !strcmp(precision_arg, "fp32")) cd.precision = MNISTCU_PRECISION_FP32;
+    else if (!strcmp(precision_arg, "tf32")) cd.precision = MNISTCU_PRECISION_TF32;
+    else if (!strcmp(precision_arg, "bf16")) cd.precision = MNISTCU_PRECISION_BF16;
+    else { fprintf(stderr, "bench: --precision must be fp32, tf32 or bf16\n"); return 2; }
+    if (cd.device == MNISTCU_DEVICE_CPU && (gemm_arg || cnn_arg || cd.precision != MNISTCU_PRECISION_FP32)) {
+        fprintf(stderr, "bench: --gemm, --cnn and --precision apply to --device cuda only\n");
         return 2;
     }
 
@@ -189,6 +197,15 @@ int main(int argc, char **argv)
         return 1;
     }
     mnistcu_ctx_resolved_desc(ctx, &resolved);
+    if (resolved.precision != cd.precision) {
+        fprintf(stderr, "bench: FAILED: asked for precision %s, the context resolved to FP32 (%s)\n", precision_arg,
+                mnistcu_ctx_device_name(ctx));
+        mnistcu_ctx_destroy(ctx);
+        return 1;
+    }
+    precision_json = resolved.precision == MNISTCU_PRECISION_TF32   ? "tf32"
+                     : resolved.precision == MNISTCU_PRECISION_BF16 ? "bf16"
+                                                                    : "fp32";
     if (cd.device == MNISTCU_DEVICE_CPU) {
         dev_json = "cpu"; gemm_json = "cpu"; cnn_json = "cpu";
     } else {
@@ -302,10 +319,11 @@ int main(int argc, char **argv)
                 config, med, epochs, 100.0 * met.accuracy, tr.train_loss);
 
     printf("{\"impl\":\"mnistcu\",\"config\":\"%s\",\"device\":\"%s\",\"device_name\":\"%s\",\"gemm\":\"%s\","
-           "\"cnn\":\"%s\",\"threads\":%d,\"model\":\"%s\",\"params\":%lu,\"batch\":%d,\"lr\":%g,\"momentum\":%g,"
+           "\"cnn\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"model\":\"%s\",\"params\":%lu,\"batch\":%d,\"lr\":%g,\"momentum\":%g,"
            "\"train_images\":%lu,\"warmup_images\":%lu,\"test_images\":%lu,\"epochs\":%d,"
            "\"epoch_ms_median\":%.4f,\"epoch_ms_all\":[",
-           config, dev_json, mnistcu_ctx_device_name(ctx), gemm_json, cnn_json, mnistcu_ctx_threads(ctx), layers,
+           config, dev_json, mnistcu_ctx_device_name(ctx), gemm_json, cnn_json, precision_json, mnistcu_ctx_threads(ctx),
+           layers,
            (unsigned long)want_params, batch, (double)lr, (double)momentum, (unsigned long)info.count,
            (unsigned long)warmup_images, (unsigned long)test_info.count, epochs, med);
     for (e = 0; e < epochs; ++e) printf("%s%.4f", e ? "," : "", ms[e]);

@@ -26,6 +26,10 @@
 #   EPOCHS           timed epochs of P2/P3/P7 (default 6; P1 always runs its 10)
 #   CNN_EPOCHS       timed epochs of P4/P5 on the GPU (default 3), after one warm-up epoch
 #   CUDNN_BENCH      1 (default): P4/P5 also with PyTorch graph + cudnn.benchmark; 0: not
+#   PRECISIONS       reduced-precision mnistcu rows (default "tf32 bf16"; "" for none): each
+#                    configuration again with --precision P, own kernels and cuBLAS, reported beside
+#                    FP32 (speed and test accuracy against the same path), never as mnistcu's best;
+#                    none when CUDA_ARCH is below 80 (no tensor cores)
 #   KERNELS          kernel programs after the configurations (default "gemm conv"; "" for none)
 #   TORCH_CPU_EPOCHS PyTorch's timed P7 epochs (default 5)
 #   CPU_CNN_EPOCHS   timed epochs of the CPU LeNet-5 rows (default 1)
@@ -65,6 +69,7 @@ CONFIGS=${CONFIGS:-P1 P2 P3 P4 P5}
 EPOCHS=${EPOCHS:-6}
 CNN_EPOCHS=${CNN_EPOCHS:-3}
 CUDNN_BENCH=${CUDNN_BENCH:-1}
+PRECISIONS=${PRECISIONS-tf32 bf16}
 KERNELS=${KERNELS-gemm conv}
 PEERS=$(echo ${PEERS-eager graph compile jax})
 TORCH_CPU_EPOCHS=${TORCH_CPU_EPOCHS:-5}
@@ -223,8 +228,10 @@ def label(r):
             return "mnistcu cpu %dt" % r["threads"]
         conv = r["config"] in ("P4", "P5") or r.get("model") in ("lenet5", "fashion-cnn")
         return ("mnistcu " + r["gemm"] + ("+cudnn" if conv and r.get("cnn") == "cudnn" else "")
-                + (" fused" if r.get("fused_steps") else ""))
+                + (" fused" if r.get("fused_steps") else "") + ("" if fp32(r) else " " + r["precision"]))
     return r["impl"] + ("" if r["device"] == "cuda" else " cpu %st" % r.get("threads"))
+def fp32(r):  # the reference precision; TF32 and BF16 rows are reported beside it, not counted as mnistcu's best
+    return r.get("precision", "fp32") == "fp32"
 def epochs(r):
     n, w = r.get("train_images", 0), r.get("warmup_images", r.get("train_images", 0))
     return "%s+%d" % ("1" if w == n or not n else "%.2f" % (w / float(n)), r["epochs"])
@@ -241,7 +248,7 @@ print("| config | impl | time | test acc | train loss | epochs (warm-up+timed) |
 print("|---|---|---|---|---|---|---|")
 for k in groups:
     rs = [r for r in rows if key(r) == k]
-    ours = [t(r) for r in rs if r["impl"] == "mnistcu" and not r.get("failed")]
+    ours = [t(r) for r in rs if r["impl"] == "mnistcu" and not r.get("failed") and fp32(r)]
     best = min(ours) if ours else None
     complete = k[2] >= FULL.get(k[0], 60000)
     for r in rs:
@@ -261,8 +268,17 @@ print("mnistcu against the peers (PyTorch, JAX), same run (the peer's time / mni
       "mnistcu is faster; last, mnistcu's best time / the best peer's time: below 1 means mnistcu is faster):")
 for k in groups:
     rs = [r for r in rows if key(r) == k]
-    mn = [r for r in rs if r["impl"] == "mnistcu" and not r.get("failed")]
+    mn = [r for r in rs if r["impl"] == "mnistcu" and not r.get("failed") and fp32(r)]
     th = [r for r in rs if r["impl"] != "mnistcu" and not r.get("failed")]
+    for r in rs:  # reduced precision: against the same path in FP32 (time, accuracy)
+        if r["impl"] == "mnistcu" and not r.get("failed") and not fp32(r):
+            ref = [q for q in mn if q["gemm"] == r["gemm"] and (k[0] not in ("P4", "P5") or q.get("cnn") == r.get("cnn"))
+                   and bool(q.get("fused_steps")) == bool(r.get("fused_steps"))]
+            if ref:
+                q = min(ref, key=t)
+                print("  %s: %s %s vs %s %s: %.2fx faster, test accuracy %+.2f points"
+                      % (gname(k), label(r), unit(r), label(q), unit(q), t(q) / t(r),
+                         100 * (r["test_accuracy"] - q["test_accuracy"])))
     for r in rs:
         if r.get("failed"):
             print("  %s: %s FAILED: %s" % (gname(k), label(r), reason(r)))
@@ -363,6 +379,16 @@ gpu_configs() {
                         run_json "mnistcu $C cublas" build/bench_cuda "$C" --device cuda --gemm cublas --epochs "$EP" --data "$CD"
                     fi ;;
             esac
+            gc_precs=$PRECISIONS
+            if [ "$CUDA_ARCH" -lt 80 ] 2>/dev/null; then gc_precs=""; fi  # no tensor cores for TF32/BF16 before sm_80
+            for gc_prec in $gc_precs; do  # the tensor cores: own kernels, then cuBLAS (the CNNs: own convolutions)
+                run_json "mnistcu $C own $gc_prec" build/bench_cuda "$C" --device cuda --gemm own --cnn own \
+                    --precision "$gc_prec" --epochs "$EP" --data "$CD"
+                if [ "$HAVE_CUBLAS" = 1 ]; then
+                    run_json "mnistcu $C cublas $gc_prec" build/bench_cuda "$C" --device cuda --gemm cublas --cnn own \
+                        --precision "$gc_prec" --epochs "$EP" --data "$CD"
+                fi
+            done
         fi
         # the peers (PEERS), each in its own process; a failed one leaves a failed row
         for gc_peer in $PEERS; do

@@ -92,6 +92,9 @@ static void print_help(FILE *f)
           "  --device NAME         cpu, cuda or auto (default: auto; MNISTCU_DEVICE=cpu|cuda\n"
           "                        in the environment decides when auto)\n"
           "  --threads N           CPU threads, 0 = all cores (default: 0)\n"
+          "  --precision P         GPU matrix products: fp32, or tf32 / bf16 on the tensor\n"
+          "                        cores (sm_80+; FP32 weights and sums, faster, not the\n"
+          "                        same bits; the CPU stays fp32) (default: fp32)\n"
           "  --loss NAME           ce (softmax cross-entropy), mse (against one-hot labels),\n"
           "                        bce (sigmoid per class, on logits), hinge (multi-class,\n"
           "                        as torch.nn.MultiMarginLoss) (default: ce)\n"
@@ -436,7 +439,7 @@ typedef enum option_id {
     OPT_LOG, OPT_LOG_EVERY, OPT_PLOT, OPT_INIT, OPT_OPTIM, OPT_BETAS, OPT_EPS, OPT_AMSGRAD, OPT_ALPHA, OPT_CENTERED,
     OPT_DAMPENING, OPT_LR_DECAY, OPT_INITIAL_ACC, OPT_L2, OPT_CLIP, OPT_LOSS, OPT_LABEL_SMOOTHING, OPT_MARGIN,
     OPT_HINGE_P, OPT_REDUCTION, OPT_AUGMENT, OPT_SAVE, OPT_SAVE_LOGITS, OPT_CHECKPOINT, OPT_CHECKPOINT_EVERY,
-    OPT_CHECKPOINT_EVERY_STEPS, OPT_KEEP_CHECKPOINTS, OPT_CHECKPOINT_BEST, OPT_RESUME, OPT_NO_FUSED
+    OPT_CHECKPOINT_EVERY_STEPS, OPT_KEEP_CHECKPOINTS, OPT_CHECKPOINT_BEST, OPT_RESUME, OPT_NO_FUSED, OPT_PRECISION
 } option_id;
 
 typedef struct option_spec {
@@ -457,6 +460,7 @@ static const option_spec option_table[] = {
     {"--limit", OPT_LIMIT, 1, CMD_BOTH},
     {"--device", OPT_DEVICE, 1, CMD_BOTH},
     {"--threads", OPT_THREADS, 1, CMD_BOTH},
+    {"--precision", OPT_PRECISION, 1, CMD_BOTH},
     {"--quiet", OPT_QUIET, 0, CMD_BOTH},
     {"--epochs", OPT_EPOCHS, 1, CMD_TRAIN},
     {"--batch", OPT_BATCH, 1, CMD_TRAIN},
@@ -518,6 +522,7 @@ typedef struct cli_options {
     mnistcu_norm norm;
     size_t limit;                /* 0: every training sample */
     mnistcu_device device;
+    mnistcu_precision precision; /* --precision */
     int threads;
     int quiet;
     /* training */
@@ -691,6 +696,12 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
     case OPT_THREADS:
         if (!parse_integer(name, v, 0, 4096, &n)) return 0;
         o->threads = (int)n;
+        return 1;
+    case OPT_PRECISION:
+        if (strcmp(v, "fp32") == 0) o->precision = MNISTCU_PRECISION_FP32;
+        else if (strcmp(v, "tf32") == 0) o->precision = MNISTCU_PRECISION_TF32;
+        else if (strcmp(v, "bf16") == 0) o->precision = MNISTCU_PRECISION_BF16;
+        else break;
         return 1;
     case OPT_QUIET: o->quiet = 1; return 1;
     case OPT_EPOCHS:
@@ -1046,7 +1057,8 @@ static int parse_options(int argc, char **argv, int command, cli_options *o)
    Context, datasets and model
    ========================================================================== */
 
-static int create_context(mnistcu_device device, uint64_t seed, int threads, mnistcu_ctx **ctx)
+static int create_context(mnistcu_device device, uint64_t seed, int threads, mnistcu_precision precision,
+                          mnistcu_ctx **ctx)
 {
     mnistcu_ctx_desc desc;
     mnistcu_result r;
@@ -1054,10 +1066,20 @@ static int create_context(mnistcu_device device, uint64_t seed, int threads, mni
     desc.device = device;
     desc.seed = seed;
     desc.threads = threads;
+    desc.precision = precision;
     desc.log_level = MNISTCU_LOG_WARN; /* no INFO lines: we print our own progress */
     desc.log = cli_log;
     r = mnistcu_ctx_create(ctx, &desc); /* on failure *ctx may still hold the message */
     return !failed(*ctx, r);
+}
+
+/* The precision the context's matrix products use (after resolution). */
+static const char *precision_name(const mnistcu_ctx *ctx)
+{
+    mnistcu_ctx_desc d;
+    memset(&d, 0, sizeof d);
+    mnistcu_ctx_resolved_desc(ctx, &d);
+    return d.precision == MNISTCU_PRECISION_TF32 ? "tf32" : d.precision == MNISTCU_PRECISION_BF16 ? "bf16" : "fp32";
 }
 
 /* Loads DIR/mnist or DIR/fashion-mnist, train or test split. */
@@ -1914,7 +1936,8 @@ static int resume_options(cli_options *o)
     mnistcu_ctx *ctx = NULL;
     mnistcu_checkpoint_info ci;
     const char *p;
-    int ok = create_context(MNISTCU_DEVICE_CPU, 0, 1, &ctx) && !failed(ctx, mnistcu_checkpoint_info_get(ctx, o->resume, &ci));
+    int ok = create_context(MNISTCU_DEVICE_CPU, 0, 1, MNISTCU_PRECISION_DEFAULT, &ctx) &&
+             !failed(ctx, mnistcu_checkpoint_info_get(ctx, o->resume, &ci));
     mnistcu_ctx_destroy(ctx);
     if (!ok) return 0;
     o->seed = ci.seed;
@@ -1976,7 +1999,7 @@ static int cmd_train(int argc, char **argv)
     if (o.resume && !resume_options(&o)) goto done;
 
     /* 1. Context: device, seed (initialisation, shuffling, the validation split), threads. */
-    if (!create_context(o.device, o.seed, o.threads, &ctx)) goto done;
+    if (!create_context(o.device, o.seed, o.threads, o.precision, &ctx)) goto done;
 
     /* 2. Data. Standard normalisation uses the training set's statistics for both sets. */
     if (!load_split(ctx, &o, MNISTCU_SPLIT_TRAIN, &all) || !load_split(ctx, &o, MNISTCU_SPLIT_TEST, &test)) goto done;
@@ -2107,6 +2130,7 @@ static int cmd_train(int argc, char **argv)
     json_field_num("images_per_second", "%.1f",
                    result.seconds > 0.0 ? (double)train_info.count * result.epochs / result.seconds : 0.0);
     json_field_str("device", mnistcu_ctx_device_name(ctx));
+    json_field_str("precision", precision_name(ctx));
     printf(",\"seed\":%llu", (unsigned long long)o.seed);
     json_field_str("version", MNISTCU_VERSION_STRING);
     printf("}\n");
@@ -2182,7 +2206,7 @@ static int cmd_eval(int argc, char **argv)
     default: break;
     }
 
-    if (!create_context(o.device, o.seed, o.threads, &ctx)) goto done;
+    if (!create_context(o.device, o.seed, o.threads, o.precision, &ctx)) goto done;
     if (!load_split(ctx, &o, MNISTCU_SPLIT_TEST, &test)) goto done;
     if (o.norm == MNISTCU_NORM_STANDARD && !o.model_file) { /* a model file keeps its normalisation */
         /* The mean and deviation come from the training set, as in train. */
@@ -2216,6 +2240,7 @@ static int cmd_eval(int argc, char **argv)
     else json_field_str("weights", o.weights);
     printf(",\"params\":%zu,\"num_params\":%zu", mnistcu_model_num_params(net), mnistcu_model_num_params(net));
     json_field_str("device", mnistcu_ctx_device_name(ctx));
+    json_field_str("precision", precision_name(ctx));
     json_field_str("version", MNISTCU_VERSION_STRING);
     printf("}\n");
     status = EXIT_OK;
@@ -2298,7 +2323,8 @@ static int info_model(const char *path)
     char spec[2048];
     size_t c;
     int is_checkpoint = 0;
-    if (!create_context(MNISTCU_DEVICE_CPU, 0, 0, &ctx) || failed(ctx, mnistcu_model_load(ctx, path, &net))) {
+    if (!create_context(MNISTCU_DEVICE_CPU, 0, 0, MNISTCU_PRECISION_DEFAULT, &ctx) ||
+        failed(ctx, mnistcu_model_load(ctx, path, &net))) {
         printf("{\"command\":\"info\"");
         json_field_str("file", path);
         json_error_fields();
@@ -2396,7 +2422,8 @@ static int cmd_info(int argc, char **argv)
 
     /* Reading a file needs no GPU: a CPU context starts instantly. */
     memset(&t, 0, sizeof t);
-    if (!create_context(MNISTCU_DEVICE_CPU, 0, 0, &ctx) || failed(ctx, mnistcu_idx_load_file(ctx, path, &t))) {
+    if (!create_context(MNISTCU_DEVICE_CPU, 0, 0, MNISTCU_PRECISION_DEFAULT, &ctx) ||
+        failed(ctx, mnistcu_idx_load_file(ctx, path, &t))) {
         printf("{\"command\":\"info\"");
         json_field_str("file", path);
         json_error_fields();
@@ -2533,7 +2560,9 @@ static int cmd_predict(int argc, char **argv)
         free(images);
         return EXIT_USAGE;
     }
-    if (!create_context(device, 0, 0, &ctx) || failed(ctx, mnistcu_model_load(ctx, model, &net))) goto done;
+    if (!create_context(device, 0, 0, MNISTCU_PRECISION_DEFAULT, &ctx) ||
+        failed(ctx, mnistcu_model_load(ctx, model, &net)))
+        goto done;
     mnistcu_model_info_get(net, &mi);
     /* flat models (1x1xN or Nx1x1) take a square image of N pixels; others one channel of HxH */
     flat = mi.input_shape[1] == 1 && (mi.input_shape[0] == 1 || mi.input_shape[2] == 1);
@@ -2669,7 +2698,8 @@ static int cmd_export(int argc, char **argv)
         usage_error("export needs --onnx OUT and --model FILE (a model file written by train --save)");
         return EXIT_USAGE;
     }
-    if (create_context(MNISTCU_DEVICE_CPU, 0, 0, &ctx) && !failed(ctx, mnistcu_model_load(ctx, model, &net)) &&
+    if (create_context(MNISTCU_DEVICE_CPU, 0, 0, MNISTCU_PRECISION_DEFAULT, &ctx) &&
+        !failed(ctx, mnistcu_model_load(ctx, model, &net)) &&
         !failed(ctx, mnistcu_model_export_onnx(net, onnx))) {
         mnistcu_model_info mi;
         mnistcu_model_info_get(net, &mi);

@@ -414,6 +414,23 @@ else
     fail "--device cuda: exit 0, or 1 with one clear error (exit $status)"
 fi
 
+# --precision: the GPU's products; the CPU computes in FP32 and says so in the JSON
+run train --limit 1000 --epochs 1 --layers 784-32-10 --device cpu --quiet --precision tf32
+if [ "$status" -eq 0 ] && json_check 'j["precision"] == "fp32"'; then
+    pass "--precision tf32 on the CPU: trains in FP32, JSON precision fp32"
+else
+    fail "--precision tf32 on the CPU: trains in FP32, JSON precision fp32 ($(tail -n 1 "$TMP/out"))"
+fi
+if [ "$status" -eq 0 ]; then
+    cpu_tf32_loss=$(json_number train_loss)
+    run train --limit 1000 --epochs 1 --layers 784-32-10 --device cpu --quiet
+    if [ "$status" -eq 0 ] && [ "$(json_number train_loss)" = "$cpu_tf32_loss" ]; then
+        pass "--precision tf32 on the CPU: the same loss as without it"
+    else
+        fail "--precision tf32 on the CPU: the same loss as without it ($cpu_tf32_loss; $(tail -n 1 "$TMP/out"))"
+    fi
+fi
+
 # --no-fused is a training option on every device; the CPU never runs the fused GPU kernel
 run train --limit 1000 --epochs 1 --layers 784-32-10 --device cpu --quiet --no-fused
 if [ "$status" -eq 0 ] && json_check 'j["fused_steps"] == 0 and j["epochs"] == 1'; then
@@ -503,7 +520,7 @@ else
 fi
 for bad in "--optim sgd --amsgrad" "--optim adam --momentum 0.9" "--optim rmsprop --betas 0.9,0.99" \
            "--betas 0.9" "--loss mse --label-smoothing 0.1" "--loss ce --margin 2" "--augment rotate=100" \
-           "--augment spin=3" "--optim lbfgs" "--clip -1" "--reduction median"; do
+           "--augment spin=3" "--optim lbfgs" "--clip -1" "--reduction median" "--precision fp16"; do
     run train $SMALL $bad
     if [ "$status" -eq 2 ] && [ ! -s "$TMP/out" ]; then
         pass "usage error: $bad"

@@ -139,6 +139,240 @@ TEST cuda_gemm_cublas_matches_cpu(void)
 #endif
 }
 
+/* ---- reduced precision (mnistcu_ctx_desc.precision) ------------------------------ */
+/* Whether this GPU has tensor cores for TF32 and BF16 (sm_80 and newer). */
+static int tc_has_tensor_cores(void)
+{
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+        return 0;
+    return major >= 8;
+}
+
+static mnistcu_ctx *tc_ctx_prec(mnistcu_gemm gemm, mnistcu_precision prec)
+{
+    mnistcu_ctx_desc d;
+    mnistcu_ctx *ctx = NULL;
+    memset(&d, 0, sizeof d);
+    d.device = MNISTCU_DEVICE_CUDA;
+    d.log_level = MNISTCU_LOG_SILENT;
+    d.seed = 1234;
+    d.gemm = gemm;
+    d.cnn = MNISTCU_CNN_OWN;
+    d.precision = prec;
+    if (mnistcu_ctx_create(&ctx, &d) != MNISTCU_OK) {
+        mnistcu_ctx_destroy(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* One product in reduced precision against a double-precision reference, element
+   by element: |got - ref| <= (2u + u^2 + K 2^-23) sum_k |a_k b_k| + 1e-6, the
+   rounding of both operands (unit u: 2^-10 covers TF32 whether rounded or
+   truncated, 2^-8 BF16 rounded to nearest) and an FP32 sum of K terms that may
+   truncate (as the tensor cores' additions may); the
+   activations applied after are 1-Lipschitz. *differs counts the outputs that
+   are not bitwise the FP32 product's (0 would mean the tensor cores were not used). */
+static int tc_gemm_prec_case(mnistcu_ctx *g, mnistcu_ctx *g32, double u, int ta, int tb, size_t M, size_t N, size_t K,
+                             int act, size_t *differs, char *msg, size_t msg_size)
+{
+    tu_rng rng = tu_rng_make(M * 131 + N * 7 + K + (size_t)ta * 3 + (size_t)tb * 5 + (size_t)act);
+    size_t lda = ta ? M : K, ldb = tb ? K : N, i, j, k;
+    float *A = tu_random_floats(&rng, M * K, -1, 1), *B = tu_random_floats(&rng, K * N, -1, 1);
+    float *bias = tu_random_floats(&rng, N, -1, 1), *got, *got32;
+    float *dA = tc_up(A, M * K), *dB = tc_up(B, K * N), *dbias = tc_up(bias, N), *dC = tc_poisoned(M * N);
+    float *dC32 = tc_poisoned(M * N);
+    int ok = 1;
+    if (mnistcu__cuda_gemm(g, ta, tb, M, N, K, dA, lda, dB, ldb, dC, N, act ? dbias : NULL, act) != MNISTCU_OK ||
+        mnistcu__cuda_gemm(g32, ta, tb, M, N, K, dA, lda, dB, ldb, dC32, N, act ? dbias : NULL, act) != MNISTCU_OK) {
+        snprintf(msg, msg_size, "%lux%lux%lu: %.200s", (unsigned long)M, (unsigned long)N, (unsigned long)K,
+                 mnistcu_ctx_error(g));
+        ok = 0;
+    }
+    got = tc_down(dC, M * N);
+    got32 = tc_down(dC32, M * N);
+    for (i = 0; ok && i < M; ++i)
+        for (j = 0; ok && j < N; ++j) {
+            double ref = 0.0, mag = 0.0, bound, v;
+            for (k = 0; k < K; ++k) {
+                double a = ta ? A[k * lda + i] : A[i * lda + k], b = tb ? B[j * ldb + k] : B[k * ldb + j];
+                ref += a * b;
+                mag += fabs(a * b);
+            }
+            if (act) ref = mnistcu__act_f((mnistcu_act)act, (float)(ref + bias[j]));
+            bound = (2.0 * u + u * u + (double)K * ldexp(1.0, -23)) * mag + 1e-6;
+            v = got[i * N + j];
+            if (!(fabs(v - ref) <= bound)) {
+                snprintf(msg, msg_size, "ta=%d tb=%d act=%d %lux%lux%lu: C[%lu][%lu] = %.9g, reference %.9g, bound %.3g",
+                         ta, tb, act, (unsigned long)M, (unsigned long)N, (unsigned long)K, (unsigned long)i,
+                         (unsigned long)j, v, ref, bound);
+                ok = 0;
+            }
+            if (memcmp(&got[i * N + j], &got32[i * N + j], sizeof(float)) != 0) ++*differs;
+        }
+    free(A); free(B); free(bias); free(got); free(got32);
+    cudaFree(dA); cudaFree(dB); cudaFree(dbias); cudaFree(dC); cudaFree(dC32);
+    return ok;
+}
+
+TEST cuda_gemm_reduced_precision_within_bound(void)
+{
+    /* the first three on the tensor cores in the own path (16 tiles or more; the second with K split), the
+       rest small products that it keeps in FP32 */
+    static const size_t dims[][3] = {{520, 1030, 200}, {128, 576, 1100}, {200, 1024, 300}, {1, 10, 784},
+                                     {7, 37, 100}, {64, 128, 784}, {65, 63, 17}, {6, 25, 36864}};
+    int path, prec, ta, tb, act;
+    if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32 and BF16 resolve to FP32");
+    for (path = 0; path < 2; ++path) {
+        mnistcu_gemm gemm = path ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
+#ifndef MNISTCU_CUBLAS
+        if (path) break;
+#endif
+        for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_BF16; ++prec) {
+            mnistcu_ctx *g = tc_ctx_prec(gemm, (mnistcu_precision)prec), *g32 = tc_ctx_prec(gemm, MNISTCU_PRECISION_FP32);
+            mnistcu_ctx_desc rd;
+            double u = prec == MNISTCU_PRECISION_TF32 ? ldexp(1.0, -10) : ldexp(1.0, -8);
+            size_t i, differs = 0, tc_outputs = 0;
+            char msg[320];
+            ASSERT(g && g32);
+            mnistcu_ctx_resolved_desc(g, &rd);
+            ASSERT_EQ((int)prec, (int)rd.precision); /* the test GPUs have tensor cores (sm_80+) */
+            ASSERT(strstr(mnistcu_ctx_device_name(g), prec == MNISTCU_PRECISION_TF32 ? ", TF32" : ", BF16"));
+            for (i = 0; i < sizeof dims / sizeof dims[0]; ++i) {
+                size_t dif = 0, tiles = ((dims[i][0] + 63) / 64) * ((dims[i][1] + 63) / 64);
+                if (tiles >= MNISTCU__TC_MIN_TILES) tc_outputs += 7 * dims[i][0] * dims[i][1];
+                for (ta = 0; ta < 2; ++ta)
+                    for (tb = 0; tb < 2; ++tb)
+                        if (!tc_gemm_prec_case(g, g32, u, ta, tb, dims[i][0], dims[i][1], dims[i][2], 0, &dif, msg,
+                                               sizeof msg))
+                            FAILm(msg);
+                for (act = MNISTCU_ACT_RELU; act <= MNISTCU_ACT_TANH; ++act)
+                    if (!tc_gemm_prec_case(g, g32, u, 0, 1, dims[i][0], dims[i][1], dims[i][2], act, &dif, msg,
+                                           sizeof msg))
+                        FAILm(msg);
+                if (!path && tiles < MNISTCU__TC_MIN_TILES) ASSERT_EQ((size_t)0, dif); /* kept in FP32: its bits */
+                differs += dif;
+            }
+            printf("    %s %s: %lu outputs differ from FP32's bits (%lu on the own tensor-core path)\n",
+                   path ? "cuBLAS" : "own", prec == MNISTCU_PRECISION_TF32 ? "TF32" : "BF16", (unsigned long)differs,
+                   (unsigned long)tc_outputs);
+            /* the own kernels: most tensor-core outputs are not FP32's bits; cuBLAS may keep FP32 kernels for
+               some shapes, but not one output differing would mean it never took the reduced-precision call */
+            if (!path) ASSERT(differs > tc_outputs / 2);
+            else ASSERT(differs > 0);
+            mnistcu_ctx_destroy(g);
+            mnistcu_ctx_destroy(g32);
+        }
+    }
+    PASS();
+}
+
+/* The tensor-core kernel on two small products (the least tiles it takes; K split
+   into slices), both precisions, plain and fused: small enough for racecheck. */
+TEST cuda_gemm_reduced_precision_small(void)
+{
+    static const size_t dims[][3] = {{256, 256, 40}, {128, 576, 1100}};
+    int prec, i, ta, tb;
+    if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32 and BF16 resolve to FP32");
+    for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_BF16; ++prec) {
+        mnistcu_ctx *g = tc_ctx_prec(MNISTCU_GEMM_OWN, (mnistcu_precision)prec);
+        mnistcu_ctx *g32 = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
+        double u = prec == MNISTCU_PRECISION_TF32 ? ldexp(1.0, -10) : ldexp(1.0, -8);
+        char msg[320];
+        ASSERT(g && g32);
+        for (i = 0; i < 2; ++i) {
+            size_t dif = 0;
+            for (ta = 0; ta < 2; ++ta)
+                for (tb = 0; tb < 2; ++tb)
+                    if (!tc_gemm_prec_case(g, g32, u, ta, tb, dims[i][0], dims[i][1], dims[i][2], 0, &dif, msg,
+                                           sizeof msg))
+                        FAILm(msg);
+            if (!tc_gemm_prec_case(g, g32, u, 0, 1, dims[i][0], dims[i][1], dims[i][2], MNISTCU_ACT_RELU, &dif, msg,
+                                   sizeof msg))
+                FAILm(msg);
+            ASSERT(dif > 5 * dims[i][0] * dims[i][1] / 2); /* most outputs are not FP32's bits */
+        }
+        mnistcu_ctx_destroy(g);
+        mnistcu_ctx_destroy(g32);
+    }
+    PASS();
+}
+
+/* Training with TF32 or BF16 products follows FP32's loss closely, on an MLP and
+   on a CNN whose second convolution goes through im2col and the product (more
+   than 16 input channels), for the own kernels and cuBLAS; it is not FP32 (the
+   weights differ) and it repeats to the bit; the fused MLP kernel declines it. */
+static int tc_prec_train(mnistcu_gemm gemm, mnistcu_precision prec, const char *spec, int steps, double *loss,
+                         float **params, size_t *np)
+{
+    mnistcu_ctx *g = tc_ctx_prec(gemm, prec);
+    mnistcu_model *m = NULL;
+    tu_rng rng = tu_rng_make(11);
+    float *x = tu_random_floats(&rng, 32 * 100, -1, 1);
+    int32_t labels[32];
+    mnistcu_optim_desc o;
+    int i, ok = g != NULL;
+    memset(&o, 0, sizeof o);
+    o.learning_rate = 0.05f;
+    o.momentum = 0.9f;
+    for (i = 0; i < 32; ++i) labels[i] = (int32_t)(i % 10);
+    ok = ok && mnistcu_model_create_spec(g, spec, &m) == MNISTCU_OK;
+    for (i = 0; ok && i < steps; ++i)
+        ok = mnistcu_model_compute_grads(m, x, labels, 32, loss) == MNISTCU_OK &&
+             mnistcu_model_apply_grads(m, &o) == MNISTCU_OK;
+    if (ok) {
+        *np = m->num_params;
+        *params = tc_down(m->params, *np);
+    } else if (g) {
+        printf("    %s\n", mnistcu_ctx_error(g));
+    }
+    free(x);
+    mnistcu_ctx_destroy(g);
+    return ok;
+}
+
+TEST cuda_training_reduced_precision_close_to_fp32(void)
+{
+    static const char *const specs[2] = {"1x10x10 flatten dense1024 relu dense256 relu dense10",
+                                         "1x10x10 conv3x3x20:p=1 relu conv3x3x8 relu maxpool2 flatten dense32 relu dense10"};
+    int path, prec, sp;
+    if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32 and BF16 resolve to FP32");
+    for (path = 0; path < 2; ++path) {
+        mnistcu_gemm gemm = path ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
+#ifndef MNISTCU_CUBLAS
+        if (path) break;
+#endif
+        for (sp = 0; sp < 2; ++sp) {
+            double l32 = 0.0, first = 0.0;
+            float *p32 = NULL;
+            size_t n32 = 0;
+            ASSERT(tc_prec_train(gemm, MNISTCU_PRECISION_FP32, specs[sp], 1, &first, &p32, &n32));
+            free(p32);
+            ASSERT(tc_prec_train(gemm, MNISTCU_PRECISION_FP32, specs[sp], 40, &l32, &p32, &n32));
+            for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_BF16; ++prec) {
+                double l = 0.0, l2 = 0.0;
+                float *p = NULL, *p2 = NULL;
+                size_t n = 0, n2 = 0, i, same = 0;
+                ASSERT(tc_prec_train(gemm, (mnistcu_precision)prec, specs[sp], 40, &l, &p, &n));
+                ASSERT(tc_prec_train(gemm, (mnistcu_precision)prec, specs[sp], 40, &l2, &p2, &n2));
+                printf("    %s %s %s: loss after 40 steps %.6f (FP32 %.6f, first step %.6f)\n", path ? "cuBLAS" : "own",
+                       prec == MNISTCU_PRECISION_TF32 ? "TF32" : "BF16", sp ? "CNN" : "MLP", l, l32, first);
+                ASSERT_EQ(n32, n);
+                ASSERT(l32 < 0.5 * first);                   /* FP32 learns */
+                ASSERT_IN_RANGE(l32, l, 0.05 * first);       /* and the reduced precision follows it */
+                ASSERT_ARRAY_EQ_BITS_F(p, p2, n);            /* repeatable */
+                for (i = 0; i < n; ++i) same += memcmp(&p[i], &p32[i], sizeof(float)) == 0;
+                if (!path) ASSERT(same < n / 2); /* not FP32 (the own kernels; cuBLAS may keep FP32 kernels) */
+                free(p); free(p2);
+            }
+            free(p32);
+        }
+    }
+    PASS();
+}
+
 TEST cuda_elementwise_ops_match_cpu(void)
 {
     mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN), *c = tu_ctx(MNISTCU_DEVICE_CPU, 1);
@@ -1139,6 +1373,7 @@ typedef struct tc_fused_case {
     mnistcu_loss loss;
     float smoothing;
     mnistcu_optim_desc optim;
+    mnistcu_precision precision;
 } tc_fused_case;
 
 /* count images of D = 28 x 28 bytes, or 1 x D, as IDX files in memory: a u8 dataset. */
@@ -1172,7 +1407,7 @@ static mnistcu_dataset *tc_u8_dataset(mnistcu_ctx *ctx, size_t count, int D, int
 
 static float *tc_fused_train(const tc_fused_case *c, int no_fused, size_t *np, mnistcu_train_result *res)
 {
-    mnistcu_ctx *ctx = tc_ctx(MNISTCU_GEMM_OWN);
+    mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, c->precision);
     mnistcu_dataset *ds = NULL;
     mnistcu_model *m = NULL;
     mnistcu_model_desc md;
@@ -1329,6 +1564,12 @@ TEST cuda_fused_mlp_declines_what_it_cannot_do(void)
     ASSERT_EQ((size_t)0, r.fused_steps);
     free(p);
     c.optim.clip_norm = 0.0f;
+    c.precision = MNISTCU_PRECISION_TF32; /* FP32 products only (without tensor cores the context is FP32) */
+    p = tc_fused_train(&c, 0, &np, &r);
+    ASSERT(p);
+    ASSERT_EQ(tc_has_tensor_cores() ? (size_t)0 : (size_t)5, r.fused_steps);
+    free(p);
+    c.precision = MNISTCU_PRECISION_FP32;
     p = tc_fused_train(&c, 0, &np, &r);
     ASSERT(p);
     ASSERT_EQ((size_t)5, r.fused_steps);
@@ -1342,6 +1583,9 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_gemm_own_kernel_matches_cpu);
     RUN_TEST(cuda_gemm_cublas_matches_cpu);
     RUN_TEST(cuda_gemm_kernels_agree_bitwise);
+    RUN_TEST(cuda_gemm_reduced_precision_within_bound);
+    RUN_TEST(cuda_gemm_reduced_precision_small);
+    RUN_TEST(cuda_training_reduced_precision_close_to_fp32);
     RUN_TEST(cuda_elementwise_ops_match_cpu);
     RUN_TEST(cuda_optimizers_match_cpu);
     RUN_TEST(cuda_augment_matches_cpu_bitwise);

@@ -1160,7 +1160,7 @@ TEST ctx_create_rejects_out_of_range_fields(void)
 {
     int k;
     log_sink sink;
-    for (k = 0; k < 7; ++k) {
+    for (k = 0; k < 8; ++k) {
         mnistcu_ctx_desc d;
         mnistcu_ctx *ctx = NULL;
         mnistcu_result r;
@@ -1176,6 +1176,7 @@ TEST ctx_create_rejects_out_of_range_fields(void)
         case 3: d.cuda_device = -1; break;
         case 4: d.gemm = (mnistcu_gemm)3; break;
         case 5: d.data_mode = (mnistcu_data_mode)3; break;
+        case 6: d.precision = (mnistcu_precision)4; break;
         default: d.allocator.free = plain_free; break; /* free without alloc */
         }
         r = mnistcu_ctx_create(&ctx, &d);
@@ -1184,6 +1185,31 @@ TEST ctx_create_rejects_out_of_range_fields(void)
             ASSERT(mnistcu_ctx_error(ctx)[0] != 0);
             mnistcu_ctx_destroy(ctx);
         }
+    }
+    PASS();
+}
+
+/* TF32 and BF16 are GPU product modes: a CPU context resolves them to FP32 and
+   says so in its log; DEFAULT resolves to FP32 everywhere. */
+TEST precision_on_the_cpu_resolves_to_fp32(void)
+{
+    int k;
+    for (k = MNISTCU_PRECISION_DEFAULT; k <= MNISTCU_PRECISION_BF16; ++k) {
+        mnistcu_ctx_desc d, rd;
+        mnistcu_ctx *ctx = NULL;
+        log_sink sink;
+        memset(&d, 0, sizeof d);
+        memset(&sink, 0, sizeof sink);
+        d.device = MNISTCU_DEVICE_CPU;
+        d.log = sink_log;
+        d.log_user = &sink;
+        d.precision = (mnistcu_precision)k;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_ctx_create(&ctx, &d));
+        mnistcu_ctx_resolved_desc(ctx, &rd);
+        ASSERT_EQ((int)MNISTCU_PRECISION_FP32, (int)rd.precision);
+        if (k >= MNISTCU_PRECISION_TF32) ASSERT(strstr(sink.last, "the CPU computes in FP32") != NULL);
+        else ASSERT(strstr(sink.last, "precision") == NULL);
+        mnistcu_ctx_destroy(ctx);
     }
     PASS();
 }
@@ -1547,6 +1573,7 @@ SUITE(api_suite)
     RUN_TEST(compute_grads_label_range);
     RUN_TEST(result_names_and_strings);
     RUN_TEST(ctx_create_rejects_out_of_range_fields);
+    RUN_TEST(precision_on_the_cpu_resolves_to_fp32);
     RUN_TEST(device_environment_variable);
     RUN_TEST(custom_allocator_sees_every_allocation_freed);
     RUN_TEST(failing_allocator_gives_out_of_memory);
