@@ -45,10 +45,11 @@ static double tc_relerr(const float *got, const float *ref, size_t n)
     return den > 0.0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* A GPU context with the given matrix-product path and the CNN path in tc_cnn_path. */
+/* The CNN path of the contexts tc_ctx and tc_ctx_prec make. */
 static mnistcu_cnn tc_cnn_path = MNISTCU_CNN_OWN;
 
-static mnistcu_ctx *tc_ctx(mnistcu_gemm gemm)
+/* A GPU context with the given matrix-product path and precision, and the CNN path in tc_cnn_path. */
+static mnistcu_ctx *tc_ctx_prec(mnistcu_gemm gemm, mnistcu_precision prec)
 {
     mnistcu_ctx_desc d;
     mnistcu_ctx *ctx = NULL;
@@ -58,12 +59,15 @@ static mnistcu_ctx *tc_ctx(mnistcu_gemm gemm)
     d.seed = 1234;
     d.gemm = gemm;
     d.cnn = tc_cnn_path;
+    d.precision = prec;
     if (mnistcu_ctx_create(&ctx, &d) != MNISTCU_OK) {
         mnistcu_ctx_destroy(ctx);
         return NULL;
     }
     return ctx;
 }
+
+static mnistcu_ctx *tc_ctx(mnistcu_gemm gemm) { return tc_ctx_prec(gemm, MNISTCU_PRECISION_DEFAULT); }
 
 #define TC_MAX_REL 1e-5
 
@@ -148,24 +152,6 @@ static int tc_has_tensor_cores(void)
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
         return 0;
     return major >= 8;
-}
-
-static mnistcu_ctx *tc_ctx_prec(mnistcu_gemm gemm, mnistcu_precision prec)
-{
-    mnistcu_ctx_desc d;
-    mnistcu_ctx *ctx = NULL;
-    memset(&d, 0, sizeof d);
-    d.device = MNISTCU_DEVICE_CUDA;
-    d.log_level = MNISTCU_LOG_SILENT;
-    d.seed = 1234;
-    d.gemm = gemm;
-    d.cnn = MNISTCU_CNN_OWN;
-    d.precision = prec;
-    if (mnistcu_ctx_create(&ctx, &d) != MNISTCU_OK) {
-        mnistcu_ctx_destroy(ctx);
-        return NULL;
-    }
-    return ctx;
 }
 
 /* One product in reduced precision against a double-precision reference, element
