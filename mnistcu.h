@@ -867,6 +867,9 @@ typedef struct mnistcu_train_desc {
     int no_fused;                        /* 0: on the GPU with the own kernels, a model with one hidden layer
                                             trains in the fused MLP kernel (see >>cuda), which gives the same
                                             bits as the step by step path, faster; 1: step by step always */
+    int no_graph;                        /* 0: on the GPU, a step that does not run in the fused kernel is
+                                            captured once into a CUDA graph and replayed (same bits, fewer
+                                            launches; see >>cuda_graph); 1: its kernels launched one by one */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -883,6 +886,7 @@ typedef struct mnistcu_train_result {
     double best_val_loss;        /* ... and that loss */
     int early_stopped;           /* 1 when early_stop ended training before desc.epochs */
     size_t fused_steps;          /* of steps, those the fused MLP kernel ran (see no_fused) */
+    size_t graph_steps;          /* of steps, those replayed from a captured CUDA graph (see no_graph) */
 } mnistcu_train_result;
 
 typedef struct mnistcu_metrics {
@@ -3998,6 +4002,13 @@ typedef struct mnistcu__cuda {
     int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32 or BF16 */
     float *splitk;             /* partial sums of split-K products, grown on demand */
     size_t splitk_floats;
+    uint64_t frees;            /* device buffers freed so far: a captured step graph whose count differs
+                                  may hold a freed address, and is captured again (see >>cuda_graph) */
+#ifdef MNISTCU_CUBLAS
+    void *blas_ws;             /* cuBLAS's workspace, ours (made at the first product): the same in
+                                  launched and captured products, and no allocation inside a capture */
+    size_t blas_ws_bytes;      /* its size: what cuBLAS suggests, 32 MiB from Hopper on, 4 MiB before */
+#endif
 #ifdef MNISTCU_CUBLAS
     cublasHandle_t blas;
 #endif
@@ -4017,6 +4028,27 @@ typedef struct mnistcu__cuda_dataset {
 } mnistcu__cuda_dataset;
 
 #define MNISTCU__STREAM_SLOTS 2
+
+/* What differs from one training step to the next, on the device: a step
+   replayed from a CUDA graph reads it from here, where kernels launched one by
+   one take it as arguments. The kernels that take it (gather, augmentation,
+   dropout, statistics, optimizer) use these values when given a pointer, else
+   their arguments. */
+typedef struct mnistcu__dyn {
+    mnistcu__opt opt;    /* the optimizer's scalars (the rate, bias corrections) */
+    uint64_t step;       /* the model's step count before this step: dropout's and augmentation's counter */
+    uint64_t offset;     /* the batch's first position in the epoch's sample order */
+    uint64_t slot;       /* the step within its epoch: where its statistics go */
+} mnistcu__dyn;
+
+/* One captured training step, for batches of b samples. */
+typedef struct mnistcu__step_graph {
+    cudaGraphExec_t exec; /* NULL until captured */
+    size_t b;             /* batch size it was captured for */
+    uint64_t frees;       /* mnistcu__cuda.frees when it was captured */
+    int warm;             /* a step of this size ran launched since the graphs were reset: buffers grown */
+    int nodes;            /* kernels and copies in it */
+} mnistcu__step_graph;
 
 /* A model's GPU state beyond the arenas and workspace kept in mnistcu_model. */
 typedef struct mnistcu__cuda_model {
@@ -4038,9 +4070,15 @@ typedef struct mnistcu__cuda_model {
     void *prep;               /* l2 and clipping: per-block sums of squares (double), then the factor (float) */
     mnistcu__opt *fused_opt;  /* [fused_cap] the fused MLP kernel's per-step optimizer scalars */
     size_t fused_cap;
+    /* the training step as a CUDA graph (see >>cuda_graph) */
+    mnistcu__dyn *dyn;        /* [dyn_cap] a chunk's per-step values, then the current step's, then the cursor */
+    size_t dyn_cap;
+    const mnistcu__dyn *dyn_cur; /* while a step is captured: where its kernels read the per-step values */
+    mnistcu__step_graph graphs[2]; /* full batches, and an epoch's partial last batch */
 } mnistcu__cuda_model;
 
 static mnistcu__cuda *mnistcu__cu(const mnistcu_ctx *ctx) { return (mnistcu__cuda *)ctx->cuda; }
+static const mnistcu__dyn *mnistcu__cuda_dyn(const mnistcu_model *m);
 
 static int mnistcu__cuda_is_sticky(cudaError_t e)
 {
@@ -4112,6 +4150,7 @@ static mnistcu_result mnistcu__cuda_malloc(mnistcu_ctx *ctx, void **p, size_t by
 static void mnistcu__cuda_free(mnistcu_ctx *ctx, void *p)
 {
     if (!p) return;
+    if (mnistcu__cu(ctx)) mnistcu__cu(ctx)->frees++;
     if (ctx->desc.allocator.device_free) ctx->desc.allocator.device_free(ctx->desc.allocator.user, p);
     else cudaFree(p);
 }
@@ -4178,10 +4217,10 @@ static mnistcu_result mnistcu__dnn_workspace(mnistcu_ctx *ctx, size_t bytes, voi
         void *p = NULL;
         mnistcu_result r;
         cudaStreamSynchronize(cu->stream); /* the old one may still be in use */
-        if (cu->dnn_ws) cudaFree(cu->dnn_ws);
+        mnistcu__cuda_free(ctx, cu->dnn_ws);
         cu->dnn_ws = NULL;
         cu->dnn_ws_bytes = 0;
-        if ((r = mnistcu__cuda_check(ctx, cudaMalloc(&p, bytes), "cuDNN workspace"))) return r;
+        if ((r = mnistcu__cuda_malloc(ctx, &p, bytes, "cuDNN workspace"))) return r;
         cu->dnn_ws = p;
         cu->dnn_ws_bytes = bytes;
     }
@@ -4318,6 +4357,9 @@ typedef struct mnistcu__kind {
     mnistcu_result (*shape)(mnistcu_ctx *ctx, mnistcu__layer *L);
     size_t (*aux_floats)(const mnistcu__layer *L, size_t B);                 /* NULL: none */
     size_t (*scratch_floats)(const mnistcu__layer *L, size_t B, int cuda);   /* NULL: none */
+    /* forward and backward: besides computing, the CUDA ones may change host state per training step
+       only as mnistcu__step_host_effects replays it (a step replayed from a CUDA graph runs no host
+       code), and take what differs between steps from mnistcu__cuda_dyn when it is not NULL. */
     mnistcu__forward_fn forward[2];   /* [0] CPU, [1] CUDA (NULL in builds without CUDA) */
     mnistcu__backward_fn backward[2];
 } mnistcu__kind;
@@ -5773,10 +5815,12 @@ static mnistcu_result mnistcu__dropout_cpu_backward(mnistcu_model *m, mnistcu__l
 }
 
 #ifdef __CUDACC__
-__global__ void mnistcu__k_dropout(const float *x, float *y, size_t n, uint64_t seed, int layer, uint64_t step, float p)
+__global__ void mnistcu__k_dropout(const float *x, float *y, size_t n, uint64_t seed, int layer, uint64_t step, float p,
+                                   const mnistcu__dyn *dyn)
 {
     size_t e;
     float scale = 1.0f / (1.0f - p);
+    if (dyn) step = dyn->step; /* a step replayed from a graph */
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
         y[e] = mnistcu__dropout_keep(seed, layer, step, e, p) ? x[e] * scale : 0.0f;
 }
@@ -5788,7 +5832,7 @@ static mnistcu_result mnistcu__cuda_dropout(mnistcu_model *m, const mnistcu__lay
         return mnistcu__cuda_check(m->ctx, cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, st),
                                    "dropout (evaluation)");
     mnistcu__k_dropout<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>(x, y, n, m->ctx->desc.seed, L->index, L->step,
-                                                                       L->d.p);
+                                                                       L->d.p, mnistcu__cuda_dyn(m));
     MNISTCU__LAUNCHED(m->ctx, "dropout");
     return MNISTCU_OK;
 }
@@ -6243,11 +6287,17 @@ MNISTCU_DEF mnistcu_result mnistcu_augment_sample(mnistcu_ctx *ctx, const mnistc
    then the warped pixels. Labels (and targets) as mnistcu__k_gather. */
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_gather_augment(
     mnistcu__aug a, const uint8_t *u8, const int32_t *src_labels, const float *src_targets, int T, const uint32_t *idx,
-    size_t offset, int H, int W, uint64_t step, float scale, float shift, float *x, int32_t *labels, float *targets)
+    size_t offset, int H, int W, uint64_t step, float scale, float shift, float *x, int32_t *labels, float *targets,
+    const mnistcu__dyn *dyn)
 {
     extern __shared__ int32_t mnistcu__aug_smem[];
     int i = (int)blockIdx.x, n = H * W, p, t = (int)threadIdx.x;
-    size_t s = idx ? (size_t)idx[offset + i] : offset + i;
+    size_t s;
+    if (dyn) { /* a step replayed from a graph: this step's offset and counter */
+        offset = (size_t)dyn->offset;
+        step = dyn->step;
+    }
+    s = idx ? (size_t)idx[offset + i] : offset + i;
     const uint8_t *src = u8 + s * (size_t)n;
     int32_t *raw = mnistcu__aug_smem, *h = raw + 2 * n;
     mnistcu__warp w;
@@ -9129,6 +9179,14 @@ static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds
 static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_dataset *ds,
                                                 const mnistcu__fused_plan *pl, const mnistcu__opt *ops, size_t B,
                                                 size_t n, size_t step0, size_t nsteps);
+static int mnistcu__cuda_graph_usable(const mnistcu_model *m);
+static void mnistcu__cuda_graphs_reset(mnistcu_model *m);
+static mnistcu_result mnistcu__cuda_dyn_upload(mnistcu_model *m, const mnistcu__dyn *h, size_t count, size_t cap);
+static mnistcu_result mnistcu__cuda_step_begin(mnistcu_model *m);
+static mnistcu__step_graph *mnistcu__cuda_graph_for(mnistcu_model *m, size_t b, int partial);
+static mnistcu_result mnistcu__cuda_capture_begin(mnistcu_model *m);
+static int mnistcu__cuda_capture_end(mnistcu_model *m, mnistcu__step_graph *g, int ok, const char **why);
+static mnistcu_result mnistcu__cuda_graph_launch(mnistcu_model *m, const mnistcu__step_graph *g);
 #endif
 
 typedef struct mnistcu__stats {
@@ -10139,6 +10197,138 @@ static mnistcu_result mnistcu__fused_chunk(mnistcu_model *m, const mnistcu_datas
 }
 #endif
 
+/* One step of b samples at position step of the epoch, its kernels launched one by one. */
+static mnistcu_result mnistcu__train_step(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t B,
+                                          size_t b, size_t step, const mnistcu__aug *aug, mnistcu__stats *st,
+                                          const mnistcu_optim_desc *o)
+{
+    mnistcu_result r;
+    if ((r = mnistcu__gather(m, ds, idx, step * B, b, aug)) || (r = mnistcu__forward(m, b)) ||
+        (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, st)) || (r = mnistcu__backward(m, b)) ||
+        (r = mnistcu__update(m, o)))
+        return r;
+    return MNISTCU_OK;
+}
+
+#ifdef __CUDACC__
+/* What a training step's host code changes besides launching kernels, applied
+   for a step replayed from its graph (see >>cuda_graph): as mnistcu__forward
+   (batch norm counts the batch, dropout notes the step) then mnistcu__update. */
+static void mnistcu__step_host_effects(mnistcu_model *m)
+{
+    int i;
+    for (i = 0; i < m->num_layers; ++i) {
+        mnistcu__layer *L = &m->layers[i];
+        if (L->passthrough) continue;
+        if (L->d.kind == MNISTCU_LAYER_BATCHNORM) L->batches++;
+        if (L->d.kind == MNISTCU_LAYER_DROPOUT) L->step = m->steps;
+    }
+    m->steps++;
+    m->state_steps++;
+}
+
+/* The host state mnistcu__step_host_effects changes, to undo a failed capture's. */
+typedef struct mnistcu__host_saved {
+    uint64_t steps, state_steps, step[MNISTCU_MAX_MODEL_LAYERS];
+    int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
+} mnistcu__host_saved;
+
+static void mnistcu__host_save(const mnistcu_model *m, mnistcu__host_saved *h, int restore)
+{
+    int i;
+    mnistcu_model *w = (mnistcu_model *)m;
+    for (i = 0; i < m->num_layers && i < MNISTCU_MAX_MODEL_LAYERS; ++i) {
+        if (restore) {
+            w->layers[i].step = h->step[i];
+            w->layers[i].batches = h->batches[i];
+        } else {
+            h->step[i] = m->layers[i].step;
+            h->batches[i] = m->layers[i].batches;
+        }
+    }
+    if (restore) {
+        w->steps = h->steps;
+        w->state_steps = h->state_steps;
+    } else {
+        h->steps = m->steps;
+        h->state_steps = m->state_steps;
+    }
+}
+
+/* Steps [step, end) of an epoch, each replayed from the captured graph of its
+   batch size where there is one (see >>cuda_graph), else launched (the first
+   step of a size, which the next one's capture follows). *graphed counts the
+   steps replayed; *off becomes 1 when a capture failed (the caller runs launched
+   from then on). o's rate ends as the last step's. */
+static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx,
+                                           const mnistcu_train_desc *d, mnistcu_optim_desc *o, const mnistcu__aug *aug,
+                                           mnistcu__stats *st, int epoch, size_t steps, size_t n, size_t step,
+                                           size_t end, size_t *graphed, int *off)
+{
+    size_t B = (size_t)d->batch_size, s, k;
+    mnistcu__dyn *h;
+    mnistcu_result r;
+    float lr = o->learning_rate;
+    if ((r = mnistcu__opt_state(m, o))) return r; /* before the scalars: a new state restarts its step count */
+    h = (mnistcu__dyn *)mnistcu__calloc(m->ctx, (end - step) * sizeof *h);
+    if (!h) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu steps",
+                                 (unsigned long)(end - step));
+    for (s = step, k = 0; s < end; ++s, ++k) {
+        if (d->schedule.per_step)
+            o->learning_rate = mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate,
+                                                   (int)((size_t)(epoch - 1) * steps + s), (int)(steps * (size_t)d->epochs));
+        mnistcu__opt_make(o, m->state_steps + k + 1, m->num_params, &h[k].opt);
+        h[k].step = m->steps + k;
+        h[k].offset = s * B;
+        h[k].slot = s;
+    }
+    o->learning_rate = lr;
+    r = mnistcu__cuda_dyn_upload(m, h, end - step, steps);
+    mnistcu__free(m->ctx, h);
+    for (s = step; s < end && !r; ++s) {
+        size_t b = MNISTCU__MIN(B, n - s * B);
+        mnistcu__step_graph *g = *off ? NULL : mnistcu__cuda_graph_for(m, b, b != B);
+        if (d->schedule.per_step)
+            o->learning_rate = mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate,
+                                                   (int)((size_t)(epoch - 1) * steps + s), (int)(steps * (size_t)d->epochs));
+        if (g && g->exec) { /* replayed */
+            mnistcu__step_host_effects(m);
+            r = mnistcu__cuda_graph_launch(m, g);
+            ++*graphed;
+            continue;
+        }
+        if (g && g->warm) { /* captured, then replayed */
+            mnistcu__host_saved saved;
+            const char *why = NULL;
+            int ok;
+            mnistcu__host_save(m, &saved, 0);
+            if (!(r = mnistcu__cuda_capture_begin(m))) {
+                ok = mnistcu__train_step(m, ds, idx, B, b, s, aug, st, o) == MNISTCU_OK;
+                if (mnistcu__cuda_capture_end(m, g, ok, &why)) {
+                    r = mnistcu__cuda_graph_launch(m, g);
+                    ++*graphed;
+                    continue;
+                }
+            } else {
+                why = mnistcu_ctx_error(m->ctx);
+                r = MNISTCU_OK;
+            }
+            mnistcu__host_save(m, &saved, 1); /* nothing of the step ran: run it launched */
+            mnistcu__log(m->ctx, MNISTCU_LOG_INFO, "train: a step of %lu samples could not be captured in a CUDA "
+                         "graph (%s): the steps run launched", (unsigned long)b, why ? why : "unknown");
+            *off = 1;
+        }
+        if (!(r = mnistcu__cuda_step_begin(m)) && !(r = mnistcu__train_step(m, ds, idx, B, b, s, aug, st, o)) && g &&
+            !*off) {
+            g = mnistcu__cuda_graph_for(m, b, b != B); /* buffers made or freed by this step count as done */
+            g->frees = mnistcu__cu(m->ctx)->frees;
+            g->warm = 1;
+        }
+    }
+    return r;
+}
+#endif
+
 MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
                                          mnistcu_train_result *result)
 {
@@ -10164,6 +10354,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     size_t start_step = 0;
 #ifdef __CUDACC__
     mnistcu__fused_plan fused;             /* the fused MLP kernel, when it applies */
+    int graph_off = 0;                     /* 1: a step could not be captured, or no_graph */
 #endif
 
     if (!m) return MNISTCU_ERR_INVALID_ARGUMENT;
@@ -10277,6 +10468,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         memset(&fused, 0, sizeof fused);
         if (!d.no_fused && m->device == MNISTCU_DEVICE_CUDA)
             mnistcu__fused_plan_make(m, train, B, n, &o, aug.on, &fused);
+        if (d.no_graph || !mnistcu__cuda_graph_usable(m)) graph_off = 1;
 #endif
         for (step = resumed ? start_step : 0; step < steps && !stop; ++step) {
             size_t b = MNISTCU__MIN(B, n - step * B);
@@ -10293,11 +10485,19 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                 res.fused_steps += end - step;
                 step = end - 1;
                 b = MNISTCU__MIN(B, n - step * B);
+            } else if (!graph_off) { /* every step up to the next report, each one graph launch */
+                size_t end = step + 1;
+                while (!mnistcu__report_due(&d, logf != NULL, end - 1, steps)) ++end;
+                if ((r = mnistcu__graph_chunk(m, train, idx, &d, &o, &aug, &st, epoch, steps, n, step, end,
+                                              &res.graph_steps, &graph_off)))
+                    goto done;
+                seen += (end - 1 - step) * B;
+                res.steps += end - 1 - step;
+                step = end - 1;
+                b = MNISTCU__MIN(B, n - step * B);
             } else
 #endif
-            if ((r = mnistcu__gather(m, train, idx, step * B, b, &aug)) || (r = mnistcu__forward(m, b)) ||
-                (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, &st)) ||
-                (r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, &o)))
+            if ((r = mnistcu__train_step(m, train, idx, B, b, step, &aug, &st, &o)))
                 goto done;
             seen += b;
             res.steps++;
@@ -10455,6 +10655,9 @@ done:
     mnistcu__model_floats_free(m, best_params);
     mnistcu__model_floats_free(m, best_buffers);
     mnistcu__finite_end(m, &guard);
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_graphs_reset(m);
+#endif
     mnistcu__free(ctx, kept);
     m->mode = mode;
     mnistcu__free(ctx, idx);
@@ -10963,18 +11166,24 @@ static __device__ void mnistcu__stats_block(const float *loss, const int32_t *pr
 }
 
 __global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, const int32_t *labels, int B,
-                                      double *loss_out, double *correct_out)
+                                      double *loss_out, double *correct_out, const mnistcu__dyn *dyn)
 {
     __shared__ double sl[MNISTCU__THREADS / 32], sc[MNISTCU__THREADS / 32];
+    if (dyn) { /* a step replayed from a graph: the outputs are the epoch's arrays, indexed by its slot */
+        loss_out += dyn->slot;
+        correct_out += dyn->slot;
+    }
     mnistcu__stats_block(loss, pred, labels, B, sl, sc, loss_out, correct_out);
 }
 
 /* One optimizer step over the flat parameter arena (mnistcu__opt_one, see
    >>cpu_ops); coef: NULL, or the clipping factor in device memory. */
-__global__ void mnistcu__k_optim(mnistcu__opt o, float *w, const float *g, float *state, const float *coef)
+__global__ void mnistcu__k_optim(mnistcu__opt o, float *w, const float *g, float *state, const float *coef,
+                                 const mnistcu__dyn *dyn)
 {
     size_t i;
     float c = coef ? *coef : 1.0f;
+    if (dyn) o = dyn->opt; /* a step replayed from a graph: this step's scalars */
     for (i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < o.n; i += (size_t)gridDim.x * blockDim.x)
         mnistcu__opt_one(&o, i, w, coef ? g[i] * c : g[i], state);
 }
@@ -11043,9 +11252,11 @@ __global__ void mnistcu__k_clip_coef(const double *partial, int nb, float clip_n
    idx NULL means samples offset, offset+1, ... (a staged batch). */
 __global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int32_t *src_labels,
                                   const float *src_targets, int T, const uint32_t *idx, size_t offset, int B, int F,
-                                  float scale, float shift, float *x, int32_t *labels, float *targets)
+                                  float scale, float shift, float *x, int32_t *labels, float *targets,
+                                  const mnistcu__dyn *dyn)
 {
     size_t e, n = (size_t)B * F;
+    if (dyn) offset = (size_t)dyn->offset; /* a step replayed from a graph */
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t i = mnistcu__div(e, (size_t)F), j = e - i * (size_t)F, k;
         size_t s = idx ? (size_t)idx[offset + i] : offset + i;
@@ -11139,6 +11350,7 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
             mnistcu__cuda_ctx_free(ctx);
             return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cuBLAS initialisation failed: %s", cublasGetStatusString(s));
         }
+        cu->blas_ws_bytes = (size_t)(prop.major >= 9 ? 32 : 4) << 20;
     }
 #endif
     cu->precision = ctx->desc.precision;
@@ -11184,12 +11396,15 @@ static void mnistcu__cuda_ctx_free(mnistcu_ctx *ctx)
 #endif
 #ifdef MNISTCU_CUDNN
     if (cu->dnn) cudnnDestroy(cu->dnn);
-    if (cu->dnn_ws) cudaFree(cu->dnn_ws);
 #endif
-    if (cu->splitk) {
-        if (cu->stream) cudaStreamSynchronize(cu->stream);
-        mnistcu__cuda_free(ctx, cu->splitk);
-    }
+    if (cu->stream) cudaStreamSynchronize(cu->stream);
+#ifdef MNISTCU_CUDNN
+    mnistcu__cuda_free(ctx, cu->dnn_ws);
+#endif
+#ifdef MNISTCU_CUBLAS
+    mnistcu__cuda_free(ctx, cu->blas_ws);
+#endif
+    mnistcu__cuda_free(ctx, cu->splitk);
     if (cu->stream) cudaStreamDestroy(cu->stream);
     if (cu->copy_stream) cudaStreamDestroy(cu->copy_stream);
     mnistcu__free(ctx, cu);
@@ -11313,6 +11528,8 @@ static void mnistcu__cuda_model_free(mnistcu_model *m)
         mnistcu__cuda_free(ctx, cm->stats);
         mnistcu__cuda_free(ctx, cm->prep);
         mnistcu__cuda_free(ctx, cm->fused_opt);
+        mnistcu__cuda_graphs_reset(m);
+        mnistcu__cuda_free(ctx, cm->dyn);
         if (cm->host_stats) cudaFreeHost(cm->host_stats);
         mnistcu__cuda_stream_free(m);
         mnistcu__free(ctx, cm);
@@ -11407,6 +11624,19 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         const float one = 1.0f, zero = 0.0f;
         const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
         cublasStatus_t s;
+        if (!cu->blas_ws) {
+            /* Our own workspace, through the allocation hooks: a product captured in a
+               step graph (>>cuda_graph) then picks the same algorithm with the same
+               workspace as one launched, and capturing never makes cuBLAS allocate.
+               (cublasSetStream would reset it: the stream is set once, before.) */
+            mnistcu_result r = mnistcu__cuda_malloc(ctx, &cu->blas_ws, cu->blas_ws_bytes, "cuBLAS workspace");
+            if (r) return r;
+            if ((s = cublasSetWorkspace(cu->blas, cu->blas_ws, cu->blas_ws_bytes)) != CUBLAS_STATUS_SUCCESS) {
+                mnistcu__cuda_free(ctx, cu->blas_ws);
+                cu->blas_ws = NULL;
+                return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cuBLAS workspace: %s", cublasGetStatusString(s));
+            }
+        }
         if (cu->precision == MNISTCU_PRECISION_FP32)
             s = cublasSgemm(cu->blas, opb, opa, (int)N, (int)M, (int)K, &one, B, (int)ldb, A, (int)lda, &zero, C,
                             (int)ldc);
@@ -11523,7 +11753,7 @@ static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt 
         }
     }
     mnistcu__k_optim<<<mnistcu__blocks(m->num_params), MNISTCU__THREADS, 0, st>>>(*k, m->params, m->grads, m->state,
-                                                                                  coef);
+                                                                                  coef, mnistcu__cuda_dyn(m));
     MNISTCU__LAUNCHED(m->ctx, "optimizer");
     return MNISTCU_OK;
 }
@@ -12295,13 +12525,13 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
         if (aug) {
             mnistcu__k_gather_augment<<<(unsigned)B, MNISTCU__THREADS, aug->elastic ? 16 * F : 0, cu->stream>>>(
                 *aug, dc->u8, dc->labels, dc->targets, (int)ds->target_dim, cm->idx, offset, ds->rows, ds->cols,
-                m->steps, scale, shift, m->input, m->labels, m->targets);
+                m->steps, scale, shift, m->input, m->labels, m->targets, mnistcu__cuda_dyn(m));
             MNISTCU__LAUNCHED(ctx, "gather_augment");
             return MNISTCU_OK;
         }
         mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
             dc->u8, dc->f32, dc->labels, dc->targets, (int)ds->target_dim, cm->idx, offset, (int)B, (int)F, scale, shift,
-            m->input, m->labels, m->targets);
+            m->input, m->labels, m->targets, mnistcu__cuda_dyn(m));
         MNISTCU__LAUNCHED(ctx, "gather");
         return MNISTCU_OK;
     } else {
@@ -12331,13 +12561,13 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
             if (aug) {
                 mnistcu__k_gather_augment<<<(unsigned)B, MNISTCU__THREADS, aug->elastic ? 16 * F : 0, cu->stream>>>(
                     *aug, dev, (const int32_t *)(dev + lab_off), T ? (const float *)(dev + tgt_off) : NULL, (int)T, NULL,
-                    0, ds->rows, ds->cols, m->steps, scale, shift, m->input, m->labels, m->targets);
+                    0, ds->rows, ds->cols, m->steps, scale, shift, m->input, m->labels, m->targets, NULL);
                 MNISTCU__LAUNCHED(ctx, "gather_augment (streamed)");
             } else {
                 mnistcu__k_gather<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(
                     ds->u8 ? dev : NULL, ds->u8 ? NULL : (const float *)dev, (const int32_t *)(dev + lab_off),
                     T ? (const float *)(dev + tgt_off) : NULL, (int)T, NULL, 0, (int)B, (int)F, scale, shift, m->input,
-                    m->labels, m->targets);
+                    m->labels, m->targets, NULL);
                 MNISTCU__LAUNCHED(ctx, "gather (streamed)");
             }
         }
@@ -12349,12 +12579,176 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
 static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step)
 {
     mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    const mnistcu__dyn *dyn = mnistcu__cuda_dyn(m);
     mnistcu_result r;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
+    if (dyn) step = 0; /* the kernel adds the step's slot */
     mnistcu__k_step_stats<<<1, MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream>>>(
-        m->sample_loss, m->pred, m->labels, (int)B, cm->stats + step, cm->stats + cm->stats_cap + step);
+        m->sample_loss, m->pred, m->labels, (int)B, cm->stats + step, cm->stats + cm->stats_cap + step, dyn);
     MNISTCU__LAUNCHED(m->ctx, "step_stats");
     return MNISTCU_OK;
+}
+
+/* >>cuda_graph ------------------------------------------------------------------
+   The training step as a CUDA graph. Launched one by one, a step's kernels
+   (gather, each layer forward, loss, statistics, each layer backward, the
+   optimizer: a dozen for an MLP, thirty for a CNN) each cost the host a launch
+   and the GPU a gap; captured once into a graph and replayed, the whole step is
+   one launch and its kernels follow each other with the driver's smallest gaps.
+   What differs between steps (the batch's offset in the sample order, the step
+   counter of dropout and augmentation, the statistics slot, the optimizer's
+   scalars) is read on the device: the host writes the values of every step up
+   to the next report into an array (mnistcu__dyn) once, and the graph's first
+   kernel copies the next entry to where the step's kernels read it and moves a
+   cursor. So replays need no host work but the launch. Each batch size has its
+   graph: full batches, and an epoch's partial last batch, captured the first
+   time each size comes (after one launched step of that size, which grows every
+   lazily made buffer, since a capture cannot allocate). A graph holds the
+   addresses of every buffer it touches: it is captured again when any device
+   buffer of the context was freed since (mnistcu__cuda.frees), and dropped when
+   mnistcu_train returns. The replayed kernels are the launched ones with the
+   same arguments, so the results are the same bits (the GPU tests compare them,
+   for every layer kind). Where capturing fails (a cuDNN call that will not be
+   captured, say), the rest of the call runs launched, with a note in the log.
+   The host-side effects of a step (the model's step counters, batch norm's
+   batch count, dropout's step) are applied by mnistcu__step_host_effects:
+   a layer kind whose forward or backward changes host state must be listed there. */
+__global__ void mnistcu__k_step_begin(mnistcu__dyn *dyn, size_t cap)
+{
+    unsigned long long *cursor = (unsigned long long *)(dyn + cap + 1);
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        dyn[cap] = dyn[*cursor];
+        *cursor += 1;
+    }
+}
+
+static const mnistcu__dyn *mnistcu__cuda_dyn(const mnistcu_model *m)
+{
+    const mnistcu__cuda_model *cm = (const mnistcu__cuda_model *)m->cuda;
+    return cm ? cm->dyn_cur : NULL;
+}
+
+/* Can this model's steps run as graphs now? Not with batches streamed from the
+   host (the host fills each one), nor with a synchronisation after every launch. */
+static int mnistcu__cuda_graph_usable(const mnistcu_model *m)
+{
+#ifdef MNISTCU_DEBUG_SYNC
+    (void)m;
+    return 0;
+#else
+    const mnistcu__cuda_model *cm = (const mnistcu__cuda_model *)m->cuda;
+    return m->device == MNISTCU_DEVICE_CUDA && cm && !cm->streaming;
+#endif
+}
+
+static void mnistcu__cuda_graphs_reset(mnistcu_model *m)
+{
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    int i;
+    if (!cm) return;
+    for (i = 0; i < 2; ++i)
+        if (cm->graphs[i].exec) cudaGraphExecDestroy(cm->graphs[i].exec);
+    memset(cm->graphs, 0, sizeof cm->graphs);
+    cm->dyn_cur = NULL;
+}
+
+/* The per-step values of the next count steps, to the device; the cursor to the
+   first. cap: the most steps a chunk will have (room is made for that many). */
+static mnistcu_result mnistcu__cuda_dyn_upload(mnistcu_model *m, const mnistcu__dyn *h, size_t count, size_t cap)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    mnistcu_result r;
+    cudaError_t e;
+    if ((r = mnistcu__cuda_alive(ctx))) return r;
+    if (cap < count) cap = count;
+    if (cap > cm->dyn_cap) {
+        mnistcu__dyn *d = NULL;
+        if ((r = mnistcu__cuda_malloc(ctx, (void **)&d, (cap + 1) * sizeof(mnistcu__dyn) + sizeof(unsigned long long),
+                                      "per-step values")))
+            return r;
+        cudaStreamSynchronize(cu->stream);
+        mnistcu__cuda_free(ctx, cm->dyn); /* a graph holding the old address is captured again */
+        cm->dyn = d;
+        cm->dyn_cap = cap;
+    }
+    /* pageable memory: the copy is staged before the call returns, in stream order */
+    e = cudaMemcpyAsync(cm->dyn, h, count * sizeof(mnistcu__dyn), cudaMemcpyHostToDevice, cu->stream);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync((void *)(cm->dyn + cm->dyn_cap + 1), 0, sizeof(unsigned long long), cu->stream);
+    return mnistcu__cuda_check(ctx, e, "per-step values");
+}
+
+/* A launched step takes its entry too, so the cursor stays with the steps. */
+static mnistcu_result mnistcu__cuda_step_begin(mnistcu_model *m)
+{
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    mnistcu__k_step_begin<<<1, 32, 0, mnistcu__cu(m->ctx)->stream>>>(cm->dyn, cm->dyn_cap);
+    MNISTCU__LAUNCHED(m->ctx, "step_begin");
+    return MNISTCU_OK;
+}
+
+/* The graph for batches of b (partial: an epoch's last batch, smaller), NULL
+   in *g->exec when none is captured or the one captured is stale. */
+static mnistcu__step_graph *mnistcu__cuda_graph_for(mnistcu_model *m, size_t b, int partial)
+{
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    mnistcu__step_graph *g = &cm->graphs[partial ? 1 : 0];
+    if (g->b != b || g->frees != mnistcu__cu(m->ctx)->frees) { /* another size, or a buffer freed since */
+        if (g->exec) cudaGraphExecDestroy(g->exec);
+        memset(g, 0, sizeof *g);
+        g->b = b;
+        g->frees = mnistcu__cu(m->ctx)->frees;
+    }
+    return g;
+}
+
+/* Capturing: what the step's host code launches from here on is recorded, not run. */
+static mnistcu_result mnistcu__cuda_capture_begin(mnistcu_model *m)
+{
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    cudaStream_t st = mnistcu__cu(m->ctx)->stream;
+    cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return mnistcu__cuda_check(m->ctx, e, "capturing a step");
+    mnistcu__k_step_begin<<<1, 32, 0, st>>>(cm->dyn, cm->dyn_cap);
+    cm->dyn_cur = cm->dyn + cm->dyn_cap;
+    return MNISTCU_OK;
+}
+
+/* Ends the capture begun above; ok: the step's host code succeeded. On success
+   g holds the graph, else (*why says what failed) nothing was captured, and
+   nothing of the step ran. */
+static int mnistcu__cuda_capture_end(mnistcu_model *m, mnistcu__step_graph *g, int ok, const char **why)
+{
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    cudaStream_t st = mnistcu__cu(m->ctx)->stream;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e = cudaStreamEndCapture(st, &graph);
+    size_t nodes = 0;
+    cm->dyn_cur = NULL;
+    *why = NULL;
+    if (!ok) *why = "a call of the step failed while captured";
+    else if (e != cudaSuccess || !graph) *why = cudaGetErrorString(e != cudaSuccess ? e : cudaErrorUnknown);
+    else if ((e = cudaGraphInstantiate(&exec, graph, 0)) != cudaSuccess) *why = cudaGetErrorString(e);
+    if (graph) {
+        if (!*why) cudaGraphGetNodes(graph, NULL, &nodes);
+        cudaGraphDestroy(graph);
+    }
+    (void)cudaGetLastError(); /* a failed capture's errors are not the device's */
+    if (*why) return 0;
+    g->exec = exec;
+    g->nodes = (int)nodes;
+    g->frees = mnistcu__cu(m->ctx)->frees;
+    return 1;
+}
+
+static mnistcu_result mnistcu__cuda_graph_launch(mnistcu_model *m, const mnistcu__step_graph *g)
+{
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
+    return mnistcu__cuda_check(m->ctx, cudaGraphLaunch(g->exec, mnistcu__cu(m->ctx)->stream), "a step's graph");
 }
 
 /* The only host synchronisation of an epoch: where a report is due. */

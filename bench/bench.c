@@ -6,7 +6,7 @@
 
    Usage: bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
                        [--threads N] [--seed S] [--limit N] [--warmup-limit N] [--fused on|off]
-                       [--precision fp32|tf32|bf16]
+                       [--graph on|off] [--precision fp32|tf32|bf16]
      CONFIG  P1  first 10,000 train images in file order, 784-1024-10, batch 32, SGD lr 0.01,
                  10 epochs: the total training time of the 10 epochs
              P2  MNIST 60k shuffled, 784-128-10, batch 64, SGD lr 0.1: time per epoch
@@ -21,6 +21,8 @@
      --cnn      CUDA convolution/pooling: own kernels or cuDNN (default: the build's default, which is
                 cuDNN in a build with MNISTCU_CUDNN)
      --fused    off trains P1/P2 step by step instead of in the fused MLP kernel (same bits; default on)
+     --graph    off launches each step's kernels one by one instead of replaying the step's CUDA graph
+                (same bits; default on)
      --precision  the GPU's matrix products: fp32 (default), tf32 or bf16 on the tensor cores (the
                 context must resolve to it, else the run fails)
      --limit N  train on the first N images only (quick tests; not a benchmark configuration)
@@ -75,7 +77,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: bench P1|P2|P3|P4|P5|P7 [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn]\n"
                     "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
-                    "                               [--warmup-limit N] [--fused on|off] [--precision fp32|tf32|bf16]\n");
+                    "                               [--warmup-limit N] [--fused on|off] [--graph on|off]\n"
+                    "                               [--precision fp32|tf32|bf16]\n");
 }
 
 static int fail(mnistcu_ctx *ctx, const char *what)
@@ -89,7 +92,7 @@ int main(int argc, char **argv)
 {
     const char *config, *data = NULL, *device_arg = NULL, *gemm_arg = NULL, *cnn_arg = NULL, *layers;
     const char *dev_json, *gemm_json, *cnn_json, *precision_json, *precision_arg = NULL;
-    int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, is_p1 = 0, is_spec = 0, i, e;
+    int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, no_graph = 0, is_p1 = 0, is_spec = 0, i, e;
     unsigned long long seed = 0;
     size_t limit = 0, warmup_limit = 0, want_params, warmup_images;
     float lr, momentum = 0.0f;
@@ -120,6 +123,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--limit")) limit = (size_t)strtoull(v, NULL, 10);
         else if (!strcmp(a, "--warmup-limit")) warmup_limit = (size_t)strtoull(v, NULL, 10);
         else if (!strcmp(a, "--fused")) no_fused = !strcmp(v, "off");
+        else if (!strcmp(a, "--graph")) no_graph = !strcmp(v, "off");
         else if (!strcmp(a, "--precision")) precision_arg = v;
         else { fprintf(stderr, "bench: unknown option %s\n", a); usage(); return 2; }
         ++i;
@@ -255,6 +259,7 @@ int main(int argc, char **argv)
     td.optim.momentum = momentum;
     td.no_shuffle = no_shuffle;
     td.no_fused = no_fused;
+    td.no_graph = no_graph;
 
     /* warm-up: P1 on a model of its own (P1's timed model starts fresh), else one epoch of the timed model */
     if (is_spec ? mnistcu_model_create_spec(ctx, layers, &net) : mnistcu_model_create_mlp(ctx, layers, &net))
@@ -327,8 +332,8 @@ int main(int argc, char **argv)
            (unsigned long)want_params, batch, (double)lr, (double)momentum, (unsigned long)info.count,
            (unsigned long)warmup_images, (unsigned long)test_info.count, epochs, med);
     for (e = 0; e < epochs; ++e) printf("%s%.4f", e ? "," : "", ms[e]);
-    printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f,\"fused_steps\":%lu}\n", total_s,
-           met.accuracy, tr.train_loss, (unsigned long)tr.fused_steps);
+    printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f,\"fused_steps\":%lu,\"graph_steps\":%lu}\n",
+           total_s, met.accuracy, tr.train_loss, (unsigned long)tr.fused_steps, (unsigned long)tr.graph_steps);
     fflush(stdout);
 
     free(ms);

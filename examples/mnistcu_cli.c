@@ -159,6 +159,9 @@ static void print_help(FILE *f)
           "                        rather than in the fused kernel (same bits, slower;\n"
           "                        the fused kernel needs the own products, no --clip,\n"
           "                        --l2 or --augment, a batch that fits shared memory)\n"
+          "  --no-graph            on the GPU, launch each step's kernels one by one\n"
+          "                        (default: each step replayed from a CUDA graph, with\n"
+          "                        the same results)\n"
           "  --progress-every N    steps between progress-bar updates on a terminal\n"
           "                        (default: about 20 per epoch; 0: epoch lines only)\n"
           "  --save FILE           write the trained model as safetensors: weights under\n"
@@ -439,7 +442,7 @@ typedef enum option_id {
     OPT_LOG, OPT_LOG_EVERY, OPT_PLOT, OPT_INIT, OPT_OPTIM, OPT_BETAS, OPT_EPS, OPT_AMSGRAD, OPT_ALPHA, OPT_CENTERED,
     OPT_DAMPENING, OPT_LR_DECAY, OPT_INITIAL_ACC, OPT_L2, OPT_CLIP, OPT_LOSS, OPT_LABEL_SMOOTHING, OPT_MARGIN,
     OPT_HINGE_P, OPT_REDUCTION, OPT_AUGMENT, OPT_SAVE, OPT_SAVE_LOGITS, OPT_CHECKPOINT, OPT_CHECKPOINT_EVERY,
-    OPT_CHECKPOINT_EVERY_STEPS, OPT_KEEP_CHECKPOINTS, OPT_CHECKPOINT_BEST, OPT_RESUME, OPT_NO_FUSED, OPT_PRECISION
+    OPT_CHECKPOINT_EVERY_STEPS, OPT_KEEP_CHECKPOINTS, OPT_CHECKPOINT_BEST, OPT_RESUME, OPT_NO_FUSED, OPT_NO_GRAPH, OPT_PRECISION
 } option_id;
 
 typedef struct option_spec {
@@ -480,6 +483,7 @@ static const option_spec option_table[] = {
     {"--val", OPT_VAL, 1, CMD_TRAIN},
     {"--no-shuffle", OPT_NO_SHUFFLE, 0, CMD_TRAIN},
     {"--no-fused", OPT_NO_FUSED, 0, CMD_TRAIN},
+    {"--no-graph", OPT_NO_GRAPH, 0, CMD_TRAIN},
     {"--progress-every", OPT_PROGRESS_EVERY, 1, CMD_TRAIN},
     {"--save-weights", OPT_SAVE_WEIGHTS, 1, CMD_TRAIN},
     {"--weights", OPT_WEIGHTS, 1, CMD_EVAL},
@@ -551,6 +555,7 @@ typedef struct cli_options {
     size_t val;                  /* validation samples, 0: none */
     int no_shuffle;
     int no_fused;
+    int no_graph;
     long long progress_every;    /* -1: automatic */
     const char *save_weights;
     const char *save;            /* --save: the model file (safetensors) */
@@ -846,6 +851,7 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         return 1;
     case OPT_NO_SHUFFLE: o->no_shuffle = 1; return 1;
     case OPT_NO_FUSED: o->no_fused = 1; return 1;
+    case OPT_NO_GRAPH: o->no_graph = 1; return 1;
     case OPT_PROGRESS_EVERY: return parse_integer(name, v, 0, 1LL << 40, &o->progress_every);
     case OPT_SAVE_WEIGHTS: o->save_weights = v; return 1;
     case OPT_SAVE: o->save = v; return 1;
@@ -2044,6 +2050,7 @@ static int cmd_train(int argc, char **argv)
     desc.log_every = o.log_every;
     desc.no_shuffle = o.no_shuffle;
     desc.no_fused = o.no_fused;
+    desc.no_graph = o.no_graph;
     desc.validation = val;
     desc.augment = o.augment;
     desc.checkpoint_path = o.checkpoint;
@@ -2125,7 +2132,7 @@ static int cmd_train(int argc, char **argv)
         json_field_num("best_val_loss", "%.6f", result.best_val_loss);
     }
     printf(",\"early_stopped\":%s", result.early_stopped ? "true" : "false");
-    printf(",\"fused_steps\":%zu", result.fused_steps);
+    printf(",\"fused_steps\":%zu,\"graph_steps\":%zu", result.fused_steps, result.graph_steps);
     json_field_num("train_seconds", "%.4f", result.seconds);
     json_field_num("images_per_second", "%.1f",
                    result.seconds > 0.0 ? (double)train_info.count * result.epochs / result.seconds : 0.0);

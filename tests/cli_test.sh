@@ -408,6 +408,20 @@ elif [ "$status" -eq 0 ]; then
     else
         fail "--no-fused: step by step, the same loss as the fused kernel's ($fused_loss; $(tail -n 1 "$TMP/out"))"
     fi
+    # two hidden layers: each step replayed from a CUDA graph, to the same numbers as launched
+    run train --limit 2000 --epochs 2 --layers 784-32-16-10 --quiet --device cuda
+    graph_loss=$(json_number train_loss)
+    if [ "$status" -eq 0 ] && json_check 'j["graph_steps"] > 0 and j["fused_steps"] == 0'; then
+        pass "--device cuda: 784-32-16-10 steps replayed from a CUDA graph (graph_steps)"
+    else
+        fail "--device cuda: 784-32-16-10 steps replayed from a CUDA graph ($(tail -n 1 "$TMP/out"))"
+    fi
+    run train --limit 2000 --epochs 2 --layers 784-32-16-10 --quiet --device cuda --no-graph
+    if [ "$status" -eq 0 ] && json_check 'j["graph_steps"] == 0' && [ "$(json_number train_loss)" = "$graph_loss" ]; then
+        pass "--no-graph: launched, the same loss as from graphs"
+    else
+        fail "--no-graph: launched, the same loss as from graphs ($graph_loss; $(tail -n 1 "$TMP/out"))"
+    fi
 elif [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ]; then
     pass "--device cuda without a usable GPU: exit 1 with one clear error"
 else
@@ -437,6 +451,12 @@ if [ "$status" -eq 0 ] && json_check 'j["fused_steps"] == 0 and j["epochs"] == 1
     pass "--no-fused on the CPU: trains, fused_steps 0"
 else
     fail "--no-fused on the CPU: trains, fused_steps 0 ($(tail -n 1 "$TMP/out"))"
+fi
+run train --limit 1000 --epochs 1 --layers 784-32-10 --device cpu --quiet --no-graph
+if [ "$status" -eq 0 ] && json_check 'j["graph_steps"] == 0 and j["epochs"] == 1'; then
+    pass "--no-graph on the CPU: trains, graph_steps 0"
+else
+    fail "--no-graph on the CPU: trains, graph_steps 0 ($(tail -n 1 "$TMP/out"))"
 fi
 
 # ---- the training log and early stopping --------------------------------------------------

@@ -469,7 +469,7 @@ TEST cuda_augment_matches_cpu_bitwise(void)
                 mnistcu__cpu_augment(&a, img + (size_t)idx[i] * n, H, W, (uint32_t)i, t, 0.0078125f, -0.42f,
                                      cpu + (size_t)i * n, work);
             mnistcu__k_gather_augment<<<B, MNISTCU__THREADS, a.elastic ? 16 * n : 0>>>(
-                a, dimg, dlab, dt_unused, 0, didx, 0, H, W, t, 0.0078125f, -0.42f, dx, dlab_out, dt_unused);
+                a, dimg, dlab, dt_unused, 0, didx, 0, H, W, t, 0.0078125f, -0.42f, dx, dlab_out, dt_unused, NULL);
             ASSERT_EQ(cudaSuccess, cudaMemcpy(gpu, dx, sizeof gpu, cudaMemcpyDeviceToHost));
             ASSERT_MEM_EQ(cpu, gpu, sizeof cpu);
         }
@@ -518,7 +518,7 @@ TEST cuda_optimizers_match_cpu(void)
             mnistcu__opt k;
             mnistcu__opt_make(&o, (uint64_t)step, n, &k);
             mnistcu__cpu_optim(c, &k, w, gr, v, 1.0f);
-            mnistcu__k_optim<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(k, dw, dg, dv, NULL);
+            mnistcu__k_optim<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(k, dw, dg, dv, NULL, NULL);
         }
         gw = tc_down(dw, n);
         gv = tc_down(dv, slots * n);
@@ -553,7 +553,7 @@ TEST cuda_step_stats_and_gather(void)
     cudaMalloc((void **)&dout, sizeof out);
     cudaMemcpy(dp, pred, sizeof pred, cudaMemcpyHostToDevice);
     cudaMemcpy(dlab, lab, sizeof lab, cudaMemcpyHostToDevice);
-    mnistcu__k_step_stats<<<1, MNISTCU__THREADS>>>(dl, dp, dlab, (int)B, dout, dout + 1);
+    mnistcu__k_step_stats<<<1, MNISTCU__THREADS>>>(dl, dp, dlab, (int)B, dout, dout + 1, NULL);
     cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost);
     ASSERT_NEAR(out[0], ref_l, 1e-9, 1e-12);
     ASSERT_EQ((long)ref_c, (long)out[1]);
@@ -1563,6 +1563,172 @@ TEST cuda_fused_mlp_declines_what_it_cannot_do(void)
     PASS();
 }
 
+/* ---- the training step as a CUDA graph ------------------------------------------------
+   Same bits as launching the kernels one by one: each case trains twice in fresh
+   contexts of the same seed, with graphs (the default) and with no_graph, and
+   the weights, the last gradients, the running statistics, the host's counters
+   (steps, batch norm's batches), the mean loss and accuracy, and every report's
+   loss must be identical. The cases together hold every layer kind (checked),
+   both batch sizes of an epoch, several chunks per epoch, the per-step values
+   (a per-step schedule, Adam's bias corrections, dropout, augmentation), the
+   clipping and l2 kernels, a validation set evaluated between epochs, and the
+   cuBLAS and cuDNN paths. */
+typedef struct tc_graph_case {
+    const char *name, *spec;
+    mnistcu_gemm gemm;
+    mnistcu_cnn cnn;
+    size_t n, B;
+    int epochs, u8, progress_every, cosine_per_step, augment, validation;
+    mnistcu_optim_desc optim;
+} tc_graph_case;
+
+typedef struct tc_graph_run {
+    float *p;                 /* parameters, gradients, buffers */
+    size_t np, nb;
+    uint64_t steps;
+    int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
+    mnistcu_train_result res;
+    tc_curve curve;
+} tc_graph_run;
+
+static int tc_graph_train(const tc_graph_case *c, int no_graph, tc_graph_run *out)
+{
+    mnistcu_ctx *ctx;
+    mnistcu_dataset *ds = NULL, *val = NULL;
+    mnistcu_model *m = NULL;
+    mnistcu_train_desc td;
+    int ok = 0, l;
+    tc_cnn_path = c->cnn;
+    ctx = tc_ctx(c->gemm);
+    tc_cnn_path = MNISTCU_CNN_OWN;
+    memset(out, 0, sizeof *out);
+    if (!ctx) return 0;
+    ds = c->u8 ? tc_u8_dataset(ctx, c->n, 784, 10, 11) : tc_synthetic(ctx, c->n, 784, 10, 11);
+    if (c->validation) val = tc_synthetic(ctx, 50, 784, 10, 12);
+    memset(&td, 0, sizeof td);
+    td.epochs = c->epochs;
+    td.batch_size = (int)c->B;
+    td.optim = c->optim;
+    td.no_graph = no_graph;
+    td.validation = val;
+    td.progress_every = (size_t)c->progress_every;
+    td.progress = tc_record;
+    td.progress_user = &out->curve;
+    if (c->cosine_per_step) {
+        td.schedule.kind = MNISTCU_SCHEDULE_COSINE;
+        td.schedule.per_step = 1;
+        td.schedule.warmup = 3;
+    }
+    if (c->augment) {
+        td.augment.rotate = 10.0f;
+        td.augment.translate = 2.0f;
+        td.augment.elastic_alpha = 8.0f;
+    }
+    if (!ds || (c->validation && !val) || mnistcu_model_create_spec(ctx, c->spec, &m) != MNISTCU_OK ||
+        mnistcu_train(m, ds, &td, &out->res) != MNISTCU_OK)
+        printf("    %s (%s): %s\n", c->name, no_graph ? "launched" : "graphs", mnistcu_ctx_error(ctx));
+    else {
+        size_t n = m->num_params;
+        out->np = n;
+        out->nb = m->num_buffers;
+        out->p = (float *)malloc((2 * n + out->nb + 1) * sizeof(float));
+        ok = out->p && mnistcu_model_get_params(m, out->p, n) == MNISTCU_OK &&
+             mnistcu_model_get_grads(m, out->p + n, n) == MNISTCU_OK &&
+             cudaMemcpy(out->p + 2 * n, m->buffers, out->nb * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
+        out->steps = m->steps;
+        for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
+    }
+    mnistcu_ctx_destroy(ctx);
+    return ok;
+}
+
+TEST cuda_graph_step_equals_launched_bitwise(void)
+{
+    static tc_graph_case cases[6];
+    int covered[MNISTCU_LAYER_KIND_COUNT] = {0}, i, k, ncases = 0;
+    tc_graph_case *c;
+    memset(cases, 0, sizeof cases);
+    /* every kind, a partial last batch, reports every 4 steps, Adam with a per-step cosine rate */
+    c = &cases[ncases++];
+    c->name = "every layer kind, own kernels, Adam, per-step cosine";
+    c->spec = "1x28x28 conv5x5x6:p=2 batchnorm relu maxpool2 conv3x3x8 leaky_relu avgpool2 flatten dropout0.25 "
+              "dense32 sigmoid dense16 tanh dense12 softmax dense10";
+    c->gemm = MNISTCU_GEMM_OWN; c->cnn = MNISTCU_CNN_OWN;
+    c->n = 150; c->B = 16; c->epochs = 2; c->progress_every = 4; c->cosine_per_step = 1;
+    c->optim.kind = MNISTCU_OPTIM_ADAM; c->optim.learning_rate = 1e-3f;
+    /* bytes, augmentation in the gather, SGD with momentum */
+    c = &cases[ncases++];
+    c->name = "LeNet-like on bytes, augmentation, SGD momentum";
+    c->spec = "1x28x28 conv5x5x6:p=2 relu maxpool2 conv5x5x16 relu maxpool2 flatten dense84 relu dropout0.5 dense10";
+    c->gemm = MNISTCU_GEMM_OWN; c->cnn = MNISTCU_CNN_OWN;
+    c->n = 200; c->B = 32; c->epochs = 2; c->u8 = 1; c->augment = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+    /* clipping and l2 (their kernels in the graph), a validation set between epochs */
+    c = &cases[ncases++];
+    c->name = "MLP, clipping and l2, validation, RMSprop";
+    c->spec = "784 dense64 relu dense32 relu dense10";
+    c->gemm = MNISTCU_GEMM_OWN; c->cnn = MNISTCU_CNN_OWN;
+    c->n = 130; c->B = 20; c->epochs = 3; c->validation = 1; c->progress_every = 3;
+    c->optim.kind = MNISTCU_OPTIM_RMSPROP; c->optim.learning_rate = 1e-3f; c->optim.clip_norm = 0.5f;
+    c->optim.l2 = 1e-4f;
+#ifdef MNISTCU_CUBLAS
+    c = &cases[ncases++];
+    c->name = "CNN with batch norm and dropout, cuBLAS products";
+    c->spec = "1x28x28 conv3x3x8 batchnorm relu maxpool2 flatten dropout0.2 dense32 relu dense10";
+    c->gemm = MNISTCU_GEMM_CUBLAS; c->cnn = MNISTCU_CNN_OWN;
+    c->n = 100; c->B = 24; c->epochs = 2;
+    c->optim.kind = MNISTCU_OPTIM_ADAMW; c->optim.learning_rate = 1e-3f; c->optim.weight_decay = 0.01f;
+#endif
+#ifdef MNISTCU_CUDNN
+    c = &cases[ncases++];
+    c->name = "CNN with batch norm, cuDNN and cuBLAS";
+    c->spec = "1x28x28 conv5x5x6:p=2 batchnorm relu maxpool2 conv5x5x16 relu avgpool2 flatten dense10";
+    c->gemm = MNISTCU_GEMM_CUBLAS; c->cnn = MNISTCU_CNN_CUDNN;
+    c->n = 100; c->B = 16; c->epochs = 2; c->u8 = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f; c->optim.nesterov = 1;
+#endif
+    for (i = 0; i < ncases; ++i) {
+        const char *sp = cases[i].spec;
+        for (k = 1; k < MNISTCU_LAYER_KIND_COUNT; ++k)
+            if (strstr(sp, mnistcu__kind_keywords[k])) covered[k] = 1;
+    }
+    for (k = 1; k < MNISTCU_LAYER_KIND_COUNT; ++k) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "layer kind %s is in no graph case", mnistcu__kind_keywords[k]);
+        ASSERTm(msg, covered[k]);
+    }
+    for (i = 0; i < ncases; ++i) {
+        tc_graph_run a, b;
+        size_t steps, per_epoch, j;
+        c = &cases[i];
+        ASSERTm(c->name, tc_graph_train(c, 0, &a));
+        ASSERTm(c->name, tc_graph_train(c, 1, &b));
+        per_epoch = (c->n + c->B - 1) / c->B;
+        steps = per_epoch * (size_t)c->epochs;
+        printf("    %-56s %lu of %lu steps from graphs, loss %.9g / %.9g\n", c->name,
+               (unsigned long)a.res.graph_steps, (unsigned long)steps, a.res.train_loss, b.res.train_loss);
+        ASSERT_EQm(c->name, steps, a.res.steps);
+        ASSERT_EQm(c->name, (size_t)0, b.res.graph_steps);
+        /* one launched step per batch size before its capture, one more per size after each validation
+           (the evaluation may have grown the workspace) */
+        ASSERT_GTEm(c->name, a.res.graph_steps, steps - 2 - (c->validation ? 2 * (size_t)c->epochs : 0));
+        ASSERT_EQm(c->name, a.np, b.np);
+        ASSERT_EQm(c->name, a.nb, b.nb);
+        ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb);
+        ASSERT_EQm(c->name, a.steps, b.steps);
+        ASSERT_EQm(c->name, (uint64_t)steps, a.steps);
+        for (j = 0; j < MNISTCU_MAX_MODEL_LAYERS; ++j) ASSERT_EQm(c->name, a.batches[j], b.batches[j]);
+        ASSERT_EQm(c->name, 0, memcmp(&a.res.train_loss, &b.res.train_loss, sizeof(double)));
+        ASSERT_EQm(c->name, 0, memcmp(&a.res.train_accuracy, &b.res.train_accuracy, sizeof(double)));
+        ASSERT_EQm(c->name, 0, memcmp(&a.res.val_loss, &b.res.val_loss, sizeof(double)));
+        ASSERT_EQm(c->name, a.curve.n, b.curve.n);
+        ASSERT_EQm(c->name, 0, memcmp(a.curve.loss, b.curve.loss, (size_t)a.curve.n * sizeof(double)));
+        free(a.p);
+        free(b.p);
+    }
+    PASS();
+}
+
 SUITE(cuda_suite)
 {
     RUN_TEST(cuda_reports_device);
@@ -1588,5 +1754,6 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_cnn_runs_are_bitwise_identical);
     RUN_TEST(cuda_fused_mlp_equals_unfused_bitwise);
     RUN_TEST(cuda_fused_mlp_declines_what_it_cannot_do);
+    RUN_TEST(cuda_graph_step_equals_launched_bitwise);
     RUN_TEST(cuda_sticky_error_is_latched);
 }
