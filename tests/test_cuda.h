@@ -382,13 +382,21 @@ TEST cuda_elementwise_ops_match_cpu(void)
         ASSERT_ARRAY_NEAR_F(got, ref_dz, n, 1e-7, TC_MAX_REL);
         free(y); free(dz); free(ref_dz); free(got); cudaFree(dy); cudaFree(ddz);
     }
-    { /* bias gradient: column sums */
-        float *dz = tu_random_floats(&rng, n, -1, 1), ref[37], *got, *ddz = tc_up(dz, n), *ddb = tc_poisoned(OUT);
-        mnistcu__cpu_bias_grad(ref, dz, B, OUT);
-        mnistcu__k_bias_grad<<<mnistcu__blocks(OUT), MNISTCU__THREADS>>>(ddz, (int)B, (int)OUT, ddb);
-        got = tc_down(ddb, OUT);
-        ASSERT_ARRAY_NEAR_F(got, ref, OUT, 1e-6, TC_MAX_REL);
-        free(dz); free(got); cudaFree(ddz); cudaFree(ddb);
+    { /* bias gradient: column sums, rows in order, so the CPU's bits; shapes around the kernel's
+         32 columns per block and 128 rows per pass */
+        static const size_t shapes[][2] = {{33, 37}, {1, 1}, {64, 120}, {128, 32}, {129, 31}, {512, 1024}, {300, 10},
+                                           {257, 65}};
+        size_t k;
+        for (k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
+            size_t Bk = shapes[k][0], On = shapes[k][1], nk = Bk * On;
+            float *dz = tu_random_floats(&rng, nk, -1, 1), *ref = (float *)malloc(On * sizeof(float)), *got;
+            float *ddz = tc_up(dz, nk), *ddb = tc_poisoned(On);
+            mnistcu__cpu_bias_grad(ref, dz, Bk, On);
+            mnistcu__k_bias_grad<<<(unsigned)((On + 31) / 32), 256>>>(ddz, (int)Bk, (int)On, ddb);
+            got = tc_down(ddb, On);
+            ASSERT_ARRAY_EQ_BITS_F(got, ref, On);
+            free(dz); free(ref); free(got); cudaFree(ddz); cudaFree(ddb);
+        }
     }
     { /* every loss with gradient, loss, predictions; labels and float targets */
         size_t C = 10, Bs = 33;
