@@ -4653,19 +4653,24 @@ __global__ void mnistcu__k_act_backward(float *dz, const float *y, size_t n, int
         dz[e] = mnistcu__act_backward_one((mnistcu_act)act, dz[e], y[e]);
 }
 
-/* db[j] = sum over the rows of dz[B][OUT], rows in order from zero (as the CPU,
-   and the fused MLP kernel): one sequential chain per column, which no split
-   may reorder. Its loads need not wait in line, though: each block takes 32
-   columns and stages MNISTCU__BG_ROWS rows of them in shared memory, its 8
+/* A dense layer's output gradient, finished, and its bias gradient, in one pass:
+   dz[B][OUT] *= act'(y) in place (act IDENTITY: as it is), and, when db is
+   given, db[j] = the sum over the rows of dz, rows in order from zero (as the
+   CPU, and the fused MLP kernel): one sequential chain per column, which no
+   split may reorder. Its loads need not wait in line, though: each block takes
+   32 columns and stages MNISTCU__BG_ROWS rows of them in shared memory, its 8
    warps loading 16 rows each at once (the next pass's loads in flight while
-   the chain runs), and one warp, a lane per column, runs the chains, its
-   shared loads unrolled ahead of the adds. The first version, a thread per
+   the chains run; each element is loaded, finished and written back by one
+   thread), and one warp, a lane per column, runs the chains, its shared loads
+   unrolled ahead of the adds. The same values as mnistcu__k_act_backward then
+   a column sum, one launch fewer. The first version of the sum, a thread per
    column reading its column row by row, took 10.0 us for P3's 512 x 1024 on
    the H100, this one 5.6 us, the same bits (bench/bias_grad.cu); at batch 64
    both are launch-bound. */
 #define MNISTCU__BG_ROWS 128
 
-__global__ void __launch_bounds__(256) mnistcu__k_bias_grad(const float *dz, int B, int OUT, float *db)
+__global__ void __launch_bounds__(256) mnistcu__k_bias_grad(float *dz, const float *y, int act, int B, int OUT,
+                                                            float *db)
 {
     __shared__ float tile[MNISTCU__BG_ROWS][33];
     float v[MNISTCU__BG_ROWS / 8];
@@ -4678,8 +4683,21 @@ __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(const float *dz, int
     }
     for (r0 = 0; r0 < B; r0 += MNISTCU__BG_ROWS) {
         int rows = B - r0 < MNISTCU__BG_ROWS ? B - r0 : MNISTCU__BG_ROWS;
+        if (act != MNISTCU_ACT_IDENTITY) {
 #pragma unroll
-        for (k = 0; k < MNISTCU__BG_ROWS / 8; ++k) tile[w + 8 * k][lane] = v[k];
+            for (k = 0; k < MNISTCU__BG_ROWS / 8; ++k) {
+                int r = r0 + w + 8 * k;
+                if (r < B && j < OUT) {
+                    size_t e = (size_t)r * OUT + j;
+                    v[k] = mnistcu__act_backward_one((mnistcu_act)act, v[k], y[e]);
+                    dz[e] = v[k];
+                }
+            }
+        }
+        if (db) {
+#pragma unroll
+            for (k = 0; k < MNISTCU__BG_ROWS / 8; ++k) tile[w + 8 * k][lane] = v[k];
+        }
         __syncthreads();
         if (r0 + MNISTCU__BG_ROWS < B) { /* the next pass's rows, loading while the chains run */
 #pragma unroll
@@ -4688,7 +4706,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(const float *dz, int
                 v[k] = r < B && j < OUT ? dz[(size_t)r * OUT + j] : 0.0f;
             }
         }
-        if (w == 0) {
+        if (w == 0 && db) {
             if (rows == MNISTCU__BG_ROWS) { /* unrolled: the shared loads run ahead of the chain */
 #pragma unroll
                 for (k = 0; k < MNISTCU__BG_ROWS; ++k) s += tile[k][lane];
@@ -4697,7 +4715,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(const float *dz, int
         }
         __syncthreads();
     }
-    if (w == 0 && j < OUT) db[j] = s;
+    if (w == 0 && db && j < OUT) db[j] = s;
 }
 
 static mnistcu_result mnistcu__dense_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
@@ -4713,15 +4731,12 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     cudaStream_t st = mnistcu__cuda_stream(ctx);
     size_t in = (size_t)L->c, out = (size_t)L->oc;
     mnistcu_result r;
-    if (L->act != MNISTCU_ACT_IDENTITY) {
-        mnistcu__k_act_backward<<<mnistcu__blocks(B * out), MNISTCU__THREADS, 0, st>>>(dy, L->out, B * out, (int)L->act);
-        MNISTCU__LAUNCHED(ctx, "act_backward");
+    if (L->act != MNISTCU_ACT_IDENTITY || L->nb) { /* dy *= act'(y), and the bias gradient, in one pass */
+        mnistcu__k_bias_grad<<<(unsigned)((out + 31) / 32), 256, 0, st>>>(dy, L->out, (int)L->act, (int)B, (int)out,
+                                                                          L->nb ? m->grads + L->bo : NULL);
+        MNISTCU__LAUNCHED(ctx, "act_bias_grad");
     }
     if ((r = mnistcu__cuda_gemm(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, NULL, 0))) return r;
-    if (L->nb) {
-        mnistcu__k_bias_grad<<<(unsigned)((out + 31) / 32), 256, 0, st>>>(dy, (int)B, (int)out, m->grads + L->bo);
-        MNISTCU__LAUNCHED(ctx, "bias_grad");
-    }
     if (dx) return mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
     return MNISTCU_OK;
 }
@@ -9203,6 +9218,8 @@ static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_
 static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
                                            float scale, float shift, const mnistcu__aug *aug);
 static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
+#define MNISTCU__LOSS_STATS_ROWS 4096 /* batches whose loss and statistics one block computes, one launch */
+static mnistcu_result mnistcu__cuda_loss_stats(mnistcu_model *m, size_t B, size_t step);
 static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
 static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
 typedef struct mnistcu__fused_plan {
@@ -10240,10 +10257,15 @@ static mnistcu_result mnistcu__train_step(mnistcu_model *m, const mnistcu_datase
                                           const mnistcu_optim_desc *o)
 {
     mnistcu_result r;
-    if ((r = mnistcu__gather(m, ds, idx, step * B, b, aug)) || (r = mnistcu__forward(m, b)) ||
-        (r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, st)) || (r = mnistcu__backward(m, b)) ||
-        (r = mnistcu__update(m, o)))
+    if ((r = mnistcu__gather(m, ds, idx, step * B, b, aug)) || (r = mnistcu__forward(m, b))) return r;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA && b <= MNISTCU__LOSS_STATS_ROWS) { /* one launch for both */
+        if ((r = mnistcu__cuda_loss_stats(m, b, step))) return r;
+    } else
+#endif
+    if ((r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, st)))
         return r;
+    if ((r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, o))) return r;
     return MNISTCU_OK;
 }
 
@@ -11213,6 +11235,28 @@ __global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, co
     mnistcu__stats_block(loss, pred, labels, B, sl, sc, loss_out, correct_out);
 }
 
+/* A training step's loss rows and its statistics in one block, one launch
+   instead of two: mnistcu__k_loss's rows (a thread each, in turn), then
+   mnistcu__k_step_stats's sums over them, the same functions, so the same bits.
+   For batches up to MNISTCU__LOSS_STATS_ROWS (see >>train). */
+
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
+    mnistcu__lossp lp, const float *logits, const int32_t *labels, const float *targets, int B, int C, float grad_scale,
+    float *grad, float *loss, int32_t *pred, double *loss_out, double *correct_out, const mnistcu__dyn *dyn)
+{
+    __shared__ double sl[MNISTCU__THREADS / 32], sc[MNISTCU__THREADS / 32];
+    int i;
+    for (i = (int)threadIdx.x; i < B; i += MNISTCU__THREADS)
+        mnistcu__loss_row(&lp, logits + (size_t)i * C, labels[i], targets ? targets + (size_t)i * C : NULL, (size_t)C,
+                          grad_scale, grad + (size_t)i * C, &loss[i], &pred[i]);
+    __syncthreads(); /* every row's loss and prediction, to every thread of the block */
+    if (dyn) { /* a step replayed from a graph: the outputs are the epoch's arrays, indexed by its slot */
+        loss_out += dyn->slot;
+        correct_out += dyn->slot;
+    }
+    mnistcu__stats_block(loss, pred, labels, B, sl, sc, loss_out, correct_out);
+}
+
 /* One optimizer step over the flat parameter arena (mnistcu__opt_one, see
    >>cpu_ops); coef: NULL, or the clipping factor in device memory. */
 __global__ void mnistcu__k_optim(mnistcu__opt o, float *w, const float *g, float *state, const float *coef,
@@ -11762,6 +11806,22 @@ static mnistcu_result mnistcu__cuda_loss(mnistcu_model *m, size_t B, int with_gr
         m->lossp, m->logits, m->labels, m->batch_targets ? m->targets : NULL, (int)B, (int)m->classes,
         m->lossp.sum ? 1.0f : 1.0f / (float)B, with_grad ? m->dbuf[0] : NULL, m->sample_loss, m->pred);
     MNISTCU__LAUNCHED(m->ctx, "loss");
+    return MNISTCU_OK;
+}
+
+/* A training step's loss, its gradient and its statistics (slot step of the epoch's), one launch. */
+static mnistcu_result mnistcu__cuda_loss_stats(mnistcu_model *m, size_t B, size_t step)
+{
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    const mnistcu__dyn *dyn = mnistcu__cuda_dyn(m);
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
+    if (dyn) step = 0; /* the kernel adds the step's slot */
+    mnistcu__k_loss_stats<<<1, MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream>>>(
+        m->lossp, m->logits, m->labels, m->batch_targets ? m->targets : NULL, (int)B, (int)m->classes,
+        m->lossp.sum ? 1.0f : 1.0f / (float)B, m->dbuf[0], m->sample_loss, m->pred, cm->stats + step,
+        cm->stats + cm->stats_cap + step, dyn);
+    MNISTCU__LAUNCHED(m->ctx, "loss_stats");
     return MNISTCU_OK;
 }
 

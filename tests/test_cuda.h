@@ -382,21 +382,31 @@ TEST cuda_elementwise_ops_match_cpu(void)
         ASSERT_ARRAY_NEAR_F(got, ref_dz, n, 1e-7, TC_MAX_REL);
         free(y); free(dz); free(ref_dz); free(got); cudaFree(dy); cudaFree(ddz);
     }
-    { /* bias gradient: column sums, rows in order, so the CPU's bits; shapes around the kernel's
-         32 columns per block and 128 rows per pass */
+    { /* a dense layer's gradient finished (times act'(y)) and its bias gradient, column sums with rows in
+         order, in one kernel: the CPU's bits for both, on shapes around the kernel's 32 columns per block
+         and 128 rows per pass, with and without an activation and a bias */
         static const size_t shapes[][2] = {{33, 37}, {1, 1}, {64, 120}, {128, 32}, {129, 31}, {512, 1024}, {300, 10},
                                            {257, 65}};
-        size_t k;
-        for (k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
-            size_t Bk = shapes[k][0], On = shapes[k][1], nk = Bk * On;
-            float *dz = tu_random_floats(&rng, nk, -1, 1), *ref = (float *)malloc(On * sizeof(float)), *got;
-            float *ddz = tc_up(dz, nk), *ddb = tc_poisoned(On);
-            mnistcu__cpu_bias_grad(ref, dz, Bk, On);
-            mnistcu__k_bias_grad<<<(unsigned)((On + 31) / 32), 256>>>(ddz, (int)Bk, (int)On, ddb);
-            got = tc_down(ddb, On);
-            ASSERT_ARRAY_EQ_BITS_F(got, ref, On);
-            free(dz); free(ref); free(got); cudaFree(ddz); cudaFree(ddb);
-        }
+        static const mnistcu_act acts[] = {MNISTCU_ACT_IDENTITY, MNISTCU_ACT_RELU, MNISTCU_ACT_SIGMOID, MNISTCU_ACT_TANH};
+        size_t k, a;
+        for (k = 0; k < sizeof shapes / sizeof shapes[0]; ++k)
+            for (a = 0; a < sizeof acts / sizeof acts[0]; ++a) {
+                size_t Bk = shapes[k][0], On = shapes[k][1], nk = Bk * On;
+                int with_bias = a != 2 || k % 2; /* sigmoid without a bias on half the shapes: the gradient alone */
+                float *dz = tu_random_floats(&rng, nk, -1, 1), *y = tu_random_floats(&rng, nk, -1, 1);
+                float *ref = (float *)malloc(On * sizeof(float)), *got, *got_dz;
+                float *ddz = tc_up(dz, nk), *dy = tc_up(y, nk), *ddb = tc_poisoned(On);
+                if (acts[a] != MNISTCU_ACT_IDENTITY) mnistcu__cpu_act_backward(c, dz, y, nk, acts[a]);
+                mnistcu__cpu_bias_grad(ref, dz, Bk, On);
+                mnistcu__k_bias_grad<<<(unsigned)((On + 31) / 32), 256>>>(ddz, dy, (int)acts[a], (int)Bk, (int)On,
+                                                                          with_bias ? ddb : NULL);
+                got = tc_down(ddb, On);
+                got_dz = tc_down(ddz, nk);
+                ASSERT_ARRAY_EQ_BITS_F(got_dz, dz, nk);
+                if (with_bias) ASSERT_ARRAY_EQ_BITS_F(got, ref, On);
+                else ASSERT(got[0] != got[0]); /* untouched: still the poison */
+                free(dz); free(y); free(ref); free(got); free(got_dz); cudaFree(ddz); cudaFree(dy); cudaFree(ddb);
+            }
     }
     { /* every loss with gradient, loss, predictions; labels and float targets */
         size_t C = 10, Bs = 33;
@@ -565,6 +575,48 @@ TEST cuda_step_stats_and_gather(void)
     cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost);
     ASSERT_NEAR(out[0], ref_l, 1e-9, 1e-12);
     ASSERT_EQ((long)ref_c, (long)out[1]);
+    { /* the training step's loss and statistics in one block: the bits of the loss kernel then the
+         statistics kernel, for batches below, at and above the block's width */
+        static const int batches[] = {1, 33, 256, 257, 300};
+        const int C = 10;
+        mnistcu__lossp lp;
+        size_t k;
+        memset(&lp, 0, sizeof lp);
+        lp.kind = MNISTCU_LOSS_SOFTMAX_CE;
+        lp.smoothing = 0.1f;
+        for (k = 0; k < sizeof batches / sizeof batches[0]; ++k) {
+            int Bk = batches[k];
+            float *z = tu_random_floats(&rng, (size_t)Bk * C, -6, 6), *dz = tc_up(z, (size_t)Bk * C);
+            float *g1 = tc_poisoned((size_t)Bk * C), *g2 = tc_poisoned((size_t)Bk * C);
+            float *l1 = tc_poisoned((size_t)Bk), *l2 = tc_poisoned((size_t)Bk), *h1, *h2;
+            int32_t *p1, *p2;
+            double *o1, *o2, r1[2], r2[2];
+            for (i = 0; i < (size_t)Bk; ++i) lab[i] = (int32_t)(tu_next(&rng) % C);
+            cudaMemcpy(dlab, lab, (size_t)Bk * sizeof(int32_t), cudaMemcpyHostToDevice);
+            cudaMalloc((void **)&p1, (size_t)Bk * sizeof(int32_t));
+            cudaMalloc((void **)&p2, (size_t)Bk * sizeof(int32_t));
+            cudaMalloc((void **)&o1, 2 * sizeof(double));
+            cudaMalloc((void **)&o2, 2 * sizeof(double));
+            mnistcu__k_loss<<<mnistcu__blocks((size_t)Bk), MNISTCU__THREADS>>>(lp, dz, dlab, NULL, Bk, C, 1.0f / Bk, g1,
+                                                                               l1, p1);
+            mnistcu__k_step_stats<<<1, MNISTCU__THREADS>>>(l1, p1, dlab, Bk, o1, o1 + 1, NULL);
+            mnistcu__k_loss_stats<<<1, MNISTCU__THREADS>>>(lp, dz, dlab, NULL, Bk, C, 1.0f / Bk, g2, l2, p2, o2, o2 + 1,
+                                                           NULL);
+            cudaMemcpy(r1, o1, sizeof r1, cudaMemcpyDeviceToHost);
+            cudaMemcpy(r2, o2, sizeof r2, cudaMemcpyDeviceToHost);
+            ASSERT_MEM_EQ(r1, r2, sizeof r1);
+            h1 = tc_down(g1, (size_t)Bk * C);
+            h2 = tc_down(g2, (size_t)Bk * C);
+            ASSERT_ARRAY_EQ_BITS_F(h1, h2, (size_t)Bk * C);
+            free(h1); free(h2);
+            h1 = tc_down(l1, (size_t)Bk);
+            h2 = tc_down(l2, (size_t)Bk);
+            ASSERT_ARRAY_EQ_BITS_F(h1, h2, (size_t)Bk);
+            free(h1); free(h2); free(z);
+            cudaFree(dz); cudaFree(g1); cudaFree(g2); cudaFree(l1); cudaFree(l2);
+            cudaFree(p1); cudaFree(p2); cudaFree(o1); cudaFree(o2);
+        }
+    }
     free(loss); cudaFree(dl); cudaFree(dp); cudaFree(dlab); cudaFree(dout);
     mnistcu_ctx_destroy(g);
     PASS();
