@@ -4663,10 +4663,12 @@ __global__ void mnistcu__k_act_backward(float *dz, const float *y, size_t n, int
    the chains run; each element is loaded, finished and written back by one
    thread), and one warp, a lane per column, runs the chains, its shared loads
    unrolled ahead of the adds. The same values as mnistcu__k_act_backward then
-   a column sum, one launch fewer. The first version of the sum, a thread per
-   column reading its column row by row, took 10.0 us for P3's 512 x 1024 on
-   the H100, this one 5.6 us, the same bits (bench/bias_grad.cu); at batch 64
-   both are launch-bound. */
+   a column sum. Measured on the H100 (bench/bias_grad.cu), the sum alone: 10.1
+   us for P3's 512 x 1024 with the first version (a thread per column reading
+   its column row by row), 6.0 us here, the same bits; with a ReLU: at batch 64,
+   4.8 us against 6.2 for the two kernels, but at 512, 19.3 against 16.0 (the
+   activation's loads stall each pass): the dense layer fuses them up to one
+   pass of rows only. */
 #define MNISTCU__BG_ROWS 128
 
 __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(float *dz, const float *y, int act, int B, int OUT,
@@ -4731,10 +4733,17 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     cudaStream_t st = mnistcu__cuda_stream(ctx);
     size_t in = (size_t)L->c, out = (size_t)L->oc;
     mnistcu_result r;
-    if (L->act != MNISTCU_ACT_IDENTITY || L->nb) { /* dy *= act'(y), and the bias gradient, in one pass */
-        mnistcu__k_bias_grad<<<(unsigned)((out + 31) / 32), 256, 0, st>>>(dy, L->out, (int)L->act, (int)B, (int)out,
-                                                                          L->nb ? m->grads + L->bo : NULL);
-        MNISTCU__LAUNCHED(ctx, "act_bias_grad");
+    /* dy *= act'(y), and the bias gradient: one kernel up to a batch of MNISTCU__BG_ROWS (one pass);
+       above, where the activation's loads would stall each pass, the elementwise kernel first */
+    if (L->act != MNISTCU_ACT_IDENTITY && B > MNISTCU__BG_ROWS) {
+        mnistcu__k_act_backward<<<mnistcu__blocks(B * out), MNISTCU__THREADS, 0, st>>>(dy, L->out, B * out, (int)L->act);
+        MNISTCU__LAUNCHED(ctx, "act_backward");
+    }
+    if ((L->act != MNISTCU_ACT_IDENTITY && B <= MNISTCU__BG_ROWS) || L->nb) {
+        mnistcu__k_bias_grad<<<(unsigned)((out + 31) / 32), 256, 0, st>>>(
+            dy, L->out, B <= MNISTCU__BG_ROWS ? (int)L->act : (int)MNISTCU_ACT_IDENTITY, (int)B, (int)out,
+            L->nb ? m->grads + L->bo : NULL);
+        MNISTCU__LAUNCHED(ctx, "bias_grad");
     }
     if ((r = mnistcu__cuda_gemm(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, NULL, 0))) return r;
     if (dx) return mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
@@ -9218,7 +9227,7 @@ static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_
 static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_dataset *ds, size_t offset, size_t B,
                                            float scale, float shift, const mnistcu__aug *aug);
 static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
-#define MNISTCU__LOSS_STATS_ROWS 4096 /* batches whose loss and statistics one block computes, one launch */
+#define MNISTCU__LOSS_STATS_ROWS 256 /* batches whose loss and statistics one block computes, one launch */
 static mnistcu_result mnistcu__cuda_loss_stats(mnistcu_model *m, size_t B, size_t step);
 static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
 static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
@@ -11238,7 +11247,9 @@ __global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, co
 /* A training step's loss rows and its statistics in one block, one launch
    instead of two: mnistcu__k_loss's rows (a thread each, in turn), then
    mnistcu__k_step_stats's sums over them, the same functions, so the same bits.
-   For batches up to MNISTCU__LOSS_STATS_ROWS (see >>train). */
+   For batches up to MNISTCU__LOSS_STATS_ROWS (see >>train): on the H100 (bench/
+   bias_grad.cu) 4.4 us against 6.4 for the two kernels at batch 64, but 9.0
+   against 8.1 at 512, where the rows take a block two turns. */
 
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
     mnistcu__lossp lp, const float *logits, const int32_t *labels, const float *targets, int B, int C, float grad_scale,

@@ -1723,12 +1723,13 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
     c->gemm = MNISTCU_GEMM_OWN; c->cnn = MNISTCU_CNN_OWN;
     c->n = 200; c->B = 32; c->epochs = 2; c->u8 = 1; c->augment = 1;
     c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
-    /* clipping and l2 (their kernels in the graph), a validation set between epochs */
+    /* clipping and l2 (their kernels in the graph), a validation set between epochs, batches above and
+       below the one-pass bias gradient's 128 rows */
     c = &cases[ncases++];
-    c->name = "MLP, clipping and l2, validation, RMSprop";
+    c->name = "MLP, clipping and l2, validation, RMSprop, batch 150";
     c->spec = "784 dense64 relu dense32 relu dense10";
     c->gemm = MNISTCU_GEMM_OWN; c->cnn = MNISTCU_CNN_OWN;
-    c->n = 130; c->B = 20; c->epochs = 3; c->validation = 1; c->progress_every = 3;
+    c->n = 400; c->B = 150; c->epochs = 3; c->validation = 1; c->progress_every = 2;
     c->optim.kind = MNISTCU_OPTIM_RMSPROP; c->optim.learning_rate = 1e-3f; c->optim.clip_norm = 0.5f;
     c->optim.l2 = 1e-4f;
 #ifdef MNISTCU_CUBLAS
