@@ -1012,6 +1012,8 @@ struct mnistcu_ctx {
     float *gemm_work;            /* CPU matrix-product packing buffers */
     size_t gemm_work_floats;
     void *cuda;                  /* mnistcu__cuda state when the device is CUDA */
+    int trying;                  /* > 0: failures are not logged (an attempt with a fallback, whose
+                                    caller restores the error state when it falls back) */
 };
 
 /* >>errors ------------------------------------------------------------------ */
@@ -1064,7 +1066,7 @@ static mnistcu_result mnistcu__fail(mnistcu_ctx *ctx, mnistcu_result r, const ch
     va_end(ap);
     memcpy(ctx->error, msg, sizeof msg);
     ctx->last_result = r;
-    mnistcu__log(ctx, MNISTCU_LOG_ERROR, "%s", ctx->error);
+    if (!ctx->trying) mnistcu__log(ctx, MNISTCU_LOG_ERROR, "%s", ctx->error);
     return r;
 }
 
@@ -4005,9 +4007,12 @@ typedef struct mnistcu__cuda {
     uint64_t frees;            /* device buffers freed so far: a captured step graph whose count differs
                                   may hold a freed address, and is captured again (see >>cuda_graph) */
 #ifdef MNISTCU_CUBLAS
-    void *blas_ws;             /* cuBLAS's workspace, ours (made at the first product): the same in
-                                  launched and captured products, and no allocation inside a capture */
-    size_t blas_ws_bytes;      /* its size: what cuBLAS suggests, 32 MiB from Hopper on, 4 MiB before */
+    void *blas_ws;             /* cuBLAS's workspace, ours (made at the first product; 256-byte aligned
+                                  in blas_ws_raw): the same in launched and captured products, and no
+                                  allocation inside a capture. NULL after a failed try: cuBLAS's own */
+    void *blas_ws_raw;
+    size_t blas_ws_bytes;      /* its size: what cuBLAS suggests, 32 MiB from Hopper on, 4 MiB before
+                                  (0 once a try failed: no step graphs with cuBLAS then) */
 #endif
 #ifdef MNISTCU_CUBLAS
     cublasHandle_t blas;
@@ -4048,6 +4053,8 @@ typedef struct mnistcu__step_graph {
     uint64_t frees;       /* mnistcu__cuda.frees when it was captured */
     int warm;             /* a step of this size ran launched since the graphs were reset: buffers grown */
     int nodes;            /* kernels and copies in it */
+    int scratch_layer, batch_targets; /* the model's host state as the captured step left it, */
+    size_t scratch_batch;             /* set again at each replay (mnistcu__step_host_effects) */
 } mnistcu__step_graph;
 
 /* A model's GPU state beyond the arenas and workspace kept in mnistcu_model. */
@@ -10282,15 +10289,24 @@ static mnistcu_result mnistcu__train_step(mnistcu_model *m, const mnistcu_datase
 /* What a training step's host code changes besides launching kernels, applied
    for a step replayed from its graph (see >>cuda_graph): as mnistcu__forward
    (batch norm counts the batch, dropout notes the step) then mnistcu__update. */
-static void mnistcu__step_host_effects(mnistcu_model *m)
+static void mnistcu__step_host_effects(mnistcu_model *m, const mnistcu__step_graph *g)
 {
     int i;
     for (i = 0; i < m->num_layers; ++i) {
         mnistcu__layer *L = &m->layers[i];
         if (L->passthrough) continue;
-        if (L->d.kind == MNISTCU_LAYER_BATCHNORM) L->batches++;
-        if (L->d.kind == MNISTCU_LAYER_DROPOUT) L->step = m->steps;
+        if (L->d.kind == MNISTCU_LAYER_BATCHNORM) {
+            L->batches++;
+            L->trained = 1;
+        }
+        if (L->d.kind == MNISTCU_LAYER_DROPOUT) {
+            L->step = m->steps;
+            L->trained = 1;
+        }
     }
+    m->scratch_layer = g->scratch_layer; /* as the step's host code leaves them */
+    m->scratch_batch = g->scratch_batch;
+    m->batch_targets = g->batch_targets;
     m->steps++;
     m->state_steps++;
 }
@@ -10351,7 +10367,32 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
         h[k].slot = s;
     }
     o->learning_rate = lr;
-    r = mnistcu__cuda_dyn_upload(m, h, end - step, steps);
+    {
+        mnistcu_result saved_last = m->ctx->last_result;
+        char saved_error[sizeof m->ctx->error];
+        memcpy(saved_error, m->ctx->error, sizeof saved_error);
+        m->ctx->trying++;
+        r = mnistcu__cuda_dyn_upload(m, h, end - step, steps);
+        m->ctx->trying--;
+        if (r == MNISTCU_ERR_OUT_OF_MEMORY) { /* no room for the graphs' values: this call runs launched */
+            mnistcu__log(m->ctx, MNISTCU_LOG_INFO, "train: %s: the steps run launched, not from CUDA graphs",
+                         m->ctx->error);
+            memcpy(m->ctx->error, saved_error, sizeof saved_error);
+            m->ctx->last_result = saved_last;
+            *off = 1;
+            mnistcu__free(m->ctx, h);
+            o->learning_rate = lr;
+            r = MNISTCU_OK;
+            for (s = step; s < end && !r; ++s) {
+                if (d->schedule.per_step)
+                    o->learning_rate = mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate,
+                                                           (int)((size_t)(epoch - 1) * steps + s),
+                                                           (int)(steps * (size_t)d->epochs));
+                r = mnistcu__train_step(m, ds, idx, B, MNISTCU__MIN(B, n - s * B), s, aug, st, o);
+            }
+            return r;
+        }
+    }
     mnistcu__free(m->ctx, h);
     for (s = step; s < end && !r; ++s) {
         size_t b = MNISTCU__MIN(B, n - s * B);
@@ -10360,30 +10401,39 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
             o->learning_rate = mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate,
                                                    (int)((size_t)(epoch - 1) * steps + s), (int)(steps * (size_t)d->epochs));
         if (g && g->exec) { /* replayed */
-            mnistcu__step_host_effects(m);
+            mnistcu__step_host_effects(m, g);
             r = mnistcu__cuda_graph_launch(m, g);
             ++*graphed;
             continue;
         }
         if (g && g->warm) { /* captured, then replayed */
             mnistcu__host_saved saved;
-            const char *why = NULL;
-            int ok;
+            mnistcu_result saved_last = m->ctx->last_result;
+            char saved_error[sizeof m->ctx->error], why[sizeof m->ctx->error];
+            const char *cause = NULL;
+            int ok = 0, captured = 0;
             mnistcu__host_save(m, &saved, 0);
-            if (!(r = mnistcu__cuda_capture_begin(m))) {
+            memcpy(saved_error, m->ctx->error, sizeof saved_error);
+            m->ctx->trying++; /* a failure here is not the call's: it falls back */
+            if (mnistcu__cuda_capture_begin(m) == MNISTCU_OK) {
                 ok = mnistcu__train_step(m, ds, idx, B, b, s, aug, st, o) == MNISTCU_OK;
-                if (mnistcu__cuda_capture_end(m, g, ok, &why)) {
-                    r = mnistcu__cuda_graph_launch(m, g);
-                    ++*graphed;
-                    continue;
-                }
-            } else {
-                why = mnistcu_ctx_error(m->ctx);
-                r = MNISTCU_OK;
+                captured = mnistcu__cuda_capture_end(m, g, ok, &cause);
             }
+            m->ctx->trying--;
+            if (captured) {
+                g->scratch_layer = m->scratch_layer;
+                g->scratch_batch = m->scratch_batch;
+                g->batch_targets = m->batch_targets;
+                r = mnistcu__cuda_graph_launch(m, g);
+                ++*graphed;
+                continue;
+            }
+            snprintf(why, sizeof why, "%s", cause && ok ? cause : m->ctx->error);
+            memcpy(m->ctx->error, saved_error, sizeof saved_error);
+            m->ctx->last_result = saved_last;
             mnistcu__host_save(m, &saved, 1); /* nothing of the step ran: run it launched */
             mnistcu__log(m->ctx, MNISTCU_LOG_INFO, "train: a step of %lu samples could not be captured in a CUDA "
-                         "graph (%s): the steps run launched", (unsigned long)b, why ? why : "unknown");
+                         "graph (%.300s): the steps run launched", (unsigned long)b, why);
             *off = 1;
         }
         if (!(r = mnistcu__cuda_step_begin(m)) && !(r = mnistcu__train_step(m, ds, idx, B, b, s, aug, st, o)) && g &&
@@ -11494,7 +11544,7 @@ static void mnistcu__cuda_ctx_free(mnistcu_ctx *ctx)
     mnistcu__cuda_free(ctx, cu->dnn_ws);
 #endif
 #ifdef MNISTCU_CUBLAS
-    mnistcu__cuda_free(ctx, cu->blas_ws);
+    mnistcu__cuda_free(ctx, cu->blas_ws_raw);
 #endif
     mnistcu__cuda_free(ctx, cu->splitk);
     if (cu->stream) cudaStreamDestroy(cu->stream);
@@ -11716,17 +11766,30 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         const float one = 1.0f, zero = 0.0f;
         const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
         cublasStatus_t s;
-        if (!cu->blas_ws) {
+        if (!cu->blas_ws && cu->blas_ws_bytes) {
             /* Our own workspace, through the allocation hooks: a product captured in a
                step graph (>>cuda_graph) then picks the same algorithm with the same
                workspace as one launched, and capturing never makes cuBLAS allocate.
-               (cublasSetStream would reset it: the stream is set once, before.) */
-            mnistcu_result r = mnistcu__cuda_malloc(ctx, &cu->blas_ws, cu->blas_ws_bytes, "cuBLAS workspace");
-            if (r) return r;
-            if ((s = cublasSetWorkspace(cu->blas, cu->blas_ws, cu->blas_ws_bytes)) != CUBLAS_STATUS_SUCCESS) {
-                mnistcu__cuda_free(ctx, cu->blas_ws);
-                cu->blas_ws = NULL;
-                return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cuBLAS workspace: %s", cublasGetStatusString(s));
+               (cublasSetStream would reset it: the stream is set once, before.) Where
+               it cannot be had, cuBLAS keeps its own and the steps run launched. */
+            mnistcu_result saved_last = ctx->last_result, r;
+            char saved_error[sizeof ctx->error];
+            memcpy(saved_error, ctx->error, sizeof saved_error);
+            ctx->trying++;
+            r = mnistcu__cuda_malloc(ctx, &cu->blas_ws_raw, cu->blas_ws_bytes + 255, "cuBLAS workspace");
+            ctx->trying--;
+            if (r == MNISTCU_OK) {
+                void *al = (void *)(((uintptr_t)cu->blas_ws_raw + 255) & ~(uintptr_t)255); /* cuBLAS asks 256 */
+                if (cublasSetWorkspace(cu->blas, al, cu->blas_ws_bytes) == CUBLAS_STATUS_SUCCESS) cu->blas_ws = al;
+            }
+            if (!cu->blas_ws) {
+                mnistcu__cuda_free(ctx, cu->blas_ws_raw);
+                cu->blas_ws_raw = NULL;
+                memcpy(ctx->error, saved_error, sizeof saved_error);
+                ctx->last_result = saved_last;
+                mnistcu__log(ctx, MNISTCU_LOG_INFO, "no %lu-byte cuBLAS workspace of ours: cuBLAS keeps its own, "
+                             "and training steps are not captured in CUDA graphs", (unsigned long)cu->blas_ws_bytes);
+                cu->blas_ws_bytes = 0;
             }
         }
         if (cu->precision == MNISTCU_PRECISION_FP32)
@@ -12480,8 +12543,10 @@ static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_
         cm->fused_opt = d;
         cm->fused_cap = nsteps;
     }
-    /* pageable memory: the copy is staged before the call returns, in stream order */
+    /* ops may be pinned (an allocation hook's choice), when the copy would read it after the caller
+       frees it: wait for it, at a chunk's start, where the report before has emptied the stream anyway */
     e = cudaMemcpyAsync(cm->fused_opt, ops, nsteps * sizeof(mnistcu__opt), cudaMemcpyHostToDevice, cu->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cu->stream);
     if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "fused step scalars");
     memset(&a, 0, sizeof a);
     a.u8 = dc->u8;
@@ -12781,10 +12846,12 @@ static mnistcu_result mnistcu__cuda_dyn_upload(mnistcu_model *m, const mnistcu__
         cm->dyn = d;
         cm->dyn_cap = cap;
     }
-    /* pageable memory: the copy is staged before the call returns, in stream order */
+    /* h may be pinned (an allocation hook's choice), when the copy would read it later: wait for it,
+       at a chunk's start, where the report before has emptied the stream anyway */
     e = cudaMemcpyAsync(cm->dyn, h, count * sizeof(mnistcu__dyn), cudaMemcpyHostToDevice, cu->stream);
     if (e == cudaSuccess)
         e = cudaMemsetAsync((void *)(cm->dyn + cm->dyn_cap + 1), 0, sizeof(unsigned long long), cu->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cu->stream);
     return mnistcu__cuda_check(ctx, e, "per-step values");
 }
 
@@ -12817,7 +12884,12 @@ static mnistcu_result mnistcu__cuda_capture_begin(mnistcu_model *m)
 {
     mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
     cudaStream_t st = mnistcu__cu(m->ctx)->stream;
-    cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    cudaError_t e;
+#ifdef MNISTCU_CUBLAS
+    if (mnistcu__cu(m->ctx)->use_cublas && !mnistcu__cu(m->ctx)->blas_ws) /* cuBLAS would allocate, or choose anew */
+        return mnistcu__fail(m->ctx, MNISTCU_ERR_CUBLAS, "cuBLAS has no workspace of ours");
+#endif
+    e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return mnistcu__cuda_check(m->ctx, e, "capturing a step");
     mnistcu__k_step_begin<<<1, 32, 0, st>>>(cm->dyn, cm->dyn_cap);
     cm->dyn_cur = cm->dyn + cm->dyn_cap;
