@@ -1070,6 +1070,30 @@ static mnistcu_result mnistcu__fail(mnistcu_ctx *ctx, mnistcu_result r, const ch
     return r;
 }
 
+#ifdef __CUDACC__
+/* An attempt with a fallback: its failures are not logged (mnistcu_ctx.trying),
+   and where it falls back, mnistcu__attempt_undo puts the error state back as it was. */
+typedef struct mnistcu__attempt {
+    mnistcu_result last_result;
+    char error[MNISTCU__ERROR_SIZE];
+} mnistcu__attempt;
+
+static void mnistcu__attempt_begin(mnistcu_ctx *ctx, mnistcu__attempt *a)
+{
+    a->last_result = ctx->last_result;
+    memcpy(a->error, ctx->error, sizeof a->error);
+    ctx->trying++;
+}
+
+static void mnistcu__attempt_end(mnistcu_ctx *ctx) { ctx->trying--; }
+
+static void mnistcu__attempt_undo(mnistcu_ctx *ctx, const mnistcu__attempt *a)
+{
+    memcpy(ctx->error, a->error, sizeof a->error);
+    ctx->last_result = a->last_result;
+}
+#endif
+
 /* Not NaN and not +-inf: the exponent bits are not all ones. A bit test, so
    that -ffast-math (which may assume that no NaN exists) cannot remove it. */
 static MNISTCU__HD int mnistcu__finite_f(float x)
@@ -10231,6 +10255,13 @@ static mnistcu_result mnistcu__check_dataset(const mnistcu_model *m, const mnist
 
 /* Whether training reports (progress, log line, checkpoint, the epoch's end)
    after 0-based step `step` of `steps`: where the host must look at the GPU. */
+/* A per-step schedule's rate at step s (0-based) of epoch `epoch` (1-based), `steps` an epoch. */
+static float mnistcu__step_lr(const mnistcu_train_desc *d, int epoch, size_t steps, size_t s)
+{
+    return mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate, (int)((size_t)(epoch - 1) * steps + s),
+                               (int)(steps * (size_t)d->epochs));
+}
+
 static int mnistcu__report_due(const mnistcu_train_desc *d, int logging, size_t step, size_t steps)
 {
     return step + 1 == steps || (d->progress && d->progress_every && (step + 1) % d->progress_every == 0) ||
@@ -10254,8 +10285,7 @@ static mnistcu_result mnistcu__fused_chunk(mnistcu_model *m, const mnistcu_datas
                                    (unsigned long)(end - step));
     for (s = step; s < end; ++s) {
         if (d->schedule.per_step)
-            o->learning_rate = mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate,
-                                                   (int)((size_t)(epoch - 1) * steps + s), (int)(steps * (size_t)d->epochs));
+            o->learning_rate = mnistcu__step_lr(d, epoch, steps, s);
         m->steps++;
         m->state_steps++;
         mnistcu__opt_make(o, m->state_steps, m->num_params, &ops[s - step]);
@@ -10359,8 +10389,7 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
                                  (unsigned long)(end - step));
     for (s = step, k = 0; s < end; ++s, ++k) {
         if (d->schedule.per_step)
-            o->learning_rate = mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate,
-                                                   (int)((size_t)(epoch - 1) * steps + s), (int)(steps * (size_t)d->epochs));
+            o->learning_rate = mnistcu__step_lr(d, epoch, steps, s);
         mnistcu__opt_make(o, m->state_steps + k + 1, m->num_params, &h[k].opt);
         h[k].step = m->steps + k;
         h[k].offset = s * B;
@@ -10368,26 +10397,21 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
     }
     o->learning_rate = lr;
     {
-        mnistcu_result saved_last = m->ctx->last_result;
-        char saved_error[sizeof m->ctx->error];
-        memcpy(saved_error, m->ctx->error, sizeof saved_error);
-        m->ctx->trying++;
+        mnistcu__attempt at;
+        mnistcu__attempt_begin(m->ctx, &at);
         r = mnistcu__cuda_dyn_upload(m, h, end - step, steps);
-        m->ctx->trying--;
+        mnistcu__attempt_end(m->ctx);
         if (r == MNISTCU_ERR_OUT_OF_MEMORY) { /* no room for the graphs' values: this call runs launched */
             mnistcu__log(m->ctx, MNISTCU_LOG_INFO, "train: %s: the steps run launched, not from CUDA graphs",
                          m->ctx->error);
-            memcpy(m->ctx->error, saved_error, sizeof saved_error);
-            m->ctx->last_result = saved_last;
+            mnistcu__attempt_undo(m->ctx, &at);
             *off = 1;
             mnistcu__free(m->ctx, h);
             o->learning_rate = lr;
             r = MNISTCU_OK;
             for (s = step; s < end && !r; ++s) {
                 if (d->schedule.per_step)
-                    o->learning_rate = mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate,
-                                                           (int)((size_t)(epoch - 1) * steps + s),
-                                                           (int)(steps * (size_t)d->epochs));
+                    o->learning_rate = mnistcu__step_lr(d, epoch, steps, s);
                 r = mnistcu__train_step(m, ds, idx, B, MNISTCU__MIN(B, n - s * B), s, aug, st, o);
             }
             return r;
@@ -10398,8 +10422,7 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
         size_t b = MNISTCU__MIN(B, n - s * B);
         mnistcu__step_graph *g = *off ? NULL : mnistcu__cuda_graph_for(m, b, b != B);
         if (d->schedule.per_step)
-            o->learning_rate = mnistcu_schedule_lr(&d->schedule, d->optim.learning_rate,
-                                                   (int)((size_t)(epoch - 1) * steps + s), (int)(steps * (size_t)d->epochs));
+            o->learning_rate = mnistcu__step_lr(d, epoch, steps, s);
         if (g && g->exec) { /* replayed */
             mnistcu__step_host_effects(m, g);
             r = mnistcu__cuda_graph_launch(m, g);
@@ -10408,18 +10431,17 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
         }
         if (g && g->warm) { /* captured, then replayed */
             mnistcu__host_saved saved;
-            mnistcu_result saved_last = m->ctx->last_result;
-            char saved_error[sizeof m->ctx->error], why[sizeof m->ctx->error];
+            mnistcu__attempt at; /* a failure here is not the call's: it falls back */
+            char why[sizeof m->ctx->error];
             const char *cause = NULL;
             int ok = 0, captured = 0;
             mnistcu__host_save(m, &saved, 0);
-            memcpy(saved_error, m->ctx->error, sizeof saved_error);
-            m->ctx->trying++; /* a failure here is not the call's: it falls back */
+            mnistcu__attempt_begin(m->ctx, &at);
             if (mnistcu__cuda_capture_begin(m) == MNISTCU_OK) {
                 ok = mnistcu__train_step(m, ds, idx, B, b, s, aug, st, o) == MNISTCU_OK;
                 captured = mnistcu__cuda_capture_end(m, g, ok, &cause);
             }
-            m->ctx->trying--;
+            mnistcu__attempt_end(m->ctx);
             if (captured) {
                 g->scratch_layer = m->scratch_layer;
                 g->scratch_batch = m->scratch_batch;
@@ -10429,8 +10451,7 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
                 continue;
             }
             snprintf(why, sizeof why, "%s", cause && ok ? cause : m->ctx->error);
-            memcpy(m->ctx->error, saved_error, sizeof saved_error);
-            m->ctx->last_result = saved_last;
+            mnistcu__attempt_undo(m->ctx, &at);
             mnistcu__host_save(m, &saved, 1); /* nothing of the step ran: run it launched */
             mnistcu__log(m->ctx, MNISTCU_LOG_INFO, "train: a step of %lu samples could not be captured in a CUDA "
                          "graph (%.300s): the steps run launched", (unsigned long)b, why);
@@ -10591,8 +10612,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         for (step = resumed ? start_step : 0; step < steps && !stop; ++step) {
             size_t b = MNISTCU__MIN(B, n - step * B);
             if (d.schedule.per_step)
-                o.learning_rate = mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate,
-                                                      (int)((size_t)(epoch - 1) * steps + step), (int)(steps * (size_t)d.epochs));
+                o.learning_rate = mnistcu__step_lr(&d, epoch, steps, step);
 #ifdef __CUDACC__
             if (fused.ok) { /* every step up to the next report in one kernel */
                 size_t end = step + 1;
@@ -11772,12 +11792,11 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
                workspace as one launched, and capturing never makes cuBLAS allocate.
                (cublasSetStream would reset it: the stream is set once, before.) Where
                it cannot be had, cuBLAS keeps its own and the steps run launched. */
-            mnistcu_result saved_last = ctx->last_result, r;
-            char saved_error[sizeof ctx->error];
-            memcpy(saved_error, ctx->error, sizeof saved_error);
-            ctx->trying++;
+            mnistcu__attempt at;
+            mnistcu_result r;
+            mnistcu__attempt_begin(ctx, &at);
             r = mnistcu__cuda_malloc(ctx, &cu->blas_ws_raw, cu->blas_ws_bytes + 255, "cuBLAS workspace");
-            ctx->trying--;
+            mnistcu__attempt_end(ctx);
             if (r == MNISTCU_OK) {
                 void *al = (void *)(((uintptr_t)cu->blas_ws_raw + 255) & ~(uintptr_t)255); /* cuBLAS asks 256 */
                 if (cublasSetWorkspace(cu->blas, al, cu->blas_ws_bytes) == CUBLAS_STATUS_SUCCESS) cu->blas_ws = al;
@@ -11785,8 +11804,7 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
             if (!cu->blas_ws) {
                 mnistcu__cuda_free(ctx, cu->blas_ws_raw);
                 cu->blas_ws_raw = NULL;
-                memcpy(ctx->error, saved_error, sizeof saved_error);
-                ctx->last_result = saved_last;
+                mnistcu__attempt_undo(ctx, &at);
                 mnistcu__log(ctx, MNISTCU_LOG_INFO, "no %lu-byte cuBLAS workspace of ours: cuBLAS keeps its own, "
                              "and training steps are not captured in CUDA graphs", (unsigned long)cu->blas_ws_bytes);
                 cu->blas_ws_bytes = 0;
