@@ -5014,18 +5014,32 @@ __global__ void mnistcu__k_row_sum(const float *a, size_t cols, float *out)
    against 18.7 and weight gradient 10.7 against 28.5; conv2 6.8 / 14.4 and
    11.9 / 18.2; the Fashion CNN's conv1 weight gradient 20.2 / 47.4. With 64
    input channels it loses by 2-7x (conv2 of the Fashion CNN), so square 3x3 and
-   5x5 kernels over at most 16 input channels take this path. */
-template <int KS>
+   5x5 kernels over at most 16 input channels take this path.
+   STAGE: the forward pass first copies the sample's whole input, and the input
+   gradient the sample's whole output gradient, into shared memory with all
+   their loads at once, where a chain of fmas that each waited for its own load
+   from L2 was bound by that latency (LeNet's conv2 input gradient: 21 us a step
+   at batch 64, its forward 16); the same sums in the same order. Where weights
+   and sample do not fit in 48 KB, the loads stay in the chain. */
+#define MNISTCU__CONV_STAGE_BYTES 49152 /* weights and a staged sample: within the 48 KB any GPU gives a block */
+
+template <int KS, int STAGE>
 __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_fwd(const float *__restrict__ x, const float *__restrict__ w,
                                                                    const float *__restrict__ bias, float *__restrict__ y,
                                                                    mnistcu__geom g, int OC, int CG, int act)
 {
-    extern __shared__ float wsm[]; /* [CG][K] the weights of this block's CG output channels */
+    extern __shared__ float wsm[]; /* [CG][K] the weights of this block's CG output channels; STAGE: then the image */
     const int P = g.oh * g.ow, K = g.c * KS * KS, b = (int)blockIdx.z, g0 = (int)blockIdx.y * CG;
     int i, idx, c, p, y0, x0, ci, r, s2;
     const float *xb, *wc;
     float acc = 0.0f;
     for (i = (int)threadIdx.x; i < CG * K; i += (int)blockDim.x) wsm[i] = w[(size_t)g0 * K + i];
+    xb = x + (size_t)b * g.c * g.h * g.w;
+    if (STAGE) { /* the sample's whole input, loaded at once, then read from shared memory */
+        float *xs = wsm + CG * K;
+        for (i = (int)threadIdx.x; i < g.c * g.h * g.w; i += (int)blockDim.x) xs[i] = __ldg(xb + i);
+        xb = xs;
+    }
     __syncthreads();
     idx = (int)(blockIdx.x * blockDim.x + threadIdx.x);
     if (idx >= CG * P) return;
@@ -5033,7 +5047,6 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_fwd(const float *_
     p = idx % P;
     y0 = (p / g.ow) * g.sh - g.pad;
     x0 = (p % g.ow) * g.sw - g.pad;
-    xb = x + (size_t)b * g.c * g.h * g.w;
     wc = wsm + c * K;
     for (ci = 0; ci < g.c; ++ci, wc += KS * KS) {
         const float *xc = xb + (size_t)ci * g.h * g.w;
@@ -5044,7 +5057,8 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_fwd(const float *_
 #pragma unroll
             for (s2 = 0; s2 < KS; ++s2) {
                 int ix = x0 + s2;
-                if (ix >= 0 && ix < g.w) acc = fmaf(wc[r * KS + s2], __ldg(xc + iy * g.w + ix), acc);
+                if (ix >= 0 && ix < g.w)
+                    acc = fmaf(wc[r * KS + s2], STAGE ? xc[iy * g.w + ix] : __ldg(xc + iy * g.w + ix), acc);
             }
         }
     }
@@ -5052,16 +5066,23 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_fwd(const float *_
 }
 
 /* UNIT: stride 1, where finding the outputs an input reaches needs no division. */
-template <int KS, int UNIT>
+template <int KS, int UNIT, int STAGE>
 __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dx(const float *__restrict__ dy, const float *__restrict__ w,
                                                                   float *__restrict__ dx, mnistcu__geom g, int OC, int CIG)
 {
-    extern __shared__ float wsm[]; /* [OC][CIG][KS*KS] the weights reaching this block's CIG input channels */
+    extern __shared__ float wsm[]; /* [OC][CIG][KS*KS] the weights reaching this block's CIG input channels;
+                                      STAGE: then the sample's output gradient [OC][P] */
     const int P = g.oh * g.ow, KK = KS * KS, S = g.h * g.w, b = (int)blockIdx.z, c0 = (int)blockIdx.y * CIG;
     int i, idx, c, iy, ix, co, r, s2;
+    const float *gb = dy + (size_t)b * OC * P;
     float acc = 0.0f;
     for (i = (int)threadIdx.x; i < OC * CIG * KK; i += (int)blockDim.x)
         wsm[i] = w[((size_t)(i / (CIG * KK)) * g.c + c0) * KK + i % (CIG * KK)];
+    if (STAGE) {
+        float *gs = wsm + OC * CIG * KK;
+        for (i = (int)threadIdx.x; i < OC * P; i += (int)blockDim.x) gs[i] = __ldg(gb + i);
+        gb = gs;
+    }
     __syncthreads();
     idx = (int)(blockIdx.x * blockDim.x + threadIdx.x);
     if (idx >= CIG * S) return;
@@ -5069,7 +5090,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dx(const float *__
     iy = (idx % S) / g.w;
     ix = idx % g.w;
     for (co = 0; co < OC; ++co) {
-        const float *gy = dy + ((size_t)b * OC + co) * P, *wk = wsm + (co * CIG + c) * KK;
+        const float *gy = gb + (size_t)co * P, *wk = wsm + (co * CIG + c) * KK;
 #pragma unroll
         for (r = 0; r < KS; ++r) {
             int ty = iy + g.pad - r, oy;
@@ -5081,30 +5102,40 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dx(const float *__
                 int tx = ix + g.pad - s2, ox;
                 if (tx < 0 || (!UNIT && tx % g.sw)) continue;
                 ox = UNIT ? tx : tx / g.sw;
-                if (ox < g.ow) acc = fmaf(wk[r * KS + s2], __ldg(gy + oy * g.ow + ox), acc);
+                if (ox < g.ow) acc = fmaf(wk[r * KS + s2], STAGE ? gy[oy * g.ow + ox] : __ldg(gy + oy * g.ow + ox), acc);
             }
         }
     }
     dx[((size_t)b * g.c + c0 + c) * S + (size_t)iy * g.w + ix] = acc;
 }
 
-/* Slice z of the batch, (out, in) channel pair blockIdx.x: part [Z][OC*C][KK], partb [Z][OC]. */
-template <int KS>
+/* Slice z of the batch, (out, in) channel pair blockIdx.x: part [Z][OC*C][KK], partb [Z][OC].
+   STAGE: the slice's input planes of channel ci and output gradient planes of channel co first
+   copied into shared memory at once (see the forward kernel). */
+template <int KS, int STAGE>
 __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dw(const float *__restrict__ x, const float *__restrict__ dy,
                                                                   float *__restrict__ part, float *__restrict__ partb,
                                                                   mnistcu__geom g, int OC, int B, int bper)
 {
     __shared__ float red[KS * KS + 1][MNISTCU__THREADS];
-    const int P = g.oh * g.ow, t = (int)threadIdx.x, pair = (int)blockIdx.x, co = pair / g.c, ci = pair % g.c;
-    const int z = (int)blockIdx.y, b0 = z * bper, b1 = b0 + bper < B ? b0 + bper : B;
+    extern __shared__ float sl[]; /* STAGE: [b1 - b0][H*W] inputs, then [b1 - b0][P] output gradients */
+    const int P = g.oh * g.ow, HW = g.h * g.w, t = (int)threadIdx.x, pair = (int)blockIdx.x, co = pair / g.c;
+    const int ci = pair % g.c, z = (int)blockIdx.y, b0 = z * bper, b1 = b0 + bper < B ? b0 + bper : B;
     const int n_total = b1 > b0 ? (b1 - b0) * P : 0;
     float acc[KS * KS], accb = 0.0f;
     int j, n, stride;
     for (j = 0; j < KS * KS; ++j) acc[j] = 0.0f;
+    if (STAGE) {
+        for (j = t; j < (b1 - b0) * HW; j += MNISTCU__THREADS)
+            sl[j] = __ldg(x + ((size_t)(b0 + j / HW) * g.c + ci) * HW + j % HW);
+        for (j = t; j < n_total; j += MNISTCU__THREADS)
+            sl[(b1 - b0) * HW + j] = __ldg(dy + ((size_t)(b0 + j / P) * OC + co) * P + j % P);
+        __syncthreads();
+    }
     for (n = t; n < n_total; n += MNISTCU__THREADS) {
         int b = b0 + n / P, p = n % P, y0 = (p / g.ow) * g.sh - g.pad, x0 = (p % g.ow) * g.sw - g.pad, r, s2;
-        float gv = __ldg(dy + ((size_t)b * OC + co) * P + p);
-        const float *xc = x + ((size_t)b * g.c + ci) * g.h * g.w;
+        float gv = STAGE ? sl[(b1 - b0) * HW + n] : __ldg(dy + ((size_t)b * OC + co) * P + p);
+        const float *xc = STAGE ? sl + (size_t)(b - b0) * HW : x + ((size_t)b * g.c + ci) * HW;
         accb += gv;
 #pragma unroll
         for (r = 0; r < KS; ++r) {
@@ -5113,7 +5144,8 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dw(const float *__
 #pragma unroll
             for (s2 = 0; s2 < KS; ++s2) {
                 int ix = x0 + s2;
-                if (ix >= 0 && ix < g.w) acc[r * KS + s2] = fmaf(gv, __ldg(xc + iy * g.w + ix), acc[r * KS + s2]);
+                if (ix >= 0 && ix < g.w)
+                    acc[r * KS + s2] = fmaf(gv, STAGE ? xc[iy * g.w + ix] : __ldg(xc + iy * g.w + ix), acc[r * KS + s2]);
             }
         }
     }
@@ -5161,13 +5193,18 @@ static mnistcu_result mnistcu__conv_direct_forward(mnistcu_model *m, mnistcu__la
     mnistcu__geom g = mnistcu__geom_of(L);
     int K = g.c * g.kh * g.kw, P = g.oh * g.ow, cg = mnistcu__divisor_below(L->oc, 8192 / K); /* <= 32 KB of weights */
     dim3 grid((unsigned)((cg * P + 255) / 256), (unsigned)(L->oc / cg), (unsigned)B);
-    size_t sm = (size_t)cg * K * sizeof(float);
-    const float *bias = L->nb ? m->params + L->bo : NULL;
+    size_t sm = (size_t)cg * K * sizeof(float), xin = (size_t)g.c * g.h * g.w * sizeof(float);
+    const float *bias = L->nb ? m->params + L->bo : NULL, *w = m->params + L->wo;
     cudaStream_t st = mnistcu__cuda_stream(m->ctx);
-    if (g.kh == 5)
-        mnistcu__k_conv_direct_fwd<5><<<grid, 256, sm, st>>>(L->in, m->params + L->wo, bias, L->out, g, L->oc, cg, (int)L->act);
-    else
-        mnistcu__k_conv_direct_fwd<3><<<grid, 256, sm, st>>>(L->in, m->params + L->wo, bias, L->out, g, L->oc, cg, (int)L->act);
+    int stage = sm + xin <= MNISTCU__CONV_STAGE_BYTES;
+    if (stage) sm += xin;
+#define MNISTCU__FWD(KS_, STAGE_) \
+    mnistcu__k_conv_direct_fwd<KS_, STAGE_><<<grid, 256, sm, st>>>(L->in, w, bias, L->out, g, L->oc, cg, (int)L->act)
+    if (g.kh == 5 && stage) MNISTCU__FWD(5, 1);
+    else if (g.kh == 5) MNISTCU__FWD(5, 0);
+    else if (stage) MNISTCU__FWD(3, 1);
+    else MNISTCU__FWD(3, 0);
+#undef MNISTCU__FWD
     MNISTCU__LAUNCHED(m->ctx, "conv_direct_forward");
     return MNISTCU_OK;
 }
@@ -5191,12 +5228,20 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
     bper = ((int)B + Z - 1) / Z;
     Z = ((int)B + bper - 1) / bper;
     if ((r = mnistcu__cuda_partials(ctx, (size_t)Z * (nw + (size_t)L->oc), &part))) return r;
-    if (g.kh == 5)
-        mnistcu__k_conv_direct_dw<5><<<dim3((unsigned)pairs, (unsigned)Z), 256, 0, st>>>(L->in, dy, part, part + (size_t)Z * nw,
-                                                                                       g, L->oc, (int)B, bper);
-    else
-        mnistcu__k_conv_direct_dw<3><<<dim3((unsigned)pairs, (unsigned)Z), 256, 0, st>>>(L->in, dy, part, part + (size_t)Z * nw,
-                                                                                       g, L->oc, (int)B, bper);
+    {
+        size_t red = (size_t)(KK + 1) * MNISTCU__THREADS * sizeof(float);
+        size_t sm = (size_t)bper * (g.h * g.w + g.oh * g.ow) * sizeof(float);
+        int stage = red + sm <= MNISTCU__CONV_STAGE_BYTES;
+        dim3 grid((unsigned)pairs, (unsigned)Z);
+        if (!stage) sm = 0;
+#define MNISTCU__DW(KS_, STAGE_) \
+    mnistcu__k_conv_direct_dw<KS_, STAGE_><<<grid, 256, sm, st>>>(L->in, dy, part, part + (size_t)Z * nw, g, L->oc, (int)B, bper)
+        if (g.kh == 5 && stage) MNISTCU__DW(5, 1);
+        else if (g.kh == 5) MNISTCU__DW(5, 0);
+        else if (stage) MNISTCU__DW(3, 1);
+        else MNISTCU__DW(3, 0);
+#undef MNISTCU__DW
+    }
     MNISTCU__LAUNCHED(ctx, "conv_direct_dw");
     mnistcu__k_conv_direct_dw_sum<<<mnistcu__blocks(nw + (size_t)L->oc), MNISTCU__THREADS, 0, st>>>(
         part, part + (size_t)Z * nw, Z, nw, L->oc, m->grads + L->wo, L->nb ? m->grads + L->bo : NULL);
@@ -5204,13 +5249,24 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
     if (dx) {
         int cig = mnistcu__divisor_below(g.c, 8192 / (L->oc * KK));
         dim3 grid((unsigned)((cig * g.h * g.w + 255) / 256), (unsigned)(g.c / cig), (unsigned)B);
-        size_t sm = (size_t)L->oc * cig * KK * sizeof(float);
+        size_t sm = (size_t)L->oc * cig * KK * sizeof(float), gin = (size_t)L->oc * g.oh * g.ow * sizeof(float);
         const float *w = m->params + L->wo;
-        int unit = g.sh == 1 && g.sw == 1;
-        if (g.kh == 5 && unit) mnistcu__k_conv_direct_dx<5, 1><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig);
-        else if (g.kh == 5) mnistcu__k_conv_direct_dx<5, 0><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig);
-        else if (unit) mnistcu__k_conv_direct_dx<3, 1><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig);
-        else mnistcu__k_conv_direct_dx<3, 0><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig);
+        int unit = g.sh == 1 && g.sw == 1, stage = sm + gin <= MNISTCU__CONV_STAGE_BYTES;
+        if (stage) sm += gin;
+#define MNISTCU__DX(KS_, UNIT_, STAGE_) \
+    mnistcu__k_conv_direct_dx<KS_, UNIT_, STAGE_><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig)
+        if (stage) {
+            if (g.kh == 5 && unit) MNISTCU__DX(5, 1, 1);
+            else if (g.kh == 5) MNISTCU__DX(5, 0, 1);
+            else if (unit) MNISTCU__DX(3, 1, 1);
+            else MNISTCU__DX(3, 0, 1);
+        } else {
+            if (g.kh == 5 && unit) MNISTCU__DX(5, 1, 0);
+            else if (g.kh == 5) MNISTCU__DX(5, 0, 0);
+            else if (unit) MNISTCU__DX(3, 1, 0);
+            else MNISTCU__DX(3, 0, 0);
+        }
+#undef MNISTCU__DX
         MNISTCU__LAUNCHED(ctx, "conv_direct_dx");
     }
     return MNISTCU_OK;
@@ -11773,6 +11829,27 @@ static size_t mnistcu__gemm_split(size_t M, size_t N, size_t K, int *small)
     return S > 1 ? S : 1;
 }
 
+#ifdef MNISTCU_CUBLAS
+/* An FP32 cuBLAS product that a bias or an activation follows, with a large
+   output in few tiles and a long K, is split over K by us, not by cuBLAS: the
+   parts as one strided batch, then one pass adds them in order and applies the
+   bias and activation, where cuBLAS's own split would add them in a kernel of
+   its own and ours would follow. Measured on the H100 (ncu, one P3 step):
+   784 -> 1024 at batch 512, 32.2 us against 25.2 + 6.1 + 4.5; 1024 -> 1024,
+   38.5 against 31.4 + 7.6 + 4.5. It loses where the output is narrow or short
+   (1024 -> 10: 15.8 against 14.4; the Fashion CNN's first dense layer at batch
+   64 made P5 4-7% slower) and in TF32 (P3 4-7% slower), hence the limits.
+   0 < K / S, S | K. */
+static size_t mnistcu__blas_split(size_t M, size_t N, size_t K)
+{
+    size_t tiles = ((M + 127) / 128) * ((N + 63) / 64), S;
+    if (M < 256 || N < 256 || tiles >= 132 || K < 512) return 1;
+    for (S = 4; S > 1; S /= 2)
+        if (K % S == 0 && K / S >= 128) return S;
+    return 1;
+}
+#endif
+
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                          const float *bias, int act)
@@ -11785,7 +11862,6 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
            C^T = op(B)^T op(A)^T, so the operands swap places and keep their flags. */
         const float one = 1.0f, zero = 0.0f;
         const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-        cublasStatus_t s;
         if (!cu->blas_ws && cu->blas_ws_bytes) {
             /* Our own workspace, through the allocation hooks: a product captured in a
                step graph (>>cuda_graph) then picks the same algorithm with the same
@@ -11810,7 +11886,23 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
                 cu->blas_ws_bytes = 0;
             }
         }
-        if (cu->precision == MNISTCU_PRECISION_FP32)
+        const int fuse = bias || (act != 0 && act != MNISTCU_ACT_IDENTITY);
+        const size_t S = fuse && cu->precision == MNISTCU_PRECISION_FP32 ? mnistcu__blas_split(M, N, K) : 1,
+                     kc = K / S;
+        /* part s of op(A) [M][K] is its columns from s*kc, of op(B) [K][N] its rows from s*kc */
+        const long long sa = (long long)(ta ? kc * lda : kc), sb = (long long)(tb ? kc : kc * ldb);
+        float *out = C;
+        int ldo = (int)ldc;
+        cublasStatus_t s;
+        if (S > 1) {
+            mnistcu_result r = mnistcu__cuda_partials(ctx, S * M * N, &out);
+            if (r) return r;
+            ldo = (int)N;
+        }
+        if (S > 1) /* FP32 only */
+            s = cublasSgemmStridedBatched(cu->blas, opb, opa, (int)N, (int)M, (int)kc, &one, B, (int)ldb, sb, A,
+                                          (int)lda, sa, &zero, out, ldo, (long long)(M * N), (int)S);
+        else if (cu->precision == MNISTCU_PRECISION_FP32)
             s = cublasSgemm(cu->blas, opb, opa, (int)N, (int)M, (int)K, &one, B, (int)ldb, A, (int)lda, &zero, C,
                             (int)ldc);
         else /* FP32 operands and results, the products on the tensor cores in TF32 or BF16 */
@@ -11822,7 +11914,11 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         if (s != CUBLAS_STATUS_SUCCESS)
             return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cuBLAS product %lux%lux%lu: %s", (unsigned long)M,
                                  (unsigned long)N, (unsigned long)K, cublasGetStatusString(s));
-        if (bias || (act != 0 && act != MNISTCU_ACT_IDENTITY)) {
+        if (S > 1) { /* the parts added in order, with the bias and the activation */
+            mnistcu__k_splitk_sum<<<mnistcu__blocks(M * N), MNISTCU__THREADS, 0, cu->stream>>>(
+                out, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, 1);
+            MNISTCU__LAUNCHED(ctx, "splitk_sum");
+        } else if (fuse) {
             size_t n = M * N;
             mnistcu__k_bias_act<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream>>>(C, bias, n, (int)N, act);
             MNISTCU__LAUNCHED(ctx, "bias_act");

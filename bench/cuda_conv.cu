@@ -35,6 +35,9 @@
            dW:  block = (co, ci, a slice of the batch): each thread sums k*k products (and, for ci = 0,
                 dY for db) over its positions, a fixed-order tree in shared memory per block, then a
                 kernel adds the batch slices in order                              (2 launches)
+     v5  v2 with what each block reads first copied into shared memory, all loads at once (fwd: the
+         image's input; dX: its output gradient; dW: the slice's planes of ci and co), then v2's sums in
+         v2's order from there. v2 where weights and staged data pass 48 KB.
      v3  cuDNN (WITH_CUDNN): cudnnConvolutionForward + cudnnAddTensor, cudnnConvolutionBackwardData,
          cudnnConvolutionBackwardFilter + cudnnConvolutionBackwardBias; FP32 with CUDNN_FMA_MATH (no
          TF32); the algorithm is the fastest by cudnnFind* that cuDNN marks deterministic and that
@@ -487,8 +490,9 @@ static const shape SHAPES[] = {
 #define NSHAPES 4
 #define NPASS 3
 static const char *PNAME[NPASS] = {"fwd", "dX", "dW+db"};
-#define NVAR 4
-static const char *VNAME[NVAR] = {"v1 im2col+gemm", "v2 direct", "v3 cuDNN det", "v4 cuDNN any"};
+#define NVAR 5
+#define NOURS 3 /* variants 0..NOURS-1 are ours, the rest cuDNN's */
+static const char *VNAME[NVAR] = {"v1 im2col+gemm", "v2 direct", "v5 direct staged", "v3 cuDNN det", "v4 cuDNN any"};
 
 struct conv {
     const shape *s;
@@ -561,6 +565,147 @@ static cudaError_t pass_v2(conv &c, int pass, cudaStream_t st)
         int nw = c.Cout * c.Cin * KK;
         if (c.KS == 5) k_direct_dw<5><<<grid, 256, 0, st>>>(c.X, c.dY, c.part, c.partb, c.Cin, c.H, c.W, c.Cout, c.B, c.v2_bper);
         else k_direct_dw<3><<<grid, 256, 0, st>>>(c.X, c.dY, c.part, c.partb, c.Cin, c.H, c.W, c.Cout, c.B, c.v2_bper);
+        LAUNCHED();
+        k_direct_dw_sum<<<(unsigned)((nw + c.Cout + 255) / 256), 256, 0, st>>>(c.part, c.partb, c.dW, c.db, nw, c.Cout,
+                                                                                c.v2_splits);
+        LAUNCHED();
+    }
+    return cudaSuccess;
+}
+
+/* ---- v5: v2 with each block's inputs staged in shared memory ----------------------------------------
+   v2's chains of fmas each wait for their own load from L2 (latency-bound at batch 64: few threads per
+   multiprocessor, each a long dependent chain). v5 first copies what the block reads (fwd: the image's
+   input planes; dX: the image's output gradient; dW: the slice's input planes of ci and output gradient
+   planes of co) into shared memory, all loads at once, then runs v2's sums in v2's order from there:
+   the same sums in the same order. Falls back to v2 where weights and staged data pass 48 KB. */
+template <int KS>
+__global__ void __launch_bounds__(256) k_staged_fwd(const float *__restrict__ X, const float *__restrict__ Wt,
+                                                     const float *__restrict__ bias, float *__restrict__ Y, int Cin,
+                                                     int H, int W, int Cout, int CG)
+{
+    extern __shared__ float wsm[]; /* [CG][Cin*KS*KS], then the image [Cin][H][W] */
+    const int OH = H - KS + 1, OW = W - KS + 1, P = OH * OW, K = Cin * KS * KS;
+    const int b = (int)blockIdx.z, g0 = (int)blockIdx.y * CG;
+    float *xs = wsm + CG * K;
+    for (int i = (int)threadIdx.x; i < CG * K; i += (int)blockDim.x) wsm[i] = Wt[(size_t)g0 * K + i];
+    for (int i = (int)threadIdx.x; i < Cin * H * W; i += (int)blockDim.x) xs[i] = __ldg(X + (size_t)b * Cin * H * W + i);
+    __syncthreads();
+    const int idx = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (idx >= CG * P) return;
+    const int c = idx / P, p = idx % P, oh = p / OW, ow = p % OW;
+    const float *xb = xs + oh * W + ow, *w = wsm + c * K;
+    float acc = 0.0f;
+    for (int ci = 0; ci < Cin; ++ci) {
+        const float *xc = xb + ci * H * W, *wc = w + ci * KS * KS;
+#pragma unroll
+        for (int r = 0; r < KS; ++r)
+#pragma unroll
+            for (int s = 0; s < KS; ++s) acc = fmaf(wc[r * KS + s], xc[r * W + s], acc);
+    }
+    Y[((size_t)b * Cout + g0 + c) * P + p] = acc + __ldg(bias + g0 + c);
+}
+
+template <int KS>
+__global__ void __launch_bounds__(256) k_staged_dx(const float *__restrict__ dY, const float *__restrict__ Wt,
+                                                    float *__restrict__ dX, int Cin, int H, int W, int Cout, int CIG)
+{
+    extern __shared__ float wsm[]; /* [Cout][CIG][KS*KS], then the image's output gradient [Cout][P] */
+    const int OH = H - KS + 1, OW = W - KS + 1, P = OH * OW, KK = KS * KS;
+    const int b = (int)blockIdx.z, c0 = (int)blockIdx.y * CIG;
+    float *gs = wsm + Cout * CIG * KK;
+    for (int i = (int)threadIdx.x; i < Cout * CIG * KK; i += (int)blockDim.x) {
+        int co = i / (CIG * KK), rem = i % (CIG * KK);
+        wsm[i] = Wt[((size_t)co * Cin + c0) * KK + rem];
+    }
+    for (int i = (int)threadIdx.x; i < Cout * P; i += (int)blockDim.x) gs[i] = __ldg(dY + (size_t)b * Cout * P + i);
+    __syncthreads();
+    const int idx = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (idx >= CIG * H * W) return;
+    const int c = idx / (H * W), ih = (idx / W) % H, iw = idx % W;
+    const float *g = gs;
+    float acc = 0.0f;
+    for (int co = 0; co < Cout; ++co, g += P) {
+        const float *w = wsm + (co * CIG + c) * KK;
+#pragma unroll
+        for (int r = 0; r < KS; ++r) {
+            int oh = ih - r;
+            if (oh < 0 || oh >= OH) continue;
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                int ow = iw - s;
+                if (ow >= 0 && ow < OW) acc = fmaf(w[r * KS + s], g[oh * OW + ow], acc);
+            }
+        }
+    }
+    dX[(((size_t)b * Cin + c0 + c) * H + ih) * W + iw] = acc;
+}
+
+template <int KS>
+__global__ void __launch_bounds__(256) k_staged_dw(const float *__restrict__ X, const float *__restrict__ dY,
+                                                    float *__restrict__ part, float *__restrict__ partb, int Cin,
+                                                    int H, int W, int Cout, int B, int bper)
+{
+    constexpr int KK = KS * KS;
+    __shared__ float red[KK + 1][256];
+    extern __shared__ float sl[]; /* [nb][H*W] inputs of ci, then [nb][P] output gradients of co */
+    const int OH = H - KS + 1, OW = W - KS + 1, P = OH * OW, HW = H * W, t = (int)threadIdx.x;
+    const int pair = (int)blockIdx.x, co = pair / Cin, ci = pair % Cin, split = (int)blockIdx.y;
+    const int b0 = split * bper, b1 = min(B, b0 + bper), nb = max(0, b1 - b0), n_total = nb * P;
+    float acc[KK], accb = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KK; ++j) acc[j] = 0.0f;
+    for (int j = t; j < nb * HW; j += 256) sl[j] = __ldg(X + ((size_t)(b0 + j / HW) * Cin + ci) * HW + j % HW);
+    for (int j = t; j < n_total; j += 256) sl[nb * HW + j] = __ldg(dY + ((size_t)(b0 + j / P) * Cout + co) * P + j % P);
+    __syncthreads();
+    for (int n = t; n < n_total; n += 256) {
+        int bi = n / P, p = n % P, oh = p / OW, ow = p % OW;
+        float g = sl[nb * HW + n];
+        const float *x = sl + bi * HW + oh * W + ow;
+        accb += g;
+#pragma unroll
+        for (int r = 0; r < KS; ++r)
+#pragma unroll
+            for (int s = 0; s < KS; ++s) acc[r * KS + s] = fmaf(g, x[r * W + s], acc[r * KS + s]);
+    }
+#pragma unroll
+    for (int j = 0; j < KK; ++j) red[j][t] = acc[j];
+    red[KK][t] = accb;
+    __syncthreads();
+    for (int st = 128; st > 0; st >>= 1) {
+        if (t < st)
+            for (int j = 0; j <= KK; ++j) red[j][t] += red[j][t + st];
+        __syncthreads();
+    }
+    if (t < KK) part[((size_t)split * Cout * Cin + pair) * KK + t] = red[t][0];
+    if (t == KK && ci == 0) partb[(size_t)split * Cout + co] = red[KK][0];
+}
+
+static cudaError_t pass_v5(conv &c, int pass, cudaStream_t st)
+{
+    const int KK = c.KS * c.KS;
+    const size_t limit = 48 * 1024;
+    if (pass == 0) {
+        size_t sm = ((size_t)c.v2_cg * c.K + (size_t)c.Cin * c.H * c.W) * sizeof(float);
+        dim3 grid((unsigned)((c.v2_cg * c.P + 255) / 256), (unsigned)(c.Cout / c.v2_cg), (unsigned)c.B);
+        if (sm > limit) return pass_v2(c, pass, st);
+        if (c.KS == 5) k_staged_fwd<5><<<grid, 256, sm, st>>>(c.X, c.Wt, c.bias, c.Y, c.Cin, c.H, c.W, c.Cout, c.v2_cg);
+        else k_staged_fwd<3><<<grid, 256, sm, st>>>(c.X, c.Wt, c.bias, c.Y, c.Cin, c.H, c.W, c.Cout, c.v2_cg);
+        LAUNCHED();
+    } else if (pass == 1) {
+        size_t sm = ((size_t)c.Cout * c.v2_cig * KK + (size_t)c.Cout * c.P) * sizeof(float);
+        dim3 grid((unsigned)((c.v2_cig * c.H * c.W + 255) / 256), (unsigned)(c.Cin / c.v2_cig), (unsigned)c.B);
+        if (sm > limit) return pass_v2(c, pass, st);
+        if (c.KS == 5) k_staged_dx<5><<<grid, 256, sm, st>>>(c.dY, c.Wt, c.dX, c.Cin, c.H, c.W, c.Cout, c.v2_cig);
+        else k_staged_dx<3><<<grid, 256, sm, st>>>(c.dY, c.Wt, c.dX, c.Cin, c.H, c.W, c.Cout, c.v2_cig);
+        LAUNCHED();
+    } else {
+        size_t sm = (size_t)c.v2_bper * (c.H * c.W + c.P) * sizeof(float), red = (size_t)(KK + 1) * 256 * sizeof(float);
+        dim3 grid((unsigned)(c.Cout * c.Cin), (unsigned)c.v2_splits);
+        int nw = c.Cout * c.Cin * KK;
+        if (sm + red > limit) return pass_v2(c, pass, st);
+        if (c.KS == 5) k_staged_dw<5><<<grid, 256, sm, st>>>(c.X, c.dY, c.part, c.partb, c.Cin, c.H, c.W, c.Cout, c.B, c.v2_bper);
+        else k_staged_dw<3><<<grid, 256, sm, st>>>(c.X, c.dY, c.part, c.partb, c.Cin, c.H, c.W, c.Cout, c.B, c.v2_bper);
         LAUNCHED();
         k_direct_dw_sum<<<(unsigned)((nw + c.Cout + 255) / 256), 256, 0, st>>>(c.part, c.partb, c.dW, c.db, nw, c.Cout,
                                                                                 c.v2_splits);
@@ -709,6 +854,7 @@ static cudaError_t run_pass(int v, conv &c, int pass, cudaStream_t st)
 {
     if (v == 0) return pass_v1(c, pass, st);
     if (v == 1) return pass_v2(c, pass, st);
+    if (v == 2) return pass_v5(c, pass, st);
 #ifdef WITH_CUDNN
     return pass_dnn(c, pass, st);
 #else
@@ -1037,20 +1183,20 @@ int main(int argc, char **argv)
         reference(c, hX, hW, hb, hdY, ref);
 
         for (v = 0; v < NVAR; ++v) {
-            if (v >= 2 && !have_dnn) continue;
+            if (v >= NOURS && !have_dnn) continue;
 #ifdef WITH_CUDNN
-            if (v == 2) dnn_setup(c, st);
+            if (v == NOURS) dnn_setup(c, st);
 #endif
             for (p = 0; p < NPASS; ++p) {
                 result &res = R[si][v][p];
-                if (v < 2) {
+                if (v < NOURS) {
                     measure(v, c, p, ref, h1, h2, st, reps, res);
                 } else {
 #ifdef WITH_CUDNN
                     /* candidates in cudnnFind's order (fastest first): the first that passes the check
                        (and, for v3, that cuDNN calls deterministic and that is deterministic here) */
                     dnn_state &d = g_dnn;
-                    int vi = v - 2, k;
+                    int vi = v - NOURS, k;
                     d.chosen[vi][p] = -1;
                     res.ran = 0;
                     for (k = 0; k < d.ncand[p]; ++k) {
@@ -1083,8 +1229,8 @@ int main(int argc, char **argv)
                 }
                 if (res.ran) {
                     int wrong = !(res.err <= TOL), nondet = !res.deterministic && v != 3;
-                    if ((wrong || nondet) && v < 2) bad = 1; /* cuDNN's own results fail nothing: see dnn_bad */
-                    if (nondet && v == 2) dnn_bad = 1;
+                    if ((wrong || nondet) && v < NOURS) bad = 1; /* cuDNN's own results fail nothing: see dnn_bad */
+                    if (nondet && v == NOURS) dnn_bad = 1;
                     if (res.us_stream > 0)
                         printf("cuda_conv: %-2s %-5s %-16s rel err %.2e %s stream %9.2f us %8.1f GFLOP/s | graph "
                                "%9.2f us %8.1f GFLOP/s%s\n",
@@ -1116,10 +1262,10 @@ int main(int argc, char **argv)
            prop.name, BATCH);
     printf("| shape | pass | floor us |");
     for (v = 0; v < NVAR; ++v)
-        if (v < 2 || have_dnn) printf(" %s |", VNAME[v]);
+        if (v < NOURS || have_dnn) printf(" %s |", VNAME[v]);
     printf(" best of ours / v3 (graph) |\n|---|---|---|");
     for (v = 0; v < NVAR; ++v)
-        if (v < 2 || have_dnn) printf("---|");
+        if (v < NOURS || have_dnn) printf("---|");
     printf("---|\n");
     double step[2][NVAR]; /* per model: the five passes of a training step, graph us */
     int step_ok[2][NVAR];
@@ -1138,7 +1284,7 @@ int main(int argc, char **argv)
             int model = s.id[0] == 'F', in_step = !(p == 1 && s.Cin == 1); /* a first layer needs no dX */
             printf("| %s %s | %s%s | %.2f |", s.id, s.name, PNAME[p], in_step ? "" : " (not in training)", fl);
             for (v = 0; v < NVAR; ++v) {
-                if (v >= 2 && !have_dnn) continue;
+                if (v >= NOURS && !have_dnn) continue;
                 result &res = R[si][v][p];
                 if (!res.ran || res.us_stream < 0) {
                     printf(" %s |", res.ran ? "WRONG" : "-");
@@ -1147,10 +1293,10 @@ int main(int argc, char **argv)
                 }
                 printf(" %.1f / %s", res.us_stream, res.us_graph > 0 ? "" : "n/a");
                 if (res.us_graph > 0) printf("%.1f", res.us_graph);
-                if (v >= 2) printf(" (%s)", algo_note[si][v - 2][p]);
+                if (v >= NOURS) printf(" (%s)", algo_note[si][v - NOURS][p]);
                 if (!res.deterministic) printf(" nondet");
                 printf(" |");
-                if (v < 2 && res.us_graph > 0 && (ours < 0 || res.us_graph < ours)) ours = res.us_graph;
+                if (v < NOURS && res.us_graph > 0 && (ours < 0 || res.us_graph < ours)) ours = res.us_graph;
                 if (in_step) {
                     if (res.us_graph > 0) step[model][v] += res.us_graph;
                     else step_ok[model][v] = 0;
@@ -1162,10 +1308,10 @@ int main(int argc, char **argv)
     }
     printf("\nGFLOP/s (graph time)\n| shape | pass |");
     for (v = 0; v < NVAR; ++v)
-        if (v < 2 || have_dnn) printf(" %s |", VNAME[v]);
+        if (v < NOURS || have_dnn) printf(" %s |", VNAME[v]);
     printf("\n|---|---|");
     for (v = 0; v < NVAR; ++v)
-        if (v < 2 || have_dnn) printf("---|");
+        if (v < NOURS || have_dnn) printf("---|");
     printf("\n");
     for (si = 0; si < NSHAPES; ++si) {
         const shape &s = SHAPES[si];
@@ -1174,7 +1320,7 @@ int main(int argc, char **argv)
         for (p = 0; p < NPASS; ++p) {
             printf("| %s | %s |", s.id, PNAME[p]);
             for (v = 0; v < NVAR; ++v) {
-                if (v >= 2 && !have_dnn) continue;
+                if (v >= NOURS && !have_dnn) continue;
                 result &res = R[si][v][p];
                 if (res.ran && res.us_graph > 0) printf(" %.0f |", fl / (res.us_graph * 1e3));
                 else printf(" - |");
@@ -1186,15 +1332,15 @@ int main(int argc, char **argv)
         printf("\nA training step's conv passes (LeNet-5: L1 fwd, L1 dW, L2 fwd, L2 dX, L2 dW; Fashion CNN: F1 fwd, "
                "F1 dW, F2 fwd, F2 dX, F2 dW), graph us per step and ms per epoch of 938 steps\n| model |");
         for (v = 0; v < NVAR; ++v)
-            if (v < 2 || have_dnn) printf(" %s |", VNAME[v]);
+            if (v < NOURS || have_dnn) printf(" %s |", VNAME[v]);
         printf("\n|---|");
         for (v = 0; v < NVAR; ++v)
-            if (v < 2 || have_dnn) printf("---|");
+            if (v < NOURS || have_dnn) printf("---|");
         printf("\n");
         for (i = 0; i < 2; ++i) {
             printf("| %s |", i ? "Fashion CNN (P5)" : "LeNet-5 (P4)");
             for (v = 0; v < NVAR; ++v) {
-                if (v >= 2 && !have_dnn) continue;
+                if (v >= NOURS && !have_dnn) continue;
                 if (step_ok[i][v]) printf(" %.1f us, %.1f ms |", step[i][v], step[i][v] * 938.0 / 1e3);
                 else printf(" - |");
             }
