@@ -1086,9 +1086,14 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_SOFTMAX, "3x4x4 conv1x1x4 softmax flatten dense6 softmax dense5", 3},
     /* the direct kernels (<= 16 input channels, 3x3 or 5x5) with stride, padding, no bias, a fold */
     {MNISTCU_LAYER_CONV2D, "3x11x9 conv1x1x3 conv5x5x8:s=2:p=2:bias=0 relu conv3x3x7:p=1 sigmoid flatten dense5", 4},
-    /* too large to stage in shared memory: the direct kernels that read their inputs from global memory */
-    {MNISTCU_LAYER_CONV2D, "16x28x28 conv1x1x16 conv3x3x16 flatten dense5", 2},
-    {MNISTCU_LAYER_CONV2D, "16x20x20 conv5x5x16 relu conv3x3x2 flatten dense5", 20}, /* the weight gradient's */
+    /* too large to stage in shared memory (weights and sample over 48 KB): the direct kernels that read
+       their inputs from global memory. 3x3: forward, input gradient and (7 samples a slice) weight
+       gradient; 3x3, stride 2, 64 channels: forward and input gradient; 5x5: forward and input
+       gradient; the last, 5x5 with 10 samples a slice: the weight gradient */
+    {MNISTCU_LAYER_CONV2D, "16x28x28 conv1x1x16 conv3x3x16 flatten dense5", 14},
+    {MNISTCU_LAYER_CONV2D, "16x28x28 conv1x1x16 conv3x3x64:s=2 flatten dense5", 2},
+    {MNISTCU_LAYER_CONV2D, "16x28x28 conv1x1x16 conv5x5x16 flatten dense5", 2},
+    {MNISTCU_LAYER_CONV2D, "16x20x20 conv5x5x16 relu conv3x3x2 flatten dense5", 20},
     {MNISTCU_LAYER_CONV2D, "lenet5", 3},
     {MNISTCU_LAYER_CONV2D, "fashion-cnn", 2},
     {MNISTCU_LAYER_DENSE, "784-128-10", 1},
