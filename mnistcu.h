@@ -5471,58 +5471,102 @@ static MNISTCU__HD float mnistcu__pool_back_at(const float *dy, const int32_t *a
     return s;
 }
 
-static void mnistcu__cpu_pool_forward(mnistcu__layer *L, size_t B, int is_max)
+/* The CPU passes, a plane per iteration across the context's threads (each
+   plane's outputs are its own: any thread count gives the same bits). A 2x2
+   max pool of stride 2, LeNet's and the Fashion CNN's, takes the same four
+   comparisons in the same order unrolled; a backward pass whose windows do not
+   overlap routes each output's gradient to its one input (the rest zero), as
+   mnistcu__pool_back_at would find it. */
+static float mnistcu__pool_max2(const float *x, int w, int y0, int x0, int32_t *arg)
+{
+    int32_t a = (int32_t)(y0 * w + x0), at[4];
+    float v[4], best = -INFINITY;
+    int k;
+    at[0] = a;
+    at[1] = a + 1;
+    at[2] = a + w;
+    at[3] = a + w + 1;
+    for (k = 0; k < 4; ++k) v[k] = x[at[k]];
+    *arg = a;
+    for (k = 0; k < 4; ++k)
+        if (v[k] > best || v[k] != v[k]) {
+            best = v[k];
+            *arg = at[k];
+        }
+    return best;
+}
+
+static void mnistcu__cpu_pool_forward(mnistcu_ctx *ctx, mnistcu__layer *L, size_t B, int is_max)
 {
     mnistcu__geom g = mnistcu__geom_of(L);
-    size_t planes = B * (size_t)L->c, pl, S = (size_t)g.h * g.w, P = (size_t)g.oh * g.ow;
-    int32_t *arg = (int32_t *)L->aux, unused;
+    size_t S = (size_t)g.h * g.w, P = (size_t)g.oh * g.ow;
+    long planes = (long)(B * (size_t)L->c), pl;
+    int32_t *arg = (int32_t *)L->aux;
+    int max2 = is_max && g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2;
+    (void)ctx;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(ctx->threads) if ((size_t)planes * P >= 16384)
+#endif
     for (pl = 0; pl < planes; ++pl) {
+        const float *x = L->in + (size_t)pl * S;
+        int32_t unused;
         int oy, ox;
         for (oy = 0; oy < g.oh; ++oy)
             for (ox = 0; ox < g.ow; ++ox) {
-                size_t o = pl * P + (size_t)oy * g.ow + ox;
-                L->out[o] = mnistcu__act_f(L->act, mnistcu__pool_at(L->in + pl * S, g, oy, ox, is_max,
-                                                                     is_max ? &arg[o] : &unused));
+                size_t o = (size_t)pl * P + (size_t)oy * g.ow + ox;
+                float v = max2 ? mnistcu__pool_max2(x, g.w, 2 * oy, 2 * ox, &arg[o])
+                               : mnistcu__pool_at(x, g, oy, ox, is_max, is_max ? &arg[o] : &unused);
+                L->out[o] = mnistcu__act_f(L->act, v);
             }
     }
 }
 
-static void mnistcu__cpu_pool_backward(mnistcu__layer *L, size_t B, const float *dy, float *dx, int is_max)
+static void mnistcu__cpu_pool_backward(mnistcu_ctx *ctx, mnistcu__layer *L, size_t B, const float *dy, float *dx,
+                                       int is_max)
 {
     mnistcu__geom g = mnistcu__geom_of(L);
-    size_t planes = B * (size_t)L->c, pl, S = (size_t)g.h * g.w, P = (size_t)g.oh * g.ow;
+    size_t S = (size_t)g.h * g.w, P = (size_t)g.oh * g.ow;
+    long planes = (long)(B * (size_t)L->c), pl;
+    int tiled = g.sh == g.kh && g.sw == g.kw;
+    (void)ctx;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(ctx->threads) if ((size_t)planes * S >= 16384)
+#endif
     for (pl = 0; pl < planes; ++pl) {
+        const float *d = dy + (size_t)pl * P, *y = L->act == MNISTCU_ACT_RELU ? L->out + (size_t)pl * P : NULL;
+        const int32_t *arg = is_max ? (const int32_t *)L->aux + (size_t)pl * P : NULL;
+        float *out = dx + (size_t)pl * S;
         int iy, ix;
+        if (tiled && is_max) { /* windows that do not overlap: each output to its one input */
+            size_t o;
+            memset(out, 0, S * sizeof(float));
+            for (o = 0; o < P; ++o)
+                if (!y || y[o] > 0.0f) out[arg[o]] = d[o];
+            continue;
+        }
         for (iy = 0; iy < g.h; ++iy)
-            for (ix = 0; ix < g.w; ++ix)
-                dx[pl * S + (size_t)iy * g.w + ix] = mnistcu__pool_back_at(
-                    dy + pl * P, is_max ? (const int32_t *)L->aux + pl * P : NULL,
-                    L->act == MNISTCU_ACT_RELU ? L->out + pl * P : NULL, g, iy, ix);
+            for (ix = 0; ix < g.w; ++ix) out[(size_t)iy * g.w + ix] = mnistcu__pool_back_at(d, arg, y, g, iy, ix);
     }
 }
 
 static mnistcu_result mnistcu__maxpool_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
-    (void)m;
-    mnistcu__cpu_pool_forward(L, B, 1);
+    mnistcu__cpu_pool_forward(m->ctx, L, B, 1);
     return MNISTCU_OK;
 }
 static mnistcu_result mnistcu__avgpool_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
-    (void)m;
-    mnistcu__cpu_pool_forward(L, B, 0);
+    mnistcu__cpu_pool_forward(m->ctx, L, B, 0);
     return MNISTCU_OK;
 }
 static mnistcu_result mnistcu__maxpool_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
 {
-    (void)m;
-    if (dx) mnistcu__cpu_pool_backward(L, B, dy, dx, 1);
+    if (dx) mnistcu__cpu_pool_backward(m->ctx, L, B, dy, dx, 1);
     return MNISTCU_OK;
 }
 static mnistcu_result mnistcu__avgpool_cpu_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
 {
-    (void)m;
-    if (dx) mnistcu__cpu_pool_backward(L, B, dy, dx, 0);
+    if (dx) mnistcu__cpu_pool_backward(m->ctx, L, B, dy, dx, 0);
     return MNISTCU_OK;
 }
 

@@ -459,6 +459,40 @@ TEST cpu_threads_same_bits(void)
     PASS();
 }
 
+/* The same for a CNN whose pooling passes are split across the threads: a 2x2 max pool (the unrolled
+   path), an overlapping one with a ReLU folded in, an average pool, each above the size where the
+   planes are shared out. */
+TEST cpu_threads_same_bits_cnn(void)
+{
+    mnistcu_ctx *c[2];
+    float *p[2];
+    size_t np = 0;
+    int k;
+    c[0] = tu_ctx(MNISTCU_DEVICE_CPU, 1);
+    c[1] = tu_ctx(MNISTCU_DEVICE_CPU, 2);
+    ASSERT(c[0] && c[1]);
+    for (k = 0; k < 2; ++k) {
+        mnistcu_dataset *ds = separable_dataset(c[k], 7, 256, 784, 10);
+        mnistcu_model *m = NULL;
+        mnistcu_train_desc td;
+        ASSERT(ds != NULL);
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(c[k], "1x28x28 conv3x3x8 relu maxpool2 conv3x3x8 maxpool3:s=1 "
+                                                              "relu avgpool2 flatten dense10", &m));
+        memset(&td, 0, sizeof td);
+        td.epochs = 1;
+        td.batch_size = 128;
+        td.optim.momentum = 0.9f;
+        ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, NULL));
+        np = mnistcu_model_num_params(m);
+        p[k] = params_of(m);
+    }
+    ASSERT_ARRAY_EQ_BITS_F(p[0], p[1], np);
+    free(p[0]); free(p[1]);
+    mnistcu_ctx_destroy(c[0]);
+    mnistcu_ctx_destroy(c[1]);
+    PASS();
+}
+
 TEST confusion_matrix_counts(void)
 {
     mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_AUTO, 0);
@@ -1336,6 +1370,7 @@ SUITE(train_suite)
     RUN_TEST(validation_metrics_match_evaluate);
     RUN_TEST(deterministic_for_a_seed);
     RUN_TEST(cpu_threads_same_bits);
+    RUN_TEST(cpu_threads_same_bits_cnn);
     RUN_TEST(confusion_matrix_counts);
     RUN_TEST(evaluate_uses_the_training_normalisation);
     RUN_TEST(divergence_stops_with_the_last_finite_weights);
