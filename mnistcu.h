@@ -3460,9 +3460,10 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_sample(const mnistcu_dataset *ds, siz
 static mnistcu_result mnistcu__cpu_reserve(mnistcu_ctx *ctx)
 {
     if (ctx->gemm_work) return MNISTCU_OK;
-    ctx->gemm_work = (float *)mnistcu__alloc(ctx, MNISTCU__GEMM_WORK_FLOATS * sizeof(float));
+    /* two sets: products may run on two threads at once (the convolutions' samples, >>layer_conv2d) */
+    ctx->gemm_work = (float *)mnistcu__alloc(ctx, 2 * MNISTCU__GEMM_WORK_FLOATS * sizeof(float));
     if (!ctx->gemm_work) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory for matrix workspace");
-    ctx->gemm_work_floats = MNISTCU__GEMM_WORK_FLOATS;
+    ctx->gemm_work_floats = 2 * MNISTCU__GEMM_WORK_FLOATS;
     return MNISTCU_OK;
 }
 
@@ -3560,6 +3561,16 @@ static void mnistcu__pack_b(int trans, const float *B, size_t ldb, size_t k0, si
     }
 }
 
+/* Which of the two sets of packing buffers a product on this thread uses. */
+static size_t mnistcu__work_set(void)
+{
+#ifdef _OPENMP
+    return omp_in_parallel() && omp_get_thread_num() == 1 ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
 /* C = op(A) op(B), or C += op(A) op(B) with accumulate (each element then adds
    its new sum over k, in order, to what C held). */
 static void mnistcu__cpu_gemm_acc(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
@@ -3571,7 +3582,9 @@ static void mnistcu__cpu_gemm_acc(mnistcu_ctx *ctx, int ta, int tb, size_t M, si
        each element of C is one fma chain over k in order (a later block goes on
        from the value the earlier left in C), so this changes no result. */
     size_t kc_max = K <= MNISTCU__KC_WHOLE && K * N <= (size_t)MNISTCU__KC * MNISTCU__NC / 2 ? K : MNISTCU__KC;
-    float *bp = ctx->gemm_work, *ap = ctx->gemm_work + (size_t)MNISTCU__KC * MNISTCU__NC;
+    /* called from inside a parallel region (thread 0 or 1 of two), a product takes that thread's set */
+    float *bp = ctx->gemm_work + mnistcu__work_set() * MNISTCU__GEMM_WORK_FLOATS,
+          *ap = bp + (size_t)MNISTCU__KC * MNISTCU__NC;
 #ifdef _OPENMP
     /* Below a million multiply-adds (P7's output layer) a product takes a few
        microseconds, and its barriers would cost more than a second thread
@@ -4899,14 +4912,37 @@ static void mnistcu__cpu_chan_bias_act(float *y, const float *bias, size_t OC, s
     }
 }
 
+/* Samples are independent in the forward pass and in the input gradient: up to
+   two threads take alternate samples, each with its half of the scratch (K*P
+   floats; the products inside then run on the thread that calls them, with the
+   same bits). The weight and bias gradients add the samples in order, on one. */
+static int mnistcu__conv_cpu_threads(const mnistcu_model *m, size_t B)
+{
+    return m->ctx->threads >= 2 && B >= 2 ? 2 : 1;
+}
+
+static int mnistcu__thread_index(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 static mnistcu_result mnistcu__conv_cpu_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
     mnistcu__geom g = mnistcu__geom_of(L);
-    size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, OC = (size_t)L->oc, b;
-    float *col = m->scratch;
-    for (b = 0; b < B; ++b) {
-        float *y = L->out + b * L->out_size;
-        mnistcu__cpu_im2col(L->in + b * L->in_size, g, col);
+    size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, OC = (size_t)L->oc;
+    long b, nb = (long)B;
+    int T = mnistcu__conv_cpu_threads(m, B);
+    (void)T;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
+#endif
+    for (b = 0; b < nb; ++b) {
+        float *y = L->out + (size_t)b * L->out_size, *col = m->scratch + (size_t)mnistcu__thread_index() * K * P;
+        mnistcu__cpu_im2col(L->in + (size_t)b * L->in_size, g, col);
         mnistcu__cpu_gemm(m->ctx, 0, 0, OC, P, K, m->params + L->wo, K, col, P, y, P);
         mnistcu__cpu_chan_bias_act(y, L->nb ? m->params + L->bo : NULL, OC, P, L->act);
     }
@@ -4917,7 +4953,10 @@ static mnistcu_result mnistcu__conv_cpu_backward(mnistcu_model *m, mnistcu__laye
 {
     mnistcu__geom g = mnistcu__geom_of(L);
     size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, OC = (size_t)L->oc, b, o, p;
-    float *col = m->scratch, *dcol = m->scratch + K * P, *dw = m->grads + L->wo, *db = m->grads + L->bo;
+    float *col = m->scratch, *dw = m->grads + L->wo, *db = m->grads + L->bo;
+    long bb, nb = (long)B;
+    int T = mnistcu__conv_cpu_threads(m, B);
+    (void)T;
     for (b = 0; b < B; ++b) {
         float *dyb = dy + b * L->out_size;
         mnistcu__cpu_act_backward(m->ctx, dyb, L->out + b * L->out_size, OC * P, L->act);
@@ -4930,15 +4969,19 @@ static mnistcu_result mnistcu__conv_cpu_backward(mnistcu_model *m, mnistcu__laye
                 for (p = 0; p < P; ++p) s += dyb[o * P + p];
                 db[o] = b ? db[o] + s : s;
             }
-        if (dx) {
-            float *dxb = dx + b * L->in_size;
-            int c, iy, ix;
-            /* dcol [K][P] = W^T [K][OC] . dy_b [OC][P] */
-            mnistcu__cpu_gemm(m->ctx, 1, 0, K, P, OC, m->params + L->wo, K, dyb, P, dcol, P);
-            for (c = 0; c < g.c; ++c)
-                for (iy = 0; iy < g.h; ++iy)
-                    for (ix = 0; ix < g.w; ++ix) *dxb++ = mnistcu__col2im_at(dcol, P, g, c, iy, ix);
-        }
+    }
+    if (!dx) return MNISTCU_OK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(T) if (T > 1)
+#endif
+    for (bb = 0; bb < nb; ++bb) {
+        float *dxb = dx + (size_t)bb * L->in_size, *dcol = m->scratch + (size_t)mnistcu__thread_index() * K * P;
+        int c, iy, ix;
+        /* dcol [K][P] = W^T [K][OC] . dy_b [OC][P] */
+        mnistcu__cpu_gemm(m->ctx, 1, 0, K, P, OC, m->params + L->wo, K, dy + (size_t)bb * L->out_size, P, dcol, P);
+        for (c = 0; c < g.c; ++c)
+            for (iy = 0; iy < g.h; ++iy)
+                for (ix = 0; ix < g.w; ++ix) *dxb++ = mnistcu__col2im_at(dcol, P, g, c, iy, ix);
     }
     return MNISTCU_OK;
 }
