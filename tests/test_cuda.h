@@ -5,11 +5,16 @@
 #include <cuda_runtime.h>
 
 /* ---- device buffers for the tests -------------------------------------------- */
+/* The library's streams do not wait for the legacy default stream, and a copy
+   from pageable memory may return before its data has landed, so every upload
+   and poisoning here ends with a device-wide synchronisation before any kernel
+   of the library can read it. */
 static float *tc_up(const float *h, size_t n)
 {
     float *d = NULL;
     if (cudaMalloc((void **)&d, (n ? n : 1) * sizeof(float)) != cudaSuccess) return NULL;
     cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
     return d;
 }
 
@@ -1124,6 +1129,7 @@ static double tc_worst_err; /* the largest error seen by the per-kernel checks t
 static float *tc_up_into(float *dev, const float *host, size_t n)
 {
     cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize(); /* landed before the library's stream reads it (see tc_up) */
     return dev;
 }
 
@@ -1191,6 +1197,7 @@ static int tc_layer_case_run(const tc_layer_case *c, mnistcu_gemm path, char *ms
         memcpy(mh->input, x, B * mh->inputs * sizeof(float));
         memcpy(mh->labels, labels, B * sizeof(int32_t));
         cudaMemcpy(mg->labels, labels, B * sizeof(int32_t), cudaMemcpyHostToDevice);
+        cudaDeviceSynchronize(); /* the poison and the labels in place before the library's stream runs */
         for (l = 0; l < mg->num_layers && ok; ++l) {
             mnistcu__layer *Lg = &mg->layers[l], *Lh = &mh->layers[l];
             if (Lg->passthrough) continue;
@@ -1224,6 +1231,7 @@ static int tc_layer_case_run(const tc_layer_case *c, mnistcu_gemm path, char *ms
             memcpy(cur_h, dy, ny * sizeof(float));
             tc_up_into(cur_g, dy, ny);
             if (Lg->need_dx) cudaMemset(mg->dbuf[1], 0xFF, nx * sizeof(float));
+            cudaDeviceSynchronize();
             mnistcu__kinds[Lh->d.kind]->backward[0](mh, Lh, B, cur_h, Lh->need_dx ? mh->dbuf[1] : NULL);
             if (mnistcu__kinds[Lg->d.kind]->backward[1](mg, Lg, B, cur_g, Lg->need_dx ? mg->dbuf[1] : NULL) !=
                 MNISTCU_OK) {
