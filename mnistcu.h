@@ -870,6 +870,10 @@ typedef struct mnistcu_train_desc {
     int no_graph;                        /* 0: on the GPU, a step that does not run in the fused kernel is
                                             captured once into a CUDA graph and replayed (same bits, fewer
                                             launches; see >>cuda_graph); 1: its kernels launched one by one */
+    int no_head;                         /* 0: on the GPU, a model ending in a dense layer of at most 32
+                                            outputs runs that layer's forward pass, the loss and its input
+                                            gradient in one kernel (see >>cuda_head; the same bits with the
+                                            own products, within rounding with cuBLAS's); 1: step by step */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -887,6 +891,7 @@ typedef struct mnistcu_train_result {
     int early_stopped;           /* 1 when early_stop ended training before desc.epochs */
     size_t fused_steps;          /* of steps, those the fused MLP kernel ran (see no_fused) */
     size_t graph_steps;          /* of steps, those replayed from a captured CUDA graph (see no_graph) */
+    size_t head_steps;           /* of steps, those whose last layer and loss ran in the head (see no_head) */
 } mnistcu_train_result;
 
 typedef struct mnistcu_metrics {
@@ -4090,6 +4095,7 @@ typedef struct mnistcu__step_graph {
     uint64_t frees;       /* mnistcu__cuda.frees when it was captured */
     int warm;             /* a step of this size ran launched since the graphs were reset: buffers grown */
     int nodes;            /* kernels and copies in it */
+    int head_off;         /* the model's head_off when it was captured (the head is in the graph or not) */
     int scratch_layer, batch_targets; /* the model's host state as the captured step left it, */
     size_t scratch_batch;             /* set again at each replay (mnistcu__step_host_effects) */
 } mnistcu__step_graph;
@@ -4330,6 +4336,7 @@ typedef struct mnistcu__layer {
     int passthrough;           /* the output is the input: flatten, or an activation done by the layer before */
     int need_dx;               /* backward computes the input gradient: a layer before has parameters */
     int trained;               /* the last forward ran in TRAIN mode (batch norm, dropout) */
+    int dy_done;               /* dense, CUDA: this step's output gradient has act' applied already (the head) */
     uint64_t step;             /* dropout: the step its last mask was drawn for */
     float *in, *out;           /* workspace: x [B][in_size], y [B][out_size] */
     float *aux;                /* maxpool: argmax [B][out_size] (int32); batch norm: mean [C], invstd [C] */
@@ -4360,6 +4367,7 @@ struct mnistcu_model {
     int num_tensors;
     mnistcu__tensor *tensors; /* state_dict order */
     mnistcu_mode mode;
+    int head_off;            /* mnistcu_train_desc.no_head of the training running */
     /* The arenas, on the model's device: one allocation each. */
     float *params;        /* [num_params] */
     float *grads;         /* [num_params] */
@@ -4776,16 +4784,17 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     mnistcu_ctx *ctx = m->ctx;
     cudaStream_t st = mnistcu__cuda_stream(ctx);
     size_t in = (size_t)L->c, out = (size_t)L->oc;
+    const int act = L->dy_done ? (int)MNISTCU_ACT_IDENTITY : (int)L->act; /* the head may have applied it */
     mnistcu_result r;
     /* dy *= act'(y), and the bias gradient: one kernel up to a batch of MNISTCU__BG_ROWS (one pass);
        above, where the activation's loads would stall each pass, the elementwise kernel first */
-    if (L->act != MNISTCU_ACT_IDENTITY && B > MNISTCU__BG_ROWS) {
-        mnistcu__k_act_backward<<<mnistcu__blocks(B * out), MNISTCU__THREADS, 0, st>>>(dy, L->out, B * out, (int)L->act);
+    if (act != MNISTCU_ACT_IDENTITY && B > MNISTCU__BG_ROWS) {
+        mnistcu__k_act_backward<<<mnistcu__blocks(B * out), MNISTCU__THREADS, 0, st>>>(dy, L->out, B * out, act);
         MNISTCU__LAUNCHED(ctx, "act_backward");
     }
-    if ((L->act != MNISTCU_ACT_IDENTITY && B <= MNISTCU__BG_ROWS) || L->nb) {
+    if ((act != MNISTCU_ACT_IDENTITY && B <= MNISTCU__BG_ROWS) || L->nb) {
         mnistcu__k_bias_grad<<<(unsigned)((out + 31) / 32), 256, 0, st>>>(
-            dy, L->out, B <= MNISTCU__BG_ROWS ? (int)L->act : (int)MNISTCU_ACT_IDENTITY, (int)B, (int)out,
+            dy, L->out, B <= MNISTCU__BG_ROWS ? act : (int)MNISTCU_ACT_IDENTITY, (int)B, (int)out,
             L->nb ? m->grads + L->bo : NULL);
         MNISTCU__LAUNCHED(ctx, "bias_grad");
     }
@@ -7671,16 +7680,12 @@ static mnistcu_result mnistcu__loss(mnistcu_model *m, size_t B, int with_grad)
     return MNISTCU_OK;
 }
 
-/* dbuf[0] holds dL/dlogits: fills the gradient arena, last layer first. */
-static mnistcu_result mnistcu__backward(mnistcu_model *m, size_t B)
+/* cur holds the output gradient of layer last: fills the gradient arena from there down. */
+static mnistcu_result mnistcu__backward_from(mnistcu_model *m, size_t B, int last, float *cur)
 {
-    float *cur = m->dbuf[0];
     mnistcu_result r;
     int i;
-#ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_alive(m->ctx))) return r;
-#endif
-    for (i = m->num_layers - 1; i >= 0; --i) {
+    for (i = last; i >= 0; --i) {
         mnistcu__layer *L = &m->layers[i];
         float *next;
         if (L->passthrough) continue;
@@ -7691,6 +7696,16 @@ static mnistcu_result mnistcu__backward(mnistcu_model *m, size_t B)
         cur = next;
     }
     return MNISTCU_OK;
+}
+
+/* dbuf[0] holds dL/dlogits: fills the gradient arena, last layer first. */
+static mnistcu_result mnistcu__backward(mnistcu_model *m, size_t B)
+{
+#ifdef __CUDACC__
+    mnistcu_result r;
+    if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_alive(m->ctx))) return r;
+#endif
+    return mnistcu__backward_from(m, B, m->num_layers - 1, m->dbuf[0]);
 }
 
 /* n floats on the model's device (the optimizer state, the divergence check's
@@ -9403,6 +9418,8 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
 static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_t step);
 #define MNISTCU__LOSS_STATS_ROWS 256 /* batches whose loss and statistics one block computes, one launch */
 static mnistcu_result mnistcu__cuda_loss_stats(mnistcu_model *m, size_t B, size_t step);
+static int mnistcu__cuda_head_layer(const mnistcu_model *m);
+static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B, size_t step);
 static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, size_t to, double *loss, int64_t *correct);
 static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
 typedef struct mnistcu__fused_plan {
@@ -10446,6 +10463,15 @@ static mnistcu_result mnistcu__train_step(mnistcu_model *m, const mnistcu_datase
                                           const mnistcu_optim_desc *o)
 {
     mnistcu_result r;
+#ifdef __CUDACC__
+    int head = m->device == MNISTCU_DEVICE_CUDA ? mnistcu__cuda_head_layer(m) : -1;
+    if (head >= 0) { /* the last layer, the loss and the statistics in one kernel (>>cuda_head) */
+        if ((r = mnistcu__gather(m, ds, idx, step * B, b, aug)) || (r = mnistcu__cuda_head_step(m, head, b, step)) ||
+            (r = mnistcu__update(m, o)))
+            return r;
+        return MNISTCU_OK;
+    }
+#endif
     if ((r = mnistcu__gather(m, ds, idx, step * B, b, aug)) || (r = mnistcu__forward(m, b))) return r;
 #ifdef __CUDACC__
     if (m->device == MNISTCU_DEVICE_CUDA && b <= MNISTCU__LOSS_STATS_ROWS) { /* one launch for both */
@@ -10650,6 +10676,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     if (desc && desc->validation && (r = mnistcu__check_dataset(m, desc->validation, "train (validation set)")))
         return r;
     mnistcu_train_desc_resolve(desc, &d);
+    m->head_off = d.no_head;
     if (d.epochs < 0 || d.batch_size < 0)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: epochs %d and batch_size %d must be positive",
                              d.epochs, d.batch_size);
@@ -10927,10 +10954,13 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         ((r = mnistcu__finite_copy(m, m->params, best_params, m->num_params, 1)) ||
          (best_buffers && (r = mnistcu__finite_copy(m, m->buffers, best_buffers, m->num_buffers, 1)))))
         goto done;
-    if (result) *result = res;
     r = MNISTCU_OK;
 done:
-    if (result && r == MNISTCU_ERR_DIVERGED) *result = res;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA && mnistcu__cuda_head_layer(m) >= 0) /* every step the fused kernel did not */
+        res.head_steps = res.steps - res.fused_steps;
+#endif
+    if (result && (r == MNISTCU_OK || r == MNISTCU_ERR_DIVERGED)) *result = res;
     if (logf && fclose(logf) != 0 && r == MNISTCU_OK)
         r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: closing the log %.300s failed", d.log_path);
     mnistcu__model_floats_free(m, best_params);
@@ -11415,10 +11445,12 @@ __global__ void mnistcu__k_loss(mnistcu__lossp lp, const float *logits, const in
 /* One block of MNISTCU__THREADS threads (all of them call it): the step's loss
    sum and correct count in a fixed order (each warp's values by shuffles, then
    the warps' sums in order), so the same bits every run. sl and sc: shared,
-   MNISTCU__THREADS / 32 each. The step kernel and the fused MLP kernel both
-   use it, so their sums agree. */
-static __device__ void mnistcu__stats_block(const float *loss, const int32_t *pred, const int32_t *labels, int B,
-                                            double *sl, double *sc, double *loss_out, double *correct_out)
+   MNISTCU__THREADS / 32 each. The step kernels, the fused MLP kernel and the
+   head all use it, so their sums agree. Volatile loads: the head's last block
+   reads rows other blocks wrote (not from its own L1). */
+static __device__ void mnistcu__stats_block(const volatile float *loss, const volatile int32_t *pred,
+                                            const int32_t *labels, int B, double *sl, double *sc, double *loss_out,
+                                            double *correct_out)
 {
     int t = (int)threadIdx.x, i, o;
     double l = 0.0, c = 0.0;
@@ -11479,6 +11511,170 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
         correct_out += dyn->slot;
     }
     mnistcu__stats_block(loss, pred, labels, B, sl, sc, loss_out, correct_out);
+}
+
+/* >>cuda_head ----------------------------------------------------------------------
+   The classifier head: a training step's last dense layer (identity, at most
+   MNISTCU__HEAD_MAX_C outputs), its loss and the step's statistics, and its
+   input gradient, in one kernel, where the step by step path takes a product,
+   the loss kernel(s), a second product and the previous layer's activation
+   derivative. Each block takes MNISTCU__HEAD_ROWS rows, two warps each; it
+   stages the weights and its rows MNISTCU__HEAD_KC inputs at a time in shared
+   memory, the next pass's loads in flight while the chains run.
+   The arithmetic is the product kernels' own: each logit one chain of fmaf over
+   the inputs in order from 0, the padding's +0 where the inputs are not a
+   whole number of 16-wide K steps, the bias after (mnistcu__k_gemm16's); the
+   loss by mnistcu__loss_row; each input gradient one chain over the classes
+   in order (mnistcu__k_gemm's), then the previous dense layer's act' from its
+   output (mnistcu__act_backward_one). So with our products (unsplit, which the
+   head's shapes are up to 2047 inputs) a step gives the same bits with the head
+   as without; with cuBLAS's the products' order is cuBLAS's, and the two agree
+   within rounding (cuda_head_step test). The statistics: the block that
+   finishes last (an integer ticket; no float atomics) sums every row's loss in
+   mnistcu__stats_block's fixed order, and puts the ticket back to 0.
+   Measured on the H100 (ncu, one replayed step, caches flushed): P3's head
+   (512 rows, 1024 inputs) 15.9 us where the step by step path took 14.4 for
+   the product with its bias, 8 for the loss and statistics, a second product
+   and 4.6 for the ReLU derivative; LeNet-5's (64 rows, 84 inputs) 7.6 us.
+   Epochs, same call: LeNet-5 118.4/117.6 -> 114.5/114.2 ms (own products),
+   135.1/134.3 -> 123.4/123.2 (cuBLAS's), the Fashion CNN 376.4 -> 363.6/365.7.
+   Earlier versions, a warp a row: 52-72 us for P3, its time in lane 0 reading
+   the logits back from global memory, in 32 predicated loads per class loop
+   and in the input gradient's loads waiting one after another (bench/RESULTS.md). */
+#define MNISTCU__HEAD_ROWS (MNISTCU__THREADS / 64)
+#define MNISTCU__HEAD_KC MNISTCU__THREADS /* thread t stages input t of each pass */
+#define MNISTCU__HEAD_LDW (MNISTCU__HEAD_KC + 4)
+#define MNISTCU__HEAD_MAX_C 32
+
+typedef struct mnistcu__headp {
+    const float *x, *w, *bias; /* x [B][IN] the layer's input (the previous layer's output), w [C][IN], bias or NULL */
+    float *logits, *g, *dx;    /* [B][C], the loss gradient [B][C], the input gradient [B][IN] or NULL */
+    const int32_t *labels;
+    const float *targets;      /* [B][C] or NULL */
+    float *loss;               /* [B] */
+    int32_t *pred;             /* [B] */
+    double *loss_out, *correct_out; /* the step's statistics */
+    const mnistcu__dyn *dyn;   /* a step replayed from a graph: the statistics' slot */
+    unsigned *ticket;          /* 0 before and after */
+    mnistcu__lossp lp;
+    float grad_scale;
+    int B, IN, C, act;         /* act: the previous dense layer's, applied to dx (IDENTITY: none) */
+} mnistcu__headp;
+
+/* Thread t's share of staging pass k0 into registers: input kk = t of the
+   weights' NC rows (those past C zero) and of the block's rows, the last pass
+   padded with zeros. mnistcu__k_head writes them to shared memory. */
+template <int NC>
+static __device__ __forceinline__ void mnistcu__head_get(const mnistcu__headp &p, int k0, int r0, float *wv, float *xv)
+{
+    const int t = (int)threadIdx.x, kn = p.IN - k0 < MNISTCU__HEAD_KC ? p.IN - k0 : MNISTCU__HEAD_KC;
+    int u;
+#pragma unroll
+    for (u = 0; u < NC; ++u)
+        wv[u] = u < p.C && t < kn ? __ldg(p.w + (size_t)u * p.IN + k0 + t) : 0.0f;
+#pragma unroll
+    for (u = 0; u < MNISTCU__HEAD_ROWS; ++u)
+        xv[u] = r0 + u < p.B && t < kn ? p.x[(size_t)(r0 + u) * p.IN + k0 + t] : 0.0f;
+}
+
+/* CT: the number of classes when the kernel is made for it (10), so that its
+   loops over the classes are exact; 0: any C up to MNISTCU__HEAD_MAX_C. Each
+   row has two warps: the first runs the logits' chains (a lane per class), both
+   the input gradient (a lane per input). */
+template <int CT>
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__headp p)
+{
+    enum { NC = CT ? CT : MNISTCU__HEAD_MAX_C };
+    /* rows MNISTCU__HEAD_LDW apart: a quarter warp's 16-byte loads of 8 rows fall in distinct banks */
+    __shared__ __align__(16) float ws[NC][MNISTCU__HEAD_LDW];
+    __shared__ __align__(16) float xs[MNISTCU__HEAD_ROWS][MNISTCU__HEAD_KC];
+    __shared__ float zs[MNISTCU__HEAD_ROWS][NC], gs[MNISTCU__HEAD_ROWS][NC];
+    __shared__ double sl[MNISTCU__THREADS / 32], sc[MNISTCU__THREADS / 32];
+    __shared__ int last;
+    const int t = (int)threadIdx.x, lane = t & 31, wp = t >> 5, row = wp >> 1, half = wp & 1;
+    const int r0 = (int)blockIdx.x * MNISTCU__HEAD_ROWS, r = r0 + row, IN = p.IN, C = CT ? CT : p.C;
+    const int live = r < p.B;
+    mnistcu__lossp lp = p.lp;
+    float acc = 0.0f, wv[NC], xv[MNISTCU__HEAD_ROWS];
+    int k0, k, u;
+    mnistcu__head_get<NC>(p, 0, r0, wv, xv);
+    for (k0 = 0; k0 < IN; k0 += MNISTCU__HEAD_KC) { /* the logits: a lane per class */
+        /* the last pass's zeros (to a multiple of 4) are added last, as the product kernel's padding */
+        const int kn = IN - k0 < MNISTCU__HEAD_KC ? IN - k0 : MNISTCU__HEAD_KC, k4 = (kn + 3) & ~3;
+        __syncthreads(); /* the last pass has read its chunk */
+#pragma unroll
+        for (u = 0; u < NC; ++u) ws[u][t] = wv[u];
+#pragma unroll
+        for (u = 0; u < MNISTCU__HEAD_ROWS; ++u) xs[u][t] = xv[u];
+        __syncthreads();
+        if (k0 + MNISTCU__HEAD_KC < IN) mnistcu__head_get<NC>(p, k0 + MNISTCU__HEAD_KC, r0, wv, xv); /* in flight */
+        if (half == 0 && lane < C && live) {
+            const float4 *xq = (const float4 *)xs[row], *wq = (const float4 *)ws[lane];
+#pragma unroll 8
+            for (k = 0; k < k4 / 4; ++k) { /* 16-byte shared loads: a broadcast, and 8 rows a quarter warp */
+                float4 a = xq[k], b = wq[k];
+                acc = fmaf(a.x, b.x, acc);
+                acc = fmaf(a.y, b.y, acc);
+                acc = fmaf(a.z, b.z, acc);
+                acc = fmaf(a.w, b.w, acc);
+            }
+        }
+    }
+    if (half == 0 && lane < C && live) {
+        if (IN % 16) acc = acc + 0.0f; /* the product kernel's zero padding to 16: -0 becomes +0 */
+        acc = p.bias ? acc + p.bias[lane] : acc;
+        zs[row][lane] = acc;
+        p.logits[(size_t)r * C + lane] = acc;
+    }
+    __syncwarp();
+    if (half == 0 && lane == 0 && live) /* from shared memory: the row's logits in, its gradient out */
+        mnistcu__loss_row(&lp, zs[row], p.labels[r], p.targets ? p.targets + (size_t)r * C : NULL, (size_t)C,
+                          p.grad_scale, gs[row], &p.loss[r], &p.pred[r]);
+    __syncthreads(); /* the row's gradient, to both its warps */
+    if (half == 0 && lane < C && live) p.g[(size_t)r * C + lane] = gs[row][lane];
+    if (p.dx && live) /* the input gradient: a lane per input, 2 inputs a warp a pass, weights along their rows */
+        for (k0 = half * 32 + lane; k0 < IN; k0 += 128) {
+            float a[2], y[2], w[2][NC];
+            int c;
+#pragma unroll
+            for (u = 0; u < 2; ++u) { /* every load of the pass at once */
+                k = k0 + 64 * u;
+                a[u] = 0.0f;
+                y[u] = p.act != MNISTCU_ACT_IDENTITY && k < IN ? p.x[(size_t)r * IN + k] : 0.0f;
+#pragma unroll
+                for (c = 0; c < NC; ++c) w[u][c] = c < C && k < IN ? __ldg(p.w + (size_t)c * IN + k) : 0.0f;
+            }
+#pragma unroll
+            for (c = 0; c < NC; ++c)
+                if (c < C) {
+                    float gc = gs[row][c];
+#pragma unroll
+                    for (u = 0; u < 2; ++u) a[u] = fmaf(gc, w[u][c], a[u]); /* each input's chain over c in order */
+                }
+#pragma unroll
+            for (u = 0; u < 2; ++u) {
+                k = k0 + 64 * u;
+                if (k < IN) {
+                    float v = C % 16 ? a[u] + 0.0f : a[u];
+                    if (p.act != MNISTCU_ACT_IDENTITY) v = mnistcu__act_backward_one((mnistcu_act)p.act, v, y[u]);
+                    p.dx[(size_t)r * IN + k] = v;
+                }
+            }
+        }
+    if (lane == 0) __threadfence(); /* the rows' losses and predictions, visible before the block's ticket */
+    __syncthreads();
+    if (t == 0) last = atomicAdd(p.ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) { /* every block's rows are written: the step's sums, in the fixed order */
+        double *lo = p.loss_out, *co = p.correct_out;
+        __threadfence();
+        if (p.dyn) {
+            lo += p.dyn->slot;
+            co += p.dyn->slot;
+        }
+        mnistcu__stats_block(p.loss, p.pred, p.labels, p.B, sl, sc, lo, co);
+        if (t == 0) *p.ticket = 0;
+    }
 }
 
 /* One optimizer step over the flat parameter arena (mnistcu__opt_one, see
@@ -12098,6 +12294,84 @@ static mnistcu_result mnistcu__cuda_loss_stats(mnistcu_model *m, size_t B, size_
         cm->stats + cm->stats_cap + step, dyn);
     MNISTCU__LAUNCHED(m->ctx, "loss_stats");
     return MNISTCU_OK;
+}
+
+/* The layer before layer i that is not a passthrough, or NULL. */
+static mnistcu__layer *mnistcu__layer_before(const mnistcu_model *m, int i)
+{
+    for (--i; i >= 0; --i)
+        if (!m->layers[i].passthrough) return (mnistcu__layer *)&m->layers[i];
+    return NULL;
+}
+
+/* The classifier head (>>cuda_head) applies to a training step: the index of the model's last layer, or -1. */
+static int mnistcu__cuda_head_layer(const mnistcu_model *m)
+{
+    int h = m->num_layers - 1;
+    const mnistcu__layer *H;
+    while (h >= 0 && m->layers[h].passthrough) --h;
+    if (m->head_off || h < 0) return -1;
+    H = &m->layers[h];
+    if (H->d.kind != MNISTCU_LAYER_DENSE || H->act != MNISTCU_ACT_IDENTITY || H->oc < 1 ||
+        H->oc > MNISTCU__HEAD_MAX_C || (size_t)H->oc != m->classes || H->out != m->logits || H->c < 1)
+        return -1;
+    return h;
+}
+
+/* A training step's passes with the head: the layers before it, the head's
+   kernel, the head layer's weight and bias gradients, then the layers before
+   from the input gradient it left in dbuf[1]. When the layer before is dense
+   with an activation, the head applied act' and that layer skips it (dy_done). */
+static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B, size_t step)
+{
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    mnistcu__layer *H = &m->layers[h], *P = mnistcu__layer_before(m, h);
+    const mnistcu__dyn *dyn = mnistcu__cuda_dyn(m);
+    mnistcu__headp p;
+    mnistcu_result r;
+    int i, fold = P && H->need_dx && P->d.kind == MNISTCU_LAYER_DENSE && P->act != MNISTCU_ACT_IDENTITY &&
+                  P->out == H->in;
+    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
+    for (i = 0; i < h; ++i) {
+        mnistcu__layer *L = &m->layers[i];
+        if (L->passthrough) continue;
+        if ((r = mnistcu__kinds[L->d.kind]->forward[m->backend](m, L, B))) return r;
+    }
+    memset(&p, 0, sizeof p);
+    p.x = H->in;
+    p.w = m->params + H->wo;
+    p.bias = H->nb ? m->params + H->bo : NULL;
+    p.logits = m->logits;
+    p.g = m->dbuf[0];
+    p.dx = H->need_dx ? m->dbuf[1] : NULL;
+    p.labels = m->labels;
+    p.targets = m->batch_targets ? m->targets : NULL;
+    p.loss = m->sample_loss;
+    p.pred = m->pred;
+    if (dyn) step = 0; /* the kernel adds the step's slot */
+    p.loss_out = cm->stats + step;
+    p.correct_out = cm->stats + cm->stats_cap + step;
+    p.dyn = dyn;
+    p.ticket = (unsigned *)(cm->stats + 2 * cm->stats_cap);
+    p.lp = m->lossp;
+    p.grad_scale = m->lossp.sum ? 1.0f : 1.0f / (float)B;
+    p.B = (int)B;
+    p.IN = H->c;
+    p.C = H->oc;
+    p.act = fold ? (int)P->act : (int)MNISTCU_ACT_IDENTITY;
+    if (p.C == 10) /* MNIST's classes: the loops over them exact */
+        mnistcu__k_head<10><<<(unsigned)((B + MNISTCU__HEAD_ROWS - 1) / MNISTCU__HEAD_ROWS), MNISTCU__THREADS, 0,
+                              mnistcu__cu(m->ctx)->stream>>>(p);
+    else
+        mnistcu__k_head<0><<<(unsigned)((B + MNISTCU__HEAD_ROWS - 1) / MNISTCU__HEAD_ROWS), MNISTCU__THREADS, 0,
+                             mnistcu__cu(m->ctx)->stream>>>(p);
+    MNISTCU__LAUNCHED(m->ctx, "head");
+    if ((r = mnistcu__kinds[H->d.kind]->backward[m->backend](m, H, B, m->dbuf[0], NULL))) return r;
+    if (!H->need_dx) return MNISTCU_OK;
+    if (fold) P->dy_done = 1;
+    r = mnistcu__backward_from(m, B, h - 1, m->dbuf[1]);
+    if (fold) P->dy_done = 0;
+    return r;
 }
 
 static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt *k, const mnistcu_optim_desc *o)
@@ -12804,7 +13078,13 @@ static mnistcu_result mnistcu__cuda_epoch_begin(mnistcu_model *m, const mnistcu_
     if (steps > cm->stats_cap) {
         double *d = NULL, *h = NULL;
         cudaError_t e;
-        if ((r = mnistcu__cuda_malloc(ctx, (void **)&d, 2 * steps * sizeof(double), "step statistics"))) return r;
+        /* and one more: the head's ticket (>>cuda_head), 0 */
+        if ((r = mnistcu__cuda_malloc(ctx, (void **)&d, (2 * steps + 1) * sizeof(double), "step statistics")))
+            return r;
+        if ((e = cudaMemsetAsync(d + 2 * steps, 0, sizeof(double), cu->stream)) != cudaSuccess) {
+            mnistcu__cuda_free(ctx, d);
+            return mnistcu__cuda_check(ctx, e, "step statistics");
+        }
         e = cudaMallocHost((void **)&h, 2 * steps * sizeof(double));
         if (e != cudaSuccess) {
             mnistcu__cuda_free(ctx, d);
@@ -13071,11 +13351,13 @@ static mnistcu__step_graph *mnistcu__cuda_graph_for(mnistcu_model *m, size_t b, 
 {
     mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
     mnistcu__step_graph *g = &cm->graphs[partial ? 1 : 0];
-    if (g->b != b || g->frees != mnistcu__cu(m->ctx)->frees) { /* another size, or a buffer freed since */
+    if (g->b != b || g->frees != mnistcu__cu(m->ctx)->frees || g->head_off != m->head_off) {
+        /* another size, a buffer freed since, or the head turned on or off */
         if (g->exec) cudaGraphExecDestroy(g->exec);
         memset(g, 0, sizeof *g);
         g->b = b;
         g->frees = mnistcu__cu(m->ctx)->frees;
+        g->head_off = m->head_off;
     }
     return g;
 }

@@ -6,7 +6,7 @@
 
    Usage: bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
                        [--threads N] [--seed S] [--limit N] [--warmup-limit N] [--fused on|off]
-                       [--graph on|off] [--precision fp32|tf32|bf16]
+                       [--graph on|off] [--head on|off] [--precision fp32|tf32|bf16]
      CONFIG  P1  first 10,000 train images in file order, 784-1024-10, batch 32, SGD lr 0.01,
                  10 epochs: the total training time of the 10 epochs
              P2  MNIST 60k shuffled, 784-128-10, batch 64, SGD lr 0.1: time per epoch
@@ -23,6 +23,8 @@
      --fused    off trains P1/P2 step by step instead of in the fused MLP kernel (same bits; default on)
      --graph    off launches each step's kernels one by one instead of replaying the step's CUDA graph
                 (same bits; default on)
+     --head     off runs the last dense layer, the loss and its input gradient step by step instead of in
+                the classifier head kernel (same bits with own products; default on)
      --precision  the GPU's matrix products: fp32 (default), tf32 or bf16 on the tensor cores (the
                 context must resolve to it, else the run fails)
      --limit N  train on the first N images only (quick tests; not a benchmark configuration)
@@ -78,6 +80,7 @@ static void usage(void)
     fprintf(stderr, "usage: bench P1|P2|P3|P4|P5|P7 [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn]\n"
                     "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
                     "                               [--warmup-limit N] [--fused on|off] [--graph on|off]\n"
+                    "                               [--head on|off]\n"
                     "                               [--precision fp32|tf32|bf16]\n");
 }
 
@@ -92,7 +95,8 @@ int main(int argc, char **argv)
 {
     const char *config, *data = NULL, *device_arg = NULL, *gemm_arg = NULL, *cnn_arg = NULL, *layers;
     const char *dev_json, *gemm_json, *cnn_json, *precision_json, *precision_arg = NULL;
-    int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, no_graph = 0, is_p1 = 0, is_spec = 0, i, e;
+    int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, no_graph = 0, no_head = 0, is_p1 = 0;
+    int is_spec = 0, i, e;
     unsigned long long seed = 0;
     size_t limit = 0, warmup_limit = 0, want_params, warmup_images;
     float lr, momentum = 0.0f;
@@ -124,6 +128,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--warmup-limit")) warmup_limit = (size_t)strtoull(v, NULL, 10);
         else if (!strcmp(a, "--fused")) no_fused = !strcmp(v, "off");
         else if (!strcmp(a, "--graph")) no_graph = !strcmp(v, "off");
+        else if (!strcmp(a, "--head")) no_head = !strcmp(v, "off");
         else if (!strcmp(a, "--precision")) precision_arg = v;
         else { fprintf(stderr, "bench: unknown option %s\n", a); usage(); return 2; }
         ++i;
@@ -260,6 +265,7 @@ int main(int argc, char **argv)
     td.no_shuffle = no_shuffle;
     td.no_fused = no_fused;
     td.no_graph = no_graph;
+    td.no_head = no_head;
 
     /* warm-up: P1 on a model of its own (P1's timed model starts fresh), else one epoch of the timed model */
     if (is_spec ? mnistcu_model_create_spec(ctx, layers, &net) : mnistcu_model_create_mlp(ctx, layers, &net))

@@ -422,6 +422,20 @@ elif [ "$status" -eq 0 ]; then
     else
         fail "--no-graph: launched, the same loss as from graphs ($graph_loss; $(tail -n 1 "$TMP/out"))"
     fi
+    # launched steps too go through the classifier head; --no-head runs it step by step (the same loss, to
+    # rounding with cuBLAS's products)
+    if json_check 'j["head_steps"] > 0'; then
+        pass "--no-graph: launched steps through the classifier head (head_steps)"
+    else
+        fail "--no-graph: launched steps through the classifier head ($(tail -n 1 "$TMP/out"))"
+    fi
+    run train --limit 2000 --epochs 2 --layers 784-32-16-10 --quiet --device cuda --no-head
+    if [ "$status" -eq 0 ] && json_check 'j["head_steps"] == 0' &&
+        json_check "abs(j['train_loss'] - $graph_loss) <= 1e-5 * abs($graph_loss)"; then
+        pass "--no-head: step by step, the same loss as through the head"
+    else
+        fail "--no-head: step by step, the same loss as through the head ($graph_loss; $(tail -n 1 "$TMP/out"))"
+    fi
 elif [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ]; then
     pass "--device cuda without a usable GPU: exit 1 with one clear error"
 else
@@ -457,6 +471,12 @@ if [ "$status" -eq 0 ] && json_check 'j["graph_steps"] == 0 and j["epochs"] == 1
     pass "--no-graph on the CPU: trains, graph_steps 0"
 else
     fail "--no-graph on the CPU: trains, graph_steps 0 ($(tail -n 1 "$TMP/out"))"
+fi
+run train --limit 1000 --epochs 1 --layers 784-32-10 --device cpu --quiet --no-head
+if [ "$status" -eq 0 ] && json_check 'j["head_steps"] == 0 and j["epochs"] == 1'; then
+    pass "--no-head on the CPU: trains, head_steps 0"
+else
+    fail "--no-head on the CPU: trains, head_steps 0 ($(tail -n 1 "$TMP/out"))"
 fi
 
 # ---- the training log and early stopping --------------------------------------------------

@@ -1659,6 +1659,11 @@ typedef struct tc_graph_case {
     size_t n, B;
     int epochs, u8, progress_every, cosine_per_step, augment, validation;
     mnistcu_optim_desc optim;
+    size_t F;                 /* features (0: 784) */
+    int classes;              /* 0: 10 */
+    mnistcu_loss loss;        /* DEFAULT: the model's (softmax cross-entropy) */
+    int loss_sum, hinge_p;
+    float smoothing;
 } tc_graph_case;
 
 typedef struct tc_graph_run {
@@ -1670,7 +1675,7 @@ typedef struct tc_graph_run {
     tc_curve curve;
 } tc_graph_run;
 
-static int tc_graph_train(const tc_graph_case *c, int no_graph, tc_graph_run *out)
+static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_graph_run *out)
 {
     mnistcu_ctx *ctx;
     mnistcu_dataset *ds = NULL, *val = NULL;
@@ -1682,13 +1687,16 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, tc_graph_run *ou
     tc_cnn_path = MNISTCU_CNN_OWN;
     memset(out, 0, sizeof *out);
     if (!ctx) return 0;
-    ds = c->u8 ? tc_u8_dataset(ctx, c->n, 784, 10, 11) : tc_synthetic(ctx, c->n, 784, 10, 11);
+    ds = c->u8 ? tc_u8_dataset(ctx, c->n, c->F ? (int)c->F : 784, c->classes ? c->classes : 10, 11)
+               : tc_synthetic(ctx, c->n, c->F ? c->F : 784, c->classes ? c->classes : 10, 11);
     if (c->validation) val = tc_synthetic(ctx, 50, 784, 10, 12);
     memset(&td, 0, sizeof td);
     td.epochs = c->epochs;
     td.batch_size = (int)c->B;
     td.optim = c->optim;
     td.no_graph = no_graph;
+    td.no_head = no_head;
+    td.no_fused = 1; /* the step path, which a one-hidden-layer case would leave for the fused MLP kernel */
     td.validation = val;
     td.progress_every = (size_t)c->progress_every;
     td.progress = tc_record;
@@ -1703,8 +1711,15 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, tc_graph_run *ou
         td.augment.translate = 2.0f;
         td.augment.elastic_alpha = 8.0f;
     }
-    if (!ds || (c->validation && !val) || mnistcu_model_create_spec(ctx, c->spec, &m) != MNISTCU_OK ||
-        mnistcu_train(m, ds, &td, &out->res) != MNISTCU_OK)
+    if (ds && (!c->validation || val) && mnistcu_model_create_spec(ctx, c->spec, &m) == MNISTCU_OK && c->loss) {
+        m->loss = c->loss; /* the loss as a model description would give it */
+        m->lossp.kind = (int)c->loss;
+        m->lossp.sum = c->loss_sum;
+        m->lossp.smoothing = c->smoothing;
+        m->lossp.p = c->hinge_p ? c->hinge_p : 1;
+        m->lossp.margin = 1.0f;
+    }
+    if (!ds || (c->validation && !val) || !m || mnistcu_train(m, ds, &td, &out->res) != MNISTCU_OK)
         printf("    %s (%s): %s\n", c->name, no_graph ? "launched" : "graphs", mnistcu_ctx_error(ctx));
     else {
         size_t n = m->num_params;
@@ -1781,8 +1796,8 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
         tc_graph_run a, b;
         size_t steps, per_epoch, j;
         c = &cases[i];
-        ASSERTm(c->name, tc_graph_train(c, 0, &a));
-        ASSERTm(c->name, tc_graph_train(c, 1, &b));
+        ASSERTm(c->name, tc_graph_train(c, 0, 0, &a));
+        ASSERTm(c->name, tc_graph_train(c, 1, 0, &b));
         per_epoch = (c->n + c->B - 1) / c->B;
         steps = per_epoch * (size_t)c->epochs;
         printf("    %-56s %lu of %lu steps from graphs, loss %.9g / %.9g\n", c->name,
@@ -1803,6 +1818,113 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
         ASSERT_EQm(c->name, 0, memcmp(&a.res.val_loss, &b.res.val_loss, sizeof(double)));
         ASSERT_EQm(c->name, a.curve.n, b.curve.n);
         ASSERT_EQm(c->name, 0, memcmp(a.curve.loss, b.curve.loss, (size_t)a.curve.n * sizeof(double)));
+        free(a.p);
+        free(b.p);
+    }
+    PASS();
+}
+
+/* ---- the classifier head (>>cuda_head) ------------------------------------------------
+   A step with the head against the same step by step (no_head): each case
+   trains twice in fresh contexts of the same seed. With our products unsplit
+   the head does the same arithmetic, so the weights, the last gradients, the
+   mean loss and every report are identical to the bit; where the step by step
+   path splits the logits' product (2048 inputs or more) or takes cuBLAS's, the
+   order of the sums differs and the bound is a normwise relative difference of
+   1e-5 on the weights and gradients together, 1e-5 on the mean loss. The cases
+   hold an activation before the head folded (tanh, sigmoid, relu, leaky relu),
+   a layer before it that is not dense (dropout), no layer before it (no input
+   gradient), every loss, 3, 10 and 32 classes, a head without a bias, batches
+   above and below 128 rows, partial last batches, more inputs than one staged
+   pass, graphs and launched steps. */
+TEST cuda_head_step_matches_step_by_step(void)
+{
+    static tc_graph_case cases[10];
+    int exact[10], i, ncases = 0;
+    tc_graph_case *c;
+    memset(cases, 0, sizeof cases);
+    c = &cases[ncases];
+    exact[ncases++] = 1;
+    c->name = "MLP, tanh before the head, batch 150, momentum";
+    c->spec = "784 dense64 relu dense32 tanh dense10";
+    c->n = 400; c->B = 150; c->epochs = 2; c->progress_every = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+    c = &cases[ncases];
+    exact[ncases++] = 1;
+    c->name = "LeNet-5 on bytes, relu before the head, Adam";
+    c->spec = "1x28x28 conv5x5x6:p=2 relu maxpool2 conv5x5x16 relu maxpool2 flatten dense120 relu dense84 relu dense10";
+    c->n = 150; c->B = 32; c->epochs = 2; c->u8 = 1;
+    c->optim.kind = MNISTCU_OPTIM_ADAM; c->optim.learning_rate = 1e-3f;
+    c = &cases[ncases];
+    exact[ncases++] = 1;
+    c->name = "one layer (no input gradient), MSE summed";
+    c->spec = "784 dense10";
+    c->n = 100; c->B = 20; c->epochs = 2; c->loss = MNISTCU_LOSS_MSE; c->loss_sum = 1;
+    c->optim.learning_rate = 0.001f;
+    c = &cases[ncases];
+    exact[ncases++] = 1;
+    c->name = "sigmoid before a head of 3 without bias, hinge p=2";
+    c->spec = "20 dense12 sigmoid dense3:bias=0";
+    c->F = 20; c->classes = 3; c->n = 90; c->B = 16; c->epochs = 3; c->loss = MNISTCU_LOSS_HINGE; c->hinge_p = 2;
+    c->optim.learning_rate = 0.1f;
+    c = &cases[ncases];
+    exact[ncases++] = 1;
+    c->name = "dropout before the head, label smoothing";
+    c->spec = "784 dense48 relu dropout0.3 dense10";
+    c->n = 130; c->B = 64; c->epochs = 2; c->smoothing = 0.1f; c->loss = MNISTCU_LOSS_SOFTMAX_CE;
+    c->optim.learning_rate = 0.1f;
+    c = &cases[ncases];
+    exact[ncases++] = 1;
+    c->name = "32 classes, leaky relu before, BCE, batch 7";
+    c->spec = "40 dense24 leaky_relu dense32";
+    c->F = 40; c->classes = 32; c->n = 50; c->B = 7; c->epochs = 2; c->loss = MNISTCU_LOSS_BCE;
+    c->optim.learning_rate = 0.1f;
+    c = &cases[ncases];
+    exact[ncases++] = 0;
+    c->name = "2100 inputs to the head (the product split), nine passes";
+    c->spec = "784 dense2100 relu dense10";
+    c->n = 64; c->B = 16; c->epochs = 1;
+    c->optim.learning_rate = 0.05f;
+#ifdef MNISTCU_CUBLAS
+    c = &cases[ncases];
+    exact[ncases++] = 0;
+    c->name = "cuBLAS products, batch 100";
+    c->spec = "784 dense256 relu dense10";
+    c->gemm = MNISTCU_GEMM_CUBLAS;
+    c->n = 300; c->B = 100; c->epochs = 2;
+    c->optim.learning_rate = 0.1f;
+#endif
+    for (i = 0; i < ncases; ++i) {
+        tc_graph_run a, b;
+        size_t j;
+        double num = 0.0, den = 0.0, rel;
+        c = &cases[i];
+        if (c->gemm == MNISTCU_GEMM_DEFAULT) c->gemm = MNISTCU_GEMM_OWN;
+        c->cnn = MNISTCU_CNN_OWN;
+        ASSERTm(c->name, tc_graph_train(c, 0, 0, &a));
+        ASSERTm(c->name, tc_graph_train(c, 0, 1, &b));
+        ASSERT_EQm(c->name, a.res.steps, a.res.head_steps); /* the head ran every step of one, */
+        ASSERT_EQm(c->name, (size_t)0, b.res.head_steps);  /* none of the other */
+        ASSERT_EQm(c->name, a.np, b.np);
+        for (j = 0; j < 2 * a.np; ++j) {
+            num += ((double)a.p[j] - b.p[j]) * ((double)a.p[j] - b.p[j]);
+            den += (double)b.p[j] * b.p[j];
+        }
+        rel = sqrt(num / (den > 0.0 ? den : 1.0));
+        printf("    %-58s %s, weights and gradients %.2e apart, loss %.9g / %.9g\n", c->name,
+               exact[i] ? "bitwise" : "bound", rel, a.res.train_loss, b.res.train_loss);
+        ASSERT_EQm(c->name, a.res.steps, b.res.steps);
+        ASSERT_EQm(c->name, a.res.graph_steps, b.res.graph_steps);
+        if (exact[i]) {
+            ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb);
+            ASSERT_EQm(c->name, 0, memcmp(&a.res.train_loss, &b.res.train_loss, sizeof(double)));
+            ASSERT_EQm(c->name, 0, memcmp(&a.res.train_accuracy, &b.res.train_accuracy, sizeof(double)));
+            ASSERT_EQm(c->name, a.curve.n, b.curve.n);
+            ASSERT_EQm(c->name, 0, memcmp(a.curve.loss, b.curve.loss, (size_t)a.curve.n * sizeof(double)));
+        } else {
+            ASSERTm(c->name, rel <= 1e-5);
+            ASSERT_IN_RANGEm(c->name, b.res.train_loss, a.res.train_loss, 1e-5 * fabs(b.res.train_loss));
+        }
         free(a.p);
         free(b.p);
     }
@@ -1835,5 +1957,6 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_fused_mlp_equals_unfused_bitwise);
     RUN_TEST(cuda_fused_mlp_declines_what_it_cannot_do);
     RUN_TEST(cuda_graph_step_equals_launched_bitwise);
+    RUN_TEST(cuda_head_step_matches_step_by_step);
     RUN_TEST(cuda_sticky_error_is_latched);
 }
