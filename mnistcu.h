@@ -4337,6 +4337,7 @@ typedef struct mnistcu__layer {
     int need_dx;               /* backward computes the input gradient: a layer before has parameters */
     int trained;               /* the last forward ran in TRAIN mode (batch norm, dropout) */
     int dy_done;               /* dense, CUDA: this step's output gradient has act' applied already (the head) */
+    int db_done;               /* dense, CUDA: this step's bias gradient is computed already (the head) */
     uint64_t step;             /* dropout: the step its last mask was drawn for */
     float *in, *out;           /* workspace: x [B][in_size], y [B][out_size] */
     float *aux;                /* maxpool: argmax [B][out_size] (int32); batch norm: mean [C], invstd [C] */
@@ -4792,10 +4793,10 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
         mnistcu__k_act_backward<<<mnistcu__blocks(B * out), MNISTCU__THREADS, 0, st>>>(dy, L->out, B * out, act);
         MNISTCU__LAUNCHED(ctx, "act_backward");
     }
-    if ((act != MNISTCU_ACT_IDENTITY && B <= MNISTCU__BG_ROWS) || L->nb) {
+    if ((act != MNISTCU_ACT_IDENTITY && B <= MNISTCU__BG_ROWS) || (L->nb && !L->db_done)) {
         mnistcu__k_bias_grad<<<(unsigned)((out + 31) / 32), 256, 0, st>>>(
             dy, L->out, B <= MNISTCU__BG_ROWS ? act : (int)MNISTCU_ACT_IDENTITY, (int)B, (int)out,
-            L->nb ? m->grads + L->bo : NULL);
+            L->nb && !L->db_done ? m->grads + L->bo : NULL);
         MNISTCU__LAUNCHED(ctx, "bias_grad");
     }
     if ((r = mnistcu__cuda_gemm(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, NULL, 0))) return r;
@@ -11515,10 +11516,10 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
 
 /* >>cuda_head ----------------------------------------------------------------------
    The classifier head: a training step's last dense layer (identity, at most
-   MNISTCU__HEAD_MAX_C outputs), its loss and the step's statistics, and its
-   input gradient, in one kernel, where the step by step path takes a product,
-   the loss kernel(s), a second product and the previous layer's activation
-   derivative. Each block takes MNISTCU__HEAD_ROWS rows, two warps each; it
+   MNISTCU__HEAD_MAX_C outputs), its loss and the step's statistics, its bias
+   gradient and its input gradient, in one kernel, where the step by step path
+   takes a product, the loss kernel(s), a column sum, a second product and the
+   previous layer's activation derivative (the weight gradient stays a product). Each block takes MNISTCU__HEAD_ROWS rows, two warps each; it
    stages the weights and its rows MNISTCU__HEAD_KC inputs at a time in shared
    memory, the next pass's loads in flight while the chains run.
    The arithmetic is the product kernels' own: each logit one chain of fmaf over
@@ -11531,7 +11532,8 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
    as without; with cuBLAS's the products' order is cuBLAS's, and the two agree
    within rounding (cuda_head_step test). The statistics: the block that
    finishes last (an integer ticket; no float atomics) sums every row's loss in
-   mnistcu__stats_block's fixed order, and puts the ticket back to 0.
+   mnistcu__stats_block's fixed order, and each class's bias gradient over the
+   rows in order (mnistcu__k_bias_grad's sums), and puts the ticket back to 0.
    Measured on the H100 (ncu, one replayed step, caches flushed): P3's head
    (512 rows, 1024 inputs) 15.9 us where the step by step path took 14.4 for
    the product with its bias, 8 for the loss and statistics, a second product
@@ -11545,10 +11547,12 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
 #define MNISTCU__HEAD_KC MNISTCU__THREADS /* thread t stages input t of each pass */
 #define MNISTCU__HEAD_LDW (MNISTCU__HEAD_KC + 4)
 #define MNISTCU__HEAD_MAX_C 32
+#define MNISTCU__HEAD_DB_ROWS MNISTCU__HEAD_LDW /* rows of C <= NC gradients: within ws [NC][LDW] */
 
 typedef struct mnistcu__headp {
     const float *x, *w, *bias; /* x [B][IN] the layer's input (the previous layer's output), w [C][IN], bias or NULL */
     float *logits, *g, *dx;    /* [B][C], the loss gradient [B][C], the input gradient [B][IN] or NULL */
+    float *db;                 /* the bias gradient [C], or NULL */
     const int32_t *labels;
     const float *targets;      /* [B][C] or NULL */
     float *loss;               /* [B] */
@@ -11661,7 +11665,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
                 }
             }
         }
-    if (lane == 0) __threadfence(); /* the rows' losses and predictions, visible before the block's ticket */
+    __threadfence(); /* the rows' losses, predictions and loss gradients, visible before the block's ticket */
     __syncthreads();
     if (t == 0) last = atomicAdd(p.ticket, 1u) == gridDim.x - 1;
     __syncthreads();
@@ -11673,6 +11677,21 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
             co += p.dyn->slot;
         }
         mnistcu__stats_block(p.loss, p.pred, p.labels, p.B, sl, sc, lo, co);
+        if (p.db) { /* the bias gradient: each class's sum over the rows in order from 0, as mnistcu__k_bias_grad;
+                       the rows staged MNISTCU__HEAD_DB_ROWS at a time in the weights' place */
+            float *tile = &ws[0][0], sum = 0.0f;
+            const volatile float *g = p.g;
+            int r1, n, e;
+            for (r1 = 0; r1 < p.B; r1 += MNISTCU__HEAD_DB_ROWS) {
+                n = p.B - r1 < MNISTCU__HEAD_DB_ROWS ? p.B - r1 : MNISTCU__HEAD_DB_ROWS;
+                __syncthreads();
+                for (e = t; e < n * C; e += MNISTCU__THREADS) tile[e] = g[(size_t)r1 * C + e];
+                __syncthreads();
+                if (t < C)
+                    for (k = 0; k < n; ++k) sum += tile[k * C + t];
+            }
+            if (t < C) p.db[t] = sum;
+        }
         if (t == 0) *p.ticket = 0;
     }
 }
@@ -12344,6 +12363,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     p.logits = m->logits;
     p.g = m->dbuf[0];
     p.dx = H->need_dx ? m->dbuf[1] : NULL;
+    p.db = H->nb ? m->grads + H->bo : NULL;
     p.labels = m->labels;
     p.targets = m->batch_targets ? m->targets : NULL;
     p.loss = m->sample_loss;
@@ -12366,7 +12386,10 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
         mnistcu__k_head<0><<<(unsigned)((B + MNISTCU__HEAD_ROWS - 1) / MNISTCU__HEAD_ROWS), MNISTCU__THREADS, 0,
                              mnistcu__cu(m->ctx)->stream>>>(p);
     MNISTCU__LAUNCHED(m->ctx, "head");
-    if ((r = mnistcu__kinds[H->d.kind]->backward[m->backend](m, H, B, m->dbuf[0], NULL))) return r;
+    H->db_done = 1; /* its weight gradient only */
+    r = mnistcu__kinds[H->d.kind]->backward[m->backend](m, H, B, m->dbuf[0], NULL);
+    H->db_done = 0;
+    if (r) return r;
     if (!H->need_dx) return MNISTCU_OK;
     if (fold) P->dy_done = 1;
     r = mnistcu__backward_from(m, B, h - 1, m->dbuf[1]);
