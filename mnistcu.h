@@ -4217,6 +4217,10 @@ static unsigned mnistcu__blocks(size_t n)
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                          const float *bias, int act);
+#ifdef MNISTCU_CUBLAS
+static mnistcu_result mnistcu__cuda_dx_act(mnistcu_ctx *ctx, size_t M, size_t N, size_t K, const float *A,
+                                           const float *B, float *C, const float *y, int act, int *done);
+#endif
 static cudaStream_t mnistcu__cuda_stream(const mnistcu_ctx *ctx) { return mnistcu__cu(ctx)->stream; }
 
 /* a / b and a % b for sizes: 32-bit division when both fit, which the GPU does in a
@@ -4369,6 +4373,7 @@ struct mnistcu_model {
     mnistcu__tensor *tensors; /* state_dict order */
     mnistcu_mode mode;
     int head_off;            /* mnistcu_train_desc.no_head of the training running */
+    int head_step;           /* 1 while a head step's backward pass runs (>>cuda_head) */
     /* The arenas, on the model's device: one allocation each. */
     float *params;        /* [num_params] */
     float *grads;         /* [num_params] */
@@ -4773,6 +4778,8 @@ __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(float *dz, const flo
     if (w == 0 && db && j < OUT) db[j] = s;
 }
 
+static mnistcu__layer *mnistcu__layer_before(const mnistcu_model *m, int i);
+
 static mnistcu_result mnistcu__dense_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
     size_t in = (size_t)L->c, out = (size_t)L->oc;
@@ -4800,6 +4807,19 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
         MNISTCU__LAUNCHED(ctx, "bias_grad");
     }
     if ((r = mnistcu__cuda_gemm(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, NULL, 0))) return r;
+#ifdef MNISTCU_CUBLAS
+    if (dx && m->head_step) { /* a head step: the dense layer before may have its act' applied here */
+        mnistcu__layer *P = mnistcu__layer_before(m, (int)(L - m->layers));
+        int done = 0;
+        if (P && P->d.kind == MNISTCU_LAYER_DENSE && P->act != MNISTCU_ACT_IDENTITY && P->out == L->in &&
+            (r = mnistcu__cuda_dx_act(ctx, B, in, out, dy, m->params + L->wo, dx, L->in, (int)P->act, &done)))
+            return r;
+        if (done) {
+            P->dy_done = 1;
+            return MNISTCU_OK;
+        }
+    }
+#endif
     if (dx) return mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
     return MNISTCU_OK;
 }
@@ -11418,9 +11438,11 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_tc(int M, int N, int K, c
 #endif
 }
 
-/* C = epilogue(sum over s of part [S][M][N]), slices added in order. */
+/* C = epilogue(sum over s of part [S][M][N]), slices added in order. fuse 1:
+   act(sum + bias); 2: act'(y) * sum, y laid out as C (an input gradient times
+   the derivative of the activation that made the input, see >>cuda_head). */
 __global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, float *C, int ldc, const float *bias,
-                                      int act, int fuse)
+                                      int act, int fuse, const float *y)
 {
     size_t n = (size_t)M * N, e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
@@ -11428,8 +11450,10 @@ __global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, fl
         int s2;
         size_t col = mnistcu__mod(e, (size_t)N);
         for (s2 = 1; s2 < S; ++s2) acc += part[(size_t)s2 * n + e];
-        if (fuse) acc = mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[col] : acc);
-        C[mnistcu__div(e, (size_t)N) * (size_t)ldc + col] = acc;
+        size_t at = mnistcu__div(e, (size_t)N) * (size_t)ldc + col;
+        if (fuse == 1) acc = mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[col] : acc);
+        if (fuse == 2) acc = mnistcu__act_backward_one((mnistcu_act)act, acc, y[at]);
+        C[at] = acc;
     }
 }
 
@@ -12218,7 +12242,7 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
                                  (unsigned long)N, (unsigned long)K, cublasGetStatusString(s));
         if (S > 1) { /* the parts added in order, with the bias and the activation */
             mnistcu__k_splitk_sum<<<mnistcu__blocks(M * N), MNISTCU__THREADS, 0, cu->stream>>>(
-                out, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, 1);
+                out, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, 1, NULL);
             MNISTCU__LAUNCHED(ctx, "splitk_sum");
         } else if (fuse) {
             size_t n = M * N;
@@ -12280,12 +12304,48 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         MNISTCU__LAUNCHED(ctx, "gemm");
         if (S > 1) {
             mnistcu__k_splitk_sum<<<mnistcu__blocks(M * N), MNISTCU__THREADS, 0, st>>>(out, (int)S, m_, n_, C, (int)ldc,
-                                                                                     bias, act, fuse);
+                                                                                     bias, act, fuse, NULL);
             MNISTCU__LAUNCHED(ctx, "splitk_sum");
         }
     }
     return MNISTCU_OK;
 }
+
+#ifdef MNISTCU_CUBLAS
+/* A dense layer's input gradient dx [M][N] = dy [M][K] . W [K][N] with the
+   derivative of the activation that made its input y [M][N] applied, in a
+   head step (>>cuda_head) with cuBLAS's FP32 products where mnistcu__blas_split
+   splits the product: the parts as one strided batch, then the pass that adds
+   them applies act'(y), so the layer before skips its own elementwise pass.
+   *done 0: not taken (the caller runs the plain product). */
+static mnistcu_result mnistcu__cuda_dx_act(mnistcu_ctx *ctx, size_t M, size_t N, size_t K, const float *A,
+                                           const float *B, float *C, const float *y, int act, int *done)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    const float one = 1.0f, zero = 0.0f;
+    size_t S, kc;
+    float *out;
+    mnistcu_result r;
+    cublasStatus_t s;
+    *done = 0;
+    if (!cu->use_cublas || !cu->blas_ws || cu->precision != MNISTCU_PRECISION_FP32 ||
+        (S = mnistcu__blas_split(M, N, K)) < 2)
+        return MNISTCU_OK;
+    kc = K / S; /* part s: the columns s*kc.. of dy, the rows s*kc.. of W */
+    if ((r = mnistcu__cuda_partials(ctx, S * M * N, &out))) return r;
+    s = cublasSgemmStridedBatched(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)N, (int)M, (int)kc, &one, B, (int)N,
+                                  (long long)(kc * N), A, (int)K, (long long)kc, &zero, out, (int)N,
+                                  (long long)(M * N), (int)S);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cuBLAS product %lux%lux%lu: %s", (unsigned long)M,
+                             (unsigned long)N, (unsigned long)K, cublasGetStatusString(s));
+    mnistcu__k_splitk_sum<<<mnistcu__blocks(M * N), MNISTCU__THREADS, 0, cu->stream>>>(out, (int)S, (int)M, (int)N, C,
+                                                                                      (int)N, NULL, act, 2, y);
+    MNISTCU__LAUNCHED(ctx, "splitk_sum");
+    *done = 1;
+    return MNISTCU_OK;
+}
+#endif
 
 /* ---- the steps of training, mirroring the CPU ones ------------------------------ */
 static mnistcu_result mnistcu__cuda_loss(mnistcu_model *m, size_t B, int with_grad)
@@ -12392,8 +12452,10 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     if (r) return r;
     if (!H->need_dx) return MNISTCU_OK;
     if (fold) P->dy_done = 1;
+    m->head_step = 1; /* dense layers' input gradients may take the act' of the layer before (mnistcu__cuda_dx_act) */
     r = mnistcu__backward_from(m, B, h - 1, m->dbuf[1]);
-    if (fold) P->dy_done = 0;
+    m->head_step = 0;
+    for (i = 0; i < m->num_layers; ++i) m->layers[i].dy_done = 0;
     return r;
 }
 
