@@ -870,10 +870,11 @@ typedef struct mnistcu_train_desc {
     int no_graph;                        /* 0: on the GPU, a step that does not run in the fused kernel is
                                             captured once into a CUDA graph and replayed (same bits, fewer
                                             launches; see >>cuda_graph); 1: its kernels launched one by one */
-    int no_head;                         /* 0: on the GPU, a model ending in a dense layer of at most 32
-                                            outputs runs that layer's forward pass, the loss and its input
-                                            gradient in one kernel (see >>cuda_head; the same bits with the
-                                            own products, within rounding with cuBLAS's); 1: step by step */
+    int no_head;                         /* 0: on the GPU in FP32, a model ending in a dense layer of at
+                                            most 32 outputs runs that layer's forward pass, the loss and its
+                                            gradients but the weights' in one kernel (see >>cuda_head; the
+                                            same bits with the own products, within rounding with cuBLAS's);
+                                            1: step by step */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -10680,7 +10681,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     mnistcu__train_state ts;               /* resume: where the checkpoint left off */
     mnistcu_optim_desc o0;                 /* the optimizer as given (o's rate follows the schedule) */
     int start_epoch = 1, new_best = 0, ck_now = 0, nkept = 0, *kept = NULL; /* kept: (epoch, step) ring */
-    size_t start_step = 0;
+    size_t start_step = 0, resumed_steps = 0; /* resumed_steps: the checkpoint's, counted in res.steps */
 #ifdef __CUDACC__
     mnistcu__fused_plan fused;             /* the fused MLP kernel, when it applies */
     int graph_off = 0;                     /* 1: a step could not be captured, or no_graph */
@@ -10751,7 +10752,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         start_step = ts.step;
         if (start_step == steps) start_epoch++, start_step = 0; /* taken at an epoch's end */
         t_train = ts.seconds;
-        res.steps = ts.total_steps;
+        res.steps = resumed_steps = ts.total_steps;
         res.epochs = ts.epoch - (ts.step < steps);
         plateau = ts.plateau;
         res.best_epoch = ts.best_epoch;
@@ -10978,8 +10979,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     r = MNISTCU_OK;
 done:
 #ifdef __CUDACC__
-    if (m->device == MNISTCU_DEVICE_CUDA && mnistcu__cuda_head_layer(m) >= 0) /* every step the fused kernel did not */
-        res.head_steps = res.steps - res.fused_steps;
+    if (m->device == MNISTCU_DEVICE_CUDA && mnistcu__cuda_head_layer(m) >= 0) /* this run's steps, but the fused kernel's */
+        res.head_steps = res.steps - resumed_steps - res.fused_steps;
 #endif
     if (result && (r == MNISTCU_OK || r == MNISTCU_ERR_DIVERGED)) *result = res;
     if (logf && fclose(logf) != 0 && r == MNISTCU_OK)
@@ -11539,8 +11540,8 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
 }
 
 /* >>cuda_head ----------------------------------------------------------------------
-   The classifier head: a training step's last dense layer (identity, at most
-   MNISTCU__HEAD_MAX_C outputs), its loss and the step's statistics, its bias
+   The classifier head: an FP32 training step's last dense layer (identity, at
+   most MNISTCU__HEAD_MAX_C outputs), its loss and the step's statistics, its bias
    gradient and its input gradient, in one kernel, where the step by step path
    takes a product, the loss kernel(s), a column sum, a second product and the
    previous layer's activation derivative (the weight gradient stays a product). Each block takes MNISTCU__HEAD_ROWS rows, two warps each; it
@@ -11551,9 +11552,10 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
    whole number of 16-wide K steps, the bias after (mnistcu__k_gemm16's); the
    loss by mnistcu__loss_row; each input gradient one chain over the classes
    in order (mnistcu__k_gemm's), then the previous dense layer's act' from its
-   output (mnistcu__act_backward_one). So with our products (unsplit, which the
-   head's shapes are up to 2047 inputs) a step gives the same bits with the head
-   as without; with cuBLAS's the products' order is cuBLAS's, and the two agree
+   output (mnistcu__act_backward_one). So with our products, where
+   mnistcu__gemm_split leaves the logits' product whole (under 2048 inputs; with
+   32 classes, under 1024 or a batch under 32), a step gives the same bits with
+   the head as without; with cuBLAS's the products' order is cuBLAS's, and the two agree
    within rounding (cuda_head_step test). The statistics: the block that
    finishes last (an integer ticket; no float atomics) sums every row's loss in
    mnistcu__stats_block's fixed order, and each class's bias gradient over the
@@ -12389,7 +12391,8 @@ static int mnistcu__cuda_head_layer(const mnistcu_model *m)
     int h = m->num_layers - 1;
     const mnistcu__layer *H;
     while (h >= 0 && m->layers[h].passthrough) --h;
-    if (m->head_off || h < 0) return -1;
+    /* FP32 only: in TF32 or BF16 the step by step products may run on the tensor cores, as asked */
+    if (m->head_off || h < 0 || mnistcu__cu(m->ctx)->precision != MNISTCU_PRECISION_FP32) return -1;
     H = &m->layers[h];
     if (H->d.kind != MNISTCU_LAYER_DENSE || H->act != MNISTCU_ACT_IDENTITY || H->oc < 1 ||
         H->oc > MNISTCU__HEAD_MAX_C || (size_t)H->oc != m->classes || H->out != m->logits || H->c < 1)

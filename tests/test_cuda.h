@@ -1834,9 +1834,9 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
    1e-5 on the weights and gradients together, 1e-5 on the mean loss. With
    cuBLAS at batch 300 a dense layer's input gradient also takes the ReLU' of
    the layer before in its split's sum (mnistcu__cuda_dx_act). The cases
-   hold an activation before the head folded (tanh, sigmoid, relu, leaky relu),
-   a layer before it that is not dense (dropout), no layer before it (no input
-   gradient), every loss, 3, 10 and 32 classes, a head without a bias, batches
+   hold an activation before the head folded (tanh, sigmoid, relu), a layer
+   before it that is not dense (dropout, a leaky relu layer), no layer before it
+   (no input gradient), every loss, 3, 10 and 32 classes, a head without a bias, batches
    above and below 128 rows, partial last batches, more inputs than one staged
    pass, graphs and launched steps. */
 TEST cuda_head_step_matches_step_by_step(void)
@@ -1939,6 +1939,23 @@ TEST cuda_head_step_matches_step_by_step(void)
         }
         free(a.p);
         free(b.p);
+    }
+    if (tc_has_tensor_cores()) { /* TF32 asked: the products stay the step by step path's, on the tensor cores */
+        mnistcu_ctx *g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32);
+        mnistcu_dataset *ds = g ? tc_synthetic(g, 64, 784, 10, 11) : NULL;
+        mnistcu_model *m = NULL;
+        mnistcu_train_desc td;
+        mnistcu_train_result res;
+        memset(&td, 0, sizeof td);
+        td.epochs = 1;
+        td.batch_size = 16;
+        td.no_fused = 1;
+        ASSERT(ds != NULL);
+        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(g, "784 dense32 relu dense10", &m));
+        ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res));
+        ASSERT_EQ((size_t)4, res.steps);
+        ASSERT_EQ((size_t)0, res.head_steps);
+        mnistcu_ctx_destroy(g);
     }
     PASS();
 }
