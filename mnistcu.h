@@ -4291,14 +4291,17 @@ __global__ void mnistcu__k_chan_bias_act(float *y, const float *bias, size_t n, 
         y[e] = mnistcu__act_f((mnistcu_act)act, bias ? y[e] + bias[(e / (size_t)P) % (size_t)C] : y[e]);
 }
 
-/* db[c] = sum over b and p of dy [B][C][P]: one block per channel, a fixed-order tree. */
+/* db[c] = sum over b and p of dy [B][C][P]: one block per channel, warp w adding the maps of samples w,
+   w + 8, ... (lane l their values l, l + 32, ...), then a fixed-order tree. */
 __global__ void mnistcu__k_chan_sum(const float *dy, int B, int C, int P, float *db)
 {
     __shared__ float part[MNISTCU__THREADS];
-    int c = (int)blockIdx.x, t = (int)threadIdx.x, stride;
-    size_t n = (size_t)B * P, e;
+    int c = (int)blockIdx.x, t = (int)threadIdx.x, stride, b, p;
     float s = 0.0f;
-    for (e = (size_t)t; e < n; e += MNISTCU__THREADS) s += dy[(e / (size_t)P * C + (size_t)c) * P + e % (size_t)P];
+    for (b = t / 32; b < B; b += MNISTCU__THREADS / 32) {
+        const float *row = dy + ((size_t)b * C + (size_t)c) * P;
+        for (p = t % 32; p < P; p += 32) s += row[p];
+    }
     part[t] = s;
     __syncthreads();
     for (stride = MNISTCU__THREADS / 2; stride > 0; stride >>= 1) {
@@ -5776,10 +5779,28 @@ static mnistcu_result mnistcu__bn_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
     return MNISTCU_OK;
 }
 
+/* The GPU splits each channel's batch into pieces of `chunk` samples, about
+   MNISTCU__BN_PIECE values each and at most 64, so that C x pieces blocks share
+   a pass (not one block per channel); *chunk may be NULL. */
+#define MNISTCU__BN_PIECE 4096
+static int mnistcu__bn_pieces(size_t B, size_t S, size_t *chunk)
+{
+    size_t p = (B * S + MNISTCU__BN_PIECE - 1) / MNISTCU__BN_PIECE, c;
+    if (p > 64) p = 64;
+    if (p > B) p = B;
+    if (p < 1) p = 1;
+    c = (B + p - 1) / p;
+    if (chunk) *chunk = c;
+    return B ? (int)((B + c - 1) / c) : 1;
+}
+
 static size_t mnistcu__bn_aux(const mnistcu__layer *L, size_t B)
 {
-    (void)B;
-    return 2 * (size_t)L->c; /* mean [C], invstd [C] */
+    /* mean [C], invstd [C]; then, 8-byte aligned, two doubles per channel and piece (the GPU's partial sums) */
+    size_t S = (size_t)L->h * L->w, parts;
+    if (!mnistcu__mul((size_t)L->c, (size_t)mnistcu__bn_pieces(B, S, NULL) * 4, &parts) || parts > SIZE_MAX / 2)
+        return SIZE_MAX;
+    return 2 * (size_t)L->c + 1 + parts;
 }
 
 /* Training needs two values per channel for the unbiased variance, as in PyTorch. */
@@ -5884,79 +5905,174 @@ static __device__ double mnistcu__block_sum(double v, double *part)
     return total;
 }
 
-/* One block per channel: statistics (TRAIN) or running ones (EVAL), then y. */
-__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_forward(
-    const float *x, float *y, int B, int C, int S, const float *gamma, const float *beta, float *rmean, float *rvar,
-    float *aux, int train, float eps, float mom)
+/* The partial sums in aux, past mean and invstd, 8-byte aligned. */
+static __device__ double *mnistcu__bn_parts(float *aux, int C)
 {
-    __shared__ double part[MNISTCU__THREADS];
-    int ch = (int)blockIdx.x, t = (int)threadIdx.x;
-    size_t n = (size_t)B * S, e;
-    double mean, var;
-    float mf, inv;
-#define MNISTCU__BN_AT(e_) ((mnistcu__div((e_), (size_t)S) * (size_t)C + (size_t)ch) * (size_t)S + mnistcu__mod((e_), (size_t)S))
-    if (train) {
-        double s = 0.0, v = 0.0;
-        for (e = (size_t)t; e < n; e += MNISTCU__THREADS) s += (double)x[MNISTCU__BN_AT(e)];
-        mean = mnistcu__block_sum(s, part) / (double)n;
-        for (e = (size_t)t; e < n; e += MNISTCU__THREADS) {
-            double dv = (double)x[MNISTCU__BN_AT(e)] - mean;
-            v += dv * dv;
-        }
-        var = mnistcu__block_sum(v, part) / (double)n;
-    } else {
-        mean = (double)rmean[ch];
-        var = (double)rvar[ch];
-    }
-    mf = (float)mean;
-    inv = (float)(1.0 / sqrt(var + (double)eps));
-    if (t == 0) {
-        aux[ch] = mf;
-        aux[C + ch] = inv;
-        if (train) mnistcu__bn_running(&rmean[ch], &rvar[ch], mean, var, (double)n, mom);
-    }
-    for (e = (size_t)t; e < n; e += MNISTCU__THREADS) {
-        size_t i = MNISTCU__BN_AT(e);
-        y[i] = (x[i] - mf) * inv * gamma[ch] + beta[ch];
+    return (double *)(((uintptr_t)(aux + 2 * (size_t)C) + 7) & ~(uintptr_t)7);
+}
+
+/* Block (p, c) visits the values of channel c in samples [p chunk, (p+1) chunk):
+   thread t takes its i-th value (i counted over those samples' maps, in order)
+   for i = t, t + THREADS, ... */
+#define MNISTCU__BN_VISIT(i_, at_, body_)                                                               \
+    do {                                                                                                \
+        size_t b0_ = (size_t)blockIdx.x * (size_t)chunk;                                                \
+        unsigned nv_ = (unsigned)(MNISTCU__MIN((size_t)chunk, (size_t)B - b0_) * (size_t)S), i_;        \
+        for (i_ = threadIdx.x; i_ < nv_; i_ += MNISTCU__THREADS) {                                      \
+            unsigned q_ = i_ / (unsigned)S;                                                             \
+            size_t at_ = ((b0_ + q_) * (size_t)C + (size_t)blockIdx.y) * (size_t)S + (i_ - q_ * (unsigned)S); \
+            body_;                                                                                      \
+        }                                                                                               \
+    } while (0)
+
+/* TRAIN statistics, pass 1: piece p of channel c writes its sum and the sum of squared
+   deviations from its own mean (Chan et al.'s pairwise form, exact to combine). */
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_stats(const float *x, int B, int C, int S, int chunk,
+                                                                          int pieces, float *aux)
+{
+    __shared__ double red[MNISTCU__THREADS];
+    double s = 0.0, q = 0.0, sum, mean, n;
+    double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.y * pieces + blockIdx.x);
+    n = (double)(MNISTCU__MIN((size_t)chunk, (size_t)B - (size_t)blockIdx.x * chunk) * (size_t)S);
+    MNISTCU__BN_VISIT(i, e, s += (double)x[e]);
+    sum = mnistcu__block_sum(s, red);
+    mean = sum / n;
+    MNISTCU__BN_VISIT(i, e, {
+        double d = (double)x[e] - mean;
+        q += d * d;
+    });
+    q = mnistcu__block_sum(q, red);
+    if (threadIdx.x == 0) {
+        part[0] = sum;
+        part[1] = q;
     }
 }
 
-__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_backward(
-    const float *x, const float *dy, float *dx, int B, int C, int S, const float *gamma, const float *aux, int train,
-    float *dgamma, float *dbeta)
+/* A channel's pieces added in a fixed tree by warp 0 (lane l holds pieces l and l + 32): every block gets
+   the same bits. With `chan`: the sum of squares around the channel's mean, from each piece's
+   (sum, squares about its mean, count); else plain sums of both values. */
+static __device__ void mnistcu__bn_combine(const double *part, int pieces, int B, int chunk, int S, int chan,
+                                           double *a, double *b)
 {
-    __shared__ double part[MNISTCU__THREADS];
-    int ch = (int)blockIdx.x, t = (int)threadIdx.x;
-    size_t n = (size_t)B * S, e;
-    float mf = aux[ch], inv = aux[C + ch];
-    double sdy = 0.0, dot = 0.0;
-    for (e = (size_t)t; e < n; e += MNISTCU__THREADS) {
-        size_t i = MNISTCU__BN_AT(e);
-        sdy += (double)dy[i];
-        dot += (double)dy[i] * (double)(x[i] - mf);
-    }
-    sdy = mnistcu__block_sum(sdy, part);
-    dot = mnistcu__block_sum(dot, part);
-    if (t == 0) {
-        dgamma[ch] = (float)(dot * (double)inv);
-        dbeta[ch] = (float)sdy;
-    }
-    if (dx) {
-        float a = inv * gamma[ch], c1 = train ? (float)(sdy / (double)n) : 0.0f,
-              c2 = train ? (float)(dot * (double)inv * (double)inv / (double)n) : 0.0f;
-        for (e = (size_t)t; e < n; e += MNISTCU__THREADS) {
-            size_t i = MNISTCU__BN_AT(e);
-            dx[i] = (dy[i] - c1 - (x[i] - mf) * c2) * a;
+    int l = (int)threadIdx.x, k;
+    double sa = 0.0, sb = 0.0, n = (double)B * (double)S;
+    for (k = l; k < pieces; k += 32) sa += part[2 * k];
+    for (k = 16; k > 0; k >>= 1) sa += __shfl_down_sync(0xffffffffu, sa, k);
+    sa = __shfl_sync(0xffffffffu, sa, 0);
+    for (k = l; k < pieces; k += 32) {
+        if (chan) {
+            double nk = (double)MNISTCU__MIN(chunk, B - k * chunk) * (double)S, d = part[2 * k] / nk - sa / n;
+            sb += part[2 * k + 1] + nk * d * d;
+        } else {
+            sb += part[2 * k + 1];
         }
     }
-#undef MNISTCU__BN_AT
+    for (k = 16; k > 0; k >>= 1) sb += __shfl_down_sync(0xffffffffu, sb, k);
+    *a = sa;
+    *b = __shfl_sync(0xffffffffu, sb, 0);
+}
+
+/* y over the blocks of the statistics pass. TRAIN: each block first combines its channel's pieces (block
+   (0, c) keeps mean and invstd in aux and moves the running estimates); EVAL: the running estimates. */
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply(
+    const float *x, float *y, int B, int C, int S, int chunk, int pieces, const float *gamma, const float *beta,
+    float *rmean, float *rvar, float *aux, int train, float eps, float mom)
+{
+    __shared__ float mi[2];
+    int c = (int)blockIdx.y;
+    float mf, inv, g = gamma[c], bt = beta[c];
+    if (threadIdx.x < 32) {
+        double mean, var;
+        if (train) {
+            double sum, m2, n = (double)B * (double)S;
+            mnistcu__bn_combine(mnistcu__bn_parts(aux, C) + 2 * (size_t)c * pieces, pieces, B, chunk, S, 1, &sum, &m2);
+            mean = sum / n;
+            var = m2 / n;
+            if (threadIdx.x == 0 && blockIdx.x == 0) mnistcu__bn_running(&rmean[c], &rvar[c], mean, var, n, mom);
+        } else {
+            mean = (double)rmean[c];
+            var = (double)rvar[c];
+        }
+        if (threadIdx.x == 0) {
+            mi[0] = (float)mean;
+            mi[1] = (float)(1.0 / sqrt(var + (double)eps));
+            if (blockIdx.x == 0) {
+                aux[c] = mi[0];
+                aux[C + c] = mi[1];
+            }
+        }
+    }
+    __syncthreads();
+    mf = mi[0];
+    inv = mi[1];
+    MNISTCU__BN_VISIT(i, e, y[e] = (x[e] - mf) * inv * g + bt);
+}
+
+/* Backward, pass 1: piece p of channel c writes its sums of dy and dy (x - mean). */
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dsums(const float *x, const float *dy, int B, int C,
+                                                                          int S, int chunk, int pieces, float *aux)
+{
+    __shared__ double red[MNISTCU__THREADS];
+    double sdy = 0.0, dot = 0.0;
+    float mf = aux[blockIdx.y];
+    double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.y * pieces + blockIdx.x);
+    MNISTCU__BN_VISIT(i, e, {
+        sdy += (double)dy[e];
+        dot += (double)dy[e] * (double)(x[e] - mf);
+    });
+    sdy = mnistcu__block_sum(sdy, red);
+    dot = mnistcu__block_sum(dot, red);
+    if (threadIdx.x == 0) {
+        part[0] = sdy;
+        part[1] = dot;
+    }
+}
+
+/* Backward, pass 2: each block combines its channel's sums (block (0, c) writes dgamma and dbeta), then dx
+   over its piece (dx NULL: launched with one block per channel, for the gradients only). */
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dx(
+    const float *x, const float *dy, float *dx, int B, int C, int S, int chunk, int pieces, const float *gamma,
+    float *aux, int train, float *dgamma, float *dbeta)
+{
+    __shared__ float k[2];
+    int c = (int)blockIdx.y;
+    float mf = aux[c], inv = aux[C + c], a = inv * gamma[c], c1, c2;
+    if (threadIdx.x < 32) {
+        double sdy, dot, n = (double)B * (double)S;
+        mnistcu__bn_combine(mnistcu__bn_parts(aux, C) + 2 * (size_t)c * pieces, pieces, B, chunk, S, 0, &sdy, &dot);
+        if (threadIdx.x == 0) {
+            if (blockIdx.x == 0) {
+                dgamma[c] = (float)(dot * (double)inv);
+                dbeta[c] = (float)sdy;
+            }
+            k[0] = train ? (float)(sdy / n) : 0.0f;
+            k[1] = train ? (float)(dot * (double)inv * (double)inv / n) : 0.0f;
+        }
+    }
+    __syncthreads();
+    c1 = k[0];
+    c2 = k[1];
+    if (dx) MNISTCU__BN_VISIT(i, e, dx[e] = (dy[e] - c1 - (x[e] - mf) * c2) * a);
+}
+#undef MNISTCU__BN_VISIT
+
+/* The kernels count a piece's values in 32 bits. */
+static mnistcu_result mnistcu__bn_cuda_check(mnistcu_model *m, mnistcu__layer *L, size_t B)
+{
+    size_t chunk;
+    mnistcu__bn_pieces(B, (size_t)L->h * L->w, &chunk);
+    if (chunk > (size_t)INT_MAX / ((size_t)L->h * L->w))
+        return mnistcu__layer_fail(m->ctx, L, MNISTCU_ERR_INVALID_ARGUMENT,
+                                   "batch norm: %lu samples of %d x %d values are too many for the GPU's kernels",
+                                   (unsigned long)B, L->h, L->w);
+    return MNISTCU_OK;
 }
 
 static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
     size_t C = (size_t)L->c;
     mnistcu_result r = mnistcu__bn_check(m, L, B);
-    if (r) return r;
+    if (r || (r = mnistcu__bn_cuda_check(m, L, B))) return r;
 #ifdef MNISTCU_CUDNN
     /* training mode through cuDNN; its saved mean and inverse deviation are our aux */
     if (mnistcu__use_cudnn(m->ctx) && L->trained && L->d.eps >= CUDNN_BN_MIN_EPSILON) {
@@ -5972,10 +6088,21 @@ static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer 
             "batch norm forward");
     }
 #endif
-    mnistcu__k_bn_forward<<<(unsigned)C, MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
-        L->in, L->out, (int)B, (int)C, L->h * L->w, m->params + L->wo, m->params + L->bo, m->buffers + L->buf,
-        m->buffers + L->buf + C, L->aux, L->trained, L->d.eps, L->d.momentum);
-    MNISTCU__LAUNCHED(m->ctx, "batchnorm_forward");
+    {
+        size_t S = (size_t)L->h * L->w, chunk;
+        int pieces = mnistcu__bn_pieces(B, S, &chunk);
+        dim3 grid((unsigned)pieces, (unsigned)C);
+        cudaStream_t st = mnistcu__cuda_stream(m->ctx);
+        if (L->trained) {
+            mnistcu__k_bn_stats<<<grid, MNISTCU__THREADS, 0, st>>>(L->in, (int)B, (int)C, (int)S, (int)chunk, pieces,
+                                                                   L->aux);
+            MNISTCU__LAUNCHED(m->ctx, "batchnorm_stats");
+        }
+        mnistcu__k_bn_apply<<<grid, MNISTCU__THREADS, 0, st>>>(
+            L->in, L->out, (int)B, (int)C, (int)S, (int)chunk, pieces, m->params + L->wo, m->params + L->bo,
+            m->buffers + L->buf, m->buffers + L->buf + C, L->aux, L->trained, L->d.eps, L->d.momentum);
+        MNISTCU__LAUNCHED(m->ctx, "batchnorm_forward");
+    }
     return MNISTCU_OK;
 }
 
@@ -5996,10 +6123,19 @@ static mnistcu_result mnistcu__bn_cuda_backward(mnistcu_model *m, mnistcu__layer
             "batch norm backward");
     }
 #endif
-    mnistcu__k_bn_backward<<<(unsigned)L->c, MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx)>>>(
-        L->in, dy, dx, (int)B, L->c, L->h * L->w, m->params + L->wo, L->aux, L->trained, m->grads + L->wo,
-        m->grads + L->bo);
-    MNISTCU__LAUNCHED(m->ctx, "batchnorm_backward");
+    {
+        size_t S = (size_t)L->h * L->w, chunk;
+        int pieces = mnistcu__bn_pieces(B, S, &chunk);
+        dim3 grid((unsigned)pieces, (unsigned)L->c), grid_dx(dx ? (unsigned)pieces : 1u, (unsigned)L->c);
+        cudaStream_t st = mnistcu__cuda_stream(m->ctx);
+        mnistcu__k_bn_dsums<<<grid, MNISTCU__THREADS, 0, st>>>(L->in, dy, (int)B, L->c, (int)S, (int)chunk, pieces,
+                                                               L->aux);
+        MNISTCU__LAUNCHED(m->ctx, "batchnorm_backward_sums");
+        mnistcu__k_bn_dx<<<grid_dx, MNISTCU__THREADS, 0, st>>>(L->in, dy, dx, (int)B, L->c, (int)S, (int)chunk, pieces,
+                                                               m->params + L->wo, L->aux, L->trained,
+                                                               m->grads + L->wo, m->grads + L->bo);
+        MNISTCU__LAUNCHED(m->ctx, "batchnorm_backward");
+    }
     return MNISTCU_OK;
 }
 #endif

@@ -15,6 +15,16 @@
                  lr 0.02: time per epoch
              P5  Fashion-MNIST 60k shuffled (default --data data/fashion-mnist), the preset
                  "fashion-cnn", batch 64, SGD momentum 0.9, lr 0.02: time per epoch
+             P6  time to 99.0% MNIST test accuracy: a fresh model trained by a recipe (defaults below; any
+                 of it can be changed with the P6 options), the test set evaluated at every epoch end
+                 (not timed), stopped at the first epoch end whose test accuracy reaches --target
+                 (default 0.99); reported: the training seconds up to there (the sum of the epochs'
+                 wall times, graph capture included), or a miss when --epochs (default 1) end first.
+                 Default recipe: MNIST 60k shuffled, inputs x/255, P6_SPEC below (conv3x3x16, conv3x3x32,
+                 batch norm, dense128), batch 128, SGD Nesterov momentum 0.9, lr 0.2 one-cycle stepped
+                 per batch over the --epochs, weight decay 5e-4, label smoothing 0.1, one epoch.
+                 Before it, one warm-up epoch of the same recipe on the first 10,000 images, on a
+                 model of its own. Run it once per --seed for the spread.
              P7  P2 on the CPU
      --device   default cuda (P7: cpu); P4 and P5 also run on the CPU with --device cpu
      --gemm     CUDA matrix products: own kernels or cuBLAS (default: the build's default)
@@ -58,6 +68,40 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* P6's model: two 3x3 convolutions with batch norm (the ReLU after the pooling, where it folds into it:
+   max and ReLU commute), a hidden dense layer */
+#define P6_SPEC                                                                                          \
+    "1x28x28 conv3x3x16:p=1 batchnorm maxpool2 relu conv3x3x32:p=1 batchnorm maxpool2 relu flatten dense128 " \
+    "relu dense10"
+
+/* P6: record the first epoch end at which the test accuracy reaches the target, and stop there */
+typedef struct p6_watch {
+    double target;
+    int hit_epoch;           /* 0: not yet */
+    double hit_seconds;      /* training seconds at that epoch's end */
+    int epochs_seen;
+    double acc[64], sec[64]; /* per epoch: test accuracy, training seconds so far */
+} p6_watch;
+
+static int p6_progress(void *user, const mnistcu_progress *p)
+{
+    p6_watch *w = (p6_watch *)user;
+    if (!p->epoch_end || !p->has_validation) return 0;
+    if (w->epochs_seen < 64) {
+        w->acc[w->epochs_seen] = p->val_accuracy;
+        w->sec[w->epochs_seen] = p->seconds;
+    }
+    w->epochs_seen++;
+    fprintf(stderr, "bench: P6 epoch %d: %.4f s of training, train loss %.4f, test accuracy %.2f%%\n", p->epoch,
+            p->seconds, p->train_loss, 100.0 * p->val_accuracy);
+    if (p->val_accuracy >= w->target) {
+        w->hit_epoch = p->epoch;
+        w->hit_seconds = p->seconds;
+        return 1;
+    }
+    return 0;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -81,7 +125,10 @@ static void usage(void)
                     "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
                     "                               [--warmup-limit N] [--fused on|off] [--graph on|off]\n"
                     "                               [--head on|off]\n"
-                    "                               [--precision fp32|tf32|bf16]\n");
+                    "                               [--precision fp32|tf32|bf16]\n"
+                    "       bench P6 [the options above] [--spec SPEC] [--batch N] [--optim sgd|adam|adamw] [--lr X]\n"
+                    "                [--momentum X] [--nesterov on|off] [--wd X] [--schedule onecycle|cosine|constant]\n"
+                    "                [--target ACC] [--label-smoothing E]\n");
 }
 
 static int fail(mnistcu_ctx *ctx, const char *what)
@@ -111,6 +158,11 @@ int main(int argc, char **argv)
     mnistcu_metrics met;
     mnistcu_dataset_info info, test_info;
     double *ms, t0, t_all0, total_s = 0.0, med;
+    /* P6's recipe */
+    const char *p6_spec = P6_SPEC, *p6_optim = "sgd", *p6_schedule = "onecycle";
+    int p6_batch = 128, p6_nesterov = 1;
+    float p6_lr = 0.2f, p6_momentum = 0.9f, p6_wd = 5e-4f, p6_smoothing = 0.1f;
+    double p6_target = 0.99;
 
     if (argc < 2 || argv[1][0] == '-') { usage(); return 2; }
     config = argv[1];
@@ -130,6 +182,16 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--graph")) no_graph = !strcmp(v, "off");
         else if (!strcmp(a, "--head")) no_head = !strcmp(v, "off");
         else if (!strcmp(a, "--precision")) precision_arg = v;
+        else if (!strcmp(a, "--spec")) p6_spec = v;
+        else if (!strcmp(a, "--batch")) p6_batch = atoi(v);
+        else if (!strcmp(a, "--optim")) p6_optim = v;
+        else if (!strcmp(a, "--lr")) p6_lr = (float)atof(v);
+        else if (!strcmp(a, "--momentum")) p6_momentum = (float)atof(v);
+        else if (!strcmp(a, "--nesterov")) p6_nesterov = !strcmp(v, "on");
+        else if (!strcmp(a, "--wd")) p6_wd = (float)atof(v);
+        else if (!strcmp(a, "--schedule")) p6_schedule = v;
+        else if (!strcmp(a, "--target")) p6_target = atof(v);
+        else if (!strcmp(a, "--label-smoothing")) p6_smoothing = (float)atof(v);
         else { fprintf(stderr, "bench: unknown option %s\n", a); usage(); return 2; }
         ++i;
     }
@@ -151,8 +213,19 @@ int main(int argc, char **argv)
         layers = "fashion-cnn"; is_spec = 1; batch = 64; lr = 0.02f; momentum = 0.9f; want_params = 896522;
         if (!data) data = "data/fashion-mnist";
         if (epochs < 0) epochs = 5;
+    } else if (!strcmp(config, "P6")) {
+        layers = p6_spec; is_spec = 1; batch = p6_batch; lr = p6_lr; momentum = p6_momentum; want_params = 0;
+        if (epochs < 0) epochs = 1;
+        if (!warmup_limit) warmup_limit = 10000;
+        if (batch < 1 || !(p6_target > 0.0 && p6_target <= 1.0) || epochs > 64 ||
+            (strcmp(p6_optim, "sgd") && strcmp(p6_optim, "adam") && strcmp(p6_optim, "adamw")) ||
+            (strcmp(p6_schedule, "onecycle") && strcmp(p6_schedule, "cosine") && strcmp(p6_schedule, "constant"))) {
+            fprintf(stderr, "bench: P6: --batch >= 1, --target in (0, 1], --epochs <= 64, --optim sgd|adam|adamw, "
+                            "--schedule onecycle|cosine|constant\n");
+            return 2;
+        }
     } else {
-        fprintf(stderr, "bench: unknown config %s (P1, P2, P3, P4, P5, P7)\n", config);
+        fprintf(stderr, "bench: unknown config %s (P1, P2, P3, P4, P5, P6, P7)\n", config);
         return 2;
     }
     if (!data) data = "data/mnist";
@@ -254,6 +327,82 @@ int main(int argc, char **argv)
     if (warmup_limit && warmup_limit < info.count) {
         if (mnistcu_dataset_split(ctx, train, warmup_limit, 0, &warm, &warm_rest))
             return fail(ctx, "splitting off the warm-up images");
+    }
+
+    if (!strcmp(config, "P6")) {
+        p6_watch w;
+        mnistcu_model_desc md;
+        mnistcu_dataset_info wi;
+        memset(&td, 0, sizeof td);
+        td.batch_size = batch;
+        td.optim.kind = !strcmp(p6_optim, "adam")    ? MNISTCU_OPTIM_ADAM
+                        : !strcmp(p6_optim, "adamw") ? MNISTCU_OPTIM_ADAMW
+                                                     : MNISTCU_OPTIM_SGD;
+        td.optim.learning_rate = lr;
+        if (td.optim.kind == MNISTCU_OPTIM_SGD) {
+            td.optim.momentum = momentum;
+            td.optim.nesterov = p6_nesterov && momentum > 0.0f;
+        }
+        td.optim.weight_decay = p6_wd;
+        td.schedule.kind = !strcmp(p6_schedule, "onecycle") ? MNISTCU_SCHEDULE_ONE_CYCLE
+                           : !strcmp(p6_schedule, "cosine") ? MNISTCU_SCHEDULE_COSINE
+                                                            : MNISTCU_SCHEDULE_CONSTANT;
+        td.schedule.per_step = 1;
+        td.no_graph = no_graph;
+        td.no_head = no_head;
+        if (mnistcu_model_desc_parse(ctx, layers, &md)) return fail(ctx, "parsing --spec");
+        md.label_smoothing = p6_smoothing;
+        /* warm-up: one epoch of the recipe on the first images, on a model of its own */
+        if (mnistcu_model_create(ctx, &md, &net)) return fail(ctx, "creating the model");
+        mnistcu_dataset_info_get(warm, &wi);
+        warmup_images = wi.count;
+        td.epochs = 1;
+        t0 = now_s();
+        if (mnistcu_train(net, warm, &td, &tr)) return fail(ctx, "warm-up epoch");
+        fprintf(stderr, "bench: P6 warm-up (%lu images) %.2f ms, loss %.4f (not timed)\n", (unsigned long)warmup_images,
+                1e3 * (now_s() - t0), tr.train_loss);
+        mnistcu_model_destroy(net);
+        net = NULL;
+        /* the timed run */
+        if (mnistcu_model_create(ctx, &md, &net)) return fail(ctx, "creating the model");
+        fprintf(stderr, "bench: P6 on %s, gemm %s, cnn %s, precision %s, model %s (%lu params), %lu training images, "
+                "batch %d, %s lr %g%s momentum %g, weight decay %g, schedule %s, label smoothing %g, at most %d "
+                "epochs, target %.2f%%\n", mnistcu_ctx_device_name(ctx), gemm_json, cnn_json, precision_json, layers,
+                (unsigned long)mnistcu_model_num_params(net), (unsigned long)info.count, batch, p6_optim, (double)lr,
+                td.optim.nesterov ? " nesterov" : "", (double)td.optim.momentum, (double)p6_wd, p6_schedule,
+                (double)p6_smoothing, epochs, 100.0 * p6_target);
+        memset(&w, 0, sizeof w);
+        w.target = p6_target;
+        td.epochs = epochs;
+        td.validation = test;
+        td.progress = p6_progress;
+        td.progress_user = &w;
+        if (mnistcu_train(net, train, &td, &tr)) return fail(ctx, "the timed run");
+        if (w.hit_epoch)
+            fprintf(stderr, "bench: P6 reached %.2f%% after %d epoch(s), %.4f s of training\n", 100.0 * p6_target,
+                    w.hit_epoch, w.hit_seconds);
+        else
+            fprintf(stderr, "bench: P6 MISSED %.2f%% in %d epochs (best %.2f%%)\n", 100.0 * p6_target, epochs,
+                    100.0 * tr.val_accuracy);
+        printf("{\"impl\":\"mnistcu\",\"config\":\"P6\",\"device\":\"%s\",\"device_name\":\"%s\",\"gemm\":\"%s\","
+               "\"cnn\":\"%s\",\"precision\":\"%s\",\"model\":\"%s\",\"params\":%lu,\"batch\":%d,\"optim\":\"%s\","
+               "\"lr\":%g,\"momentum\":%g,\"nesterov\":%d,\"weight_decay\":%g,\"schedule\":\"%s\","
+               "\"label_smoothing\":%g,\"seed\":%llu,\"max_epochs\":%d,\"target\":%g,\"reached\":%s,"
+               "\"epochs_to_target\":%d,\"seconds_to_target\":",
+               dev_json, mnistcu_ctx_device_name(ctx), gemm_json, cnn_json, precision_json, layers,
+               (unsigned long)mnistcu_model_num_params(net), batch, p6_optim, (double)lr, (double)td.optim.momentum,
+               td.optim.nesterov, (double)p6_wd, p6_schedule, (double)p6_smoothing, seed, epochs, p6_target,
+               w.hit_epoch ? "true" : "false", w.hit_epoch);
+        if (w.hit_epoch) printf("%.6f", w.hit_seconds); else printf("null");
+        printf(",\"test_accuracy_all\":[");
+        for (e = 0; e < w.epochs_seen && e < 64; ++e) printf("%s%.6f", e ? "," : "", w.acc[e]);
+        printf("],\"seconds_all\":[");
+        for (e = 0; e < w.epochs_seen && e < 64; ++e) printf("%s%.6f", e ? "," : "", w.sec[e]);
+        printf("],\"train_loss\":%.6f,\"graph_steps\":%lu,\"head_steps\":%lu}\n", tr.train_loss,
+               (unsigned long)tr.graph_steps, (unsigned long)tr.head_steps);
+        fflush(stdout);
+        mnistcu_ctx_destroy(ctx);
+        return 0;
     }
 
     memset(&td, 0, sizeof td);

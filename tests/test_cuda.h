@@ -1081,6 +1081,11 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_MAXPOOL2D, "2x11x10 conv3x3x3 maxpool3:s=2 maxpool2x1 flatten dense5", 4},
     {MNISTCU_LAYER_AVGPOOL2D, "2x10x10 conv3x3x3 avgpool2 avgpool3x2:s=1 flatten dense5", 3},
     {MNISTCU_LAYER_BATCHNORM, "2x6x6 conv3x3x4:bias=0 batchnorm:momentum=0.3 relu flatten dense8:bias=0 batchnorm dense5", 6},
+    /* the GPU splits each channel's batch into pieces of about 4096 values: 4 pieces (the last of 7 samples,
+       the others 10), 43 (two a lane when they are combined; the last of 6 samples), and 3 of flat features */
+    {MNISTCU_LAYER_BATCHNORM, "2x20x20 conv3x3x4:p=1:bias=0 batchnorm relu flatten dense5", 37},
+    {MNISTCU_LAYER_BATCHNORM, "1x24x24 conv3x3x2:p=1:bias=0 batchnorm flatten dense5", 300},
+    {MNISTCU_LAYER_BATCHNORM, "40 dense6:bias=0 batchnorm relu dense5", 9000},
     {MNISTCU_LAYER_DROPOUT, "30 dense20 dropout0.3 dense12 relu dropout dense5", 7},
     {MNISTCU_LAYER_FLATTEN, "3x4x4 conv3x3x2 flatten dense5", 2},
     /* the first relu is folded into the max pool, the second runs on its own */
