@@ -5083,10 +5083,11 @@ __global__ void mnistcu__k_row_sum(const float *a, size_t cols, float *out)
 
 /* Direct kernels, for few input channels: LeNet's two convolutions, the Fashion
    CNN's first. No columns: one thread per output (forward) or input (input
-   gradient), the weights in shared memory, each sum in (c, i, j) order as the
-   product over columns does; the weight gradient of one (out, in) channel pair
-   per block, summed over positions in a fixed tree and over batch slices in
-   order. Measured on an H100 against im2col + our product (bench/cuda_conv.cu,
+   gradient), or per R of them (below), the weights in shared memory, each sum
+   in (c, i, j) order as the product over columns does; the weight gradient of
+   one (out, in) channel pair per block, summed over positions in a fixed tree
+   and over batch slices in order (or, with many pairs, every pair of a batch
+   slice per block: mnistcu__k_conv_dw_slice). Measured on an H100 against im2col + our product (bench/cuda_conv.cu,
    v2 against v1, microseconds per pass in a graph): LeNet conv1 forward 4.6
    against 18.7 and weight gradient 10.7 against 28.5; conv2 6.8 / 14.4 and
    11.9 / 18.2; the Fashion CNN's conv1 weight gradient 20.2 / 47.4. With 64
@@ -5099,17 +5100,24 @@ __global__ void mnistcu__k_row_sum(const float *a, size_t cols, float *out)
    at batch 64, its forward 16); the same sums in the same order. Where weights
    and sample do not fit in 48 KB, the loads stay in the chain. */
 #define MNISTCU__CONV_STAGE_BYTES 49152 /* weights and a staged sample: within the 48 KB any GPU gives a block */
+/* R: a thread computes R channels at its position (forward: output channels; input gradient: input
+   channels), so that each value it reads from the sample feeds R fmas; each output's chain stays the
+   same, in the same order, so R changes no bit. R = 4 where that still leaves at least
+   MNISTCU__CONV_R4_THREADS threads (measured on an H100: a P6 step's 16 -> 32 channel 3x3 convolution
+   at batch 128, 200,704 threads, forward 51 -> 36 us, input gradient (100,352) 67 -> 52; LeNet-5's
+   second at batch 64, 25,600 threads, forward 10 -> 21 us: too few threads left to hide latency). */
+#define MNISTCU__CONV_R4_THREADS 98304
 
-template <int KS, int STAGE>
+template <int KS, int R, int STAGE>
 __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_fwd(const float *__restrict__ x, const float *__restrict__ w,
                                                                    const float *__restrict__ bias, float *__restrict__ y,
                                                                    mnistcu__geom g, int OC, int CG, int act)
 {
     extern __shared__ float wsm[]; /* [CG][K] the weights of this block's CG output channels; STAGE: then the image */
     const int P = g.oh * g.ow, K = g.c * KS * KS, b = (int)blockIdx.z, g0 = (int)blockIdx.y * CG;
-    int i, idx, c, p, y0, x0, ci, r, s2;
+    int i, idx, c, p, y0, x0, ci, r, s2, j;
     const float *xb, *wc;
-    float acc = 0.0f;
+    float acc[R] = {0.0f};
     for (i = (int)threadIdx.x; i < CG * K; i += (int)blockDim.x) wsm[i] = w[(size_t)g0 * K + i];
     xb = x + (size_t)b * g.c * g.h * g.w;
     if (STAGE) { /* the sample's whole input, loaded at once, then read from shared memory */
@@ -5119,8 +5127,8 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_fwd(const float *_
     }
     __syncthreads();
     idx = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    if (idx >= CG * P) return;
-    c = idx / P;
+    if (idx >= (CG + R - 1) / R * P) return;
+    c = idx / P * R;
     p = idx % P;
     y0 = (p / g.ow) * g.sh - g.pad;
     x0 = (p % g.ow) * g.sw - g.pad;
@@ -5134,25 +5142,33 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_fwd(const float *_
 #pragma unroll
             for (s2 = 0; s2 < KS; ++s2) {
                 int ix = x0 + s2;
-                if (ix >= 0 && ix < g.w)
-                    acc = fmaf(wc[r * KS + s2], STAGE ? xc[iy * g.w + ix] : __ldg(xc + iy * g.w + ix), acc);
+                if (ix >= 0 && ix < g.w) {
+                    float xv = STAGE ? xc[iy * g.w + ix] : __ldg(xc + iy * g.w + ix);
+#pragma unroll
+                    for (j = 0; j < R; ++j)
+                        if (R == 1 || c + j < CG) acc[j] = fmaf(wc[j * K + r * KS + s2], xv, acc[j]);
+                }
             }
         }
     }
-    y[((size_t)b * OC + g0 + c) * P + p] = mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[g0 + c] : acc);
+#pragma unroll
+    for (j = 0; j < R; ++j)
+        if (R == 1 || c + j < CG)
+            y[((size_t)b * OC + g0 + c + j) * P + p] =
+                mnistcu__act_f((mnistcu_act)act, bias ? acc[j] + bias[g0 + c + j] : acc[j]);
 }
 
 /* UNIT: stride 1, where finding the outputs an input reaches needs no division. */
-template <int KS, int UNIT, int STAGE>
+template <int KS, int R, int UNIT, int STAGE>
 __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dx(const float *__restrict__ dy, const float *__restrict__ w,
                                                                   float *__restrict__ dx, mnistcu__geom g, int OC, int CIG)
 {
     extern __shared__ float wsm[]; /* [OC][CIG][KS*KS] the weights reaching this block's CIG input channels;
                                       STAGE: then the sample's output gradient [OC][P] */
     const int P = g.oh * g.ow, KK = KS * KS, S = g.h * g.w, b = (int)blockIdx.z, c0 = (int)blockIdx.y * CIG;
-    int i, idx, c, iy, ix, co, r, s2;
+    int i, idx, c, iy, ix, co, r, s2, j;
     const float *gb = dy + (size_t)b * OC * P;
-    float acc = 0.0f;
+    float acc[R] = {0.0f};
     for (i = (int)threadIdx.x; i < OC * CIG * KK; i += (int)blockDim.x)
         wsm[i] = w[((size_t)(i / (CIG * KK)) * g.c + c0) * KK + i % (CIG * KK)];
     if (STAGE) {
@@ -5162,8 +5178,8 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dx(const float *__
     }
     __syncthreads();
     idx = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    if (idx >= CIG * S) return;
-    c = idx / S;
+    if (idx >= (CIG + R - 1) / R * S) return;
+    c = idx / S * R;
     iy = (idx % S) / g.w;
     ix = idx % g.w;
     for (co = 0; co < OC; ++co) {
@@ -5179,11 +5195,18 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dx(const float *__
                 int tx = ix + g.pad - s2, ox;
                 if (tx < 0 || (!UNIT && tx % g.sw)) continue;
                 ox = UNIT ? tx : tx / g.sw;
-                if (ox < g.ow) acc = fmaf(wk[r * KS + s2], STAGE ? gy[oy * g.ow + ox] : __ldg(gy + oy * g.ow + ox), acc);
+                if (ox < g.ow) {
+                    float gv = STAGE ? gy[oy * g.ow + ox] : __ldg(gy + oy * g.ow + ox);
+#pragma unroll
+                    for (j = 0; j < R; ++j)
+                        if (R == 1 || c + j < CIG) acc[j] = fmaf(wk[j * KK + r * KS + s2], gv, acc[j]);
+                }
             }
         }
     }
-    dx[((size_t)b * g.c + c0 + c) * S + (size_t)iy * g.w + ix] = acc;
+#pragma unroll
+    for (j = 0; j < R; ++j)
+        if (R == 1 || c + j < CIG) dx[((size_t)b * g.c + c0 + c + j) * S + (size_t)iy * g.w + ix] = acc[j];
 }
 
 /* Slice z of the batch, (out, in) channel pair blockIdx.x: part [Z][OC*C][KK], partb [Z][OC].
@@ -5239,6 +5262,91 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dw(const float *__
     if (t == KS * KS && ci == 0) partb[(size_t)z * OC + co] = red[KS * KS][0];
 }
 
+/* The weight gradient where a sample's input and output gradient fit in shared
+   memory together (MNISTCU__CONV_STAGE_BYTES) and (out, in) channel pairs are
+   few: block z takes batch slice z and every pair at once, so each sample is
+   read from global memory once, not once per pair. Thread t works for unit
+   u = t % U, U = OC/G x C units of G output channels and one input channel,
+   on positions p = t/U, t/U + PS, ... (PS = 256/U threads a unit): for each
+   position it reads G output gradients and the KS x KS window of its input
+   channel and makes G x KS x KS fmas (11 reads for 18 at 3x3, G = 2). After
+   the slice the PS sums of a unit are added in order; part and partb as the
+   kernel above fills them. Taken from MNISTCU__CONV_SLICE_PAIRS pairs up:
+   measured on an H100 (ncu) at a P6 step's 16 -> 32 channel 3x3 convolution,
+   batch 128 (512 pairs), 118 us against 57 + 10 for the sum; LeNet-5's
+   convolutions at batch 64 (6 and 96 pairs) lose, 15 + 5 against 17 + 9 and
+   17 + 4 against 29 + 6: their blocks per pair are already few and short. */
+#define MNISTCU__CONV_SLICE_PAIRS 256
+template <int KS, int G>
+__global__ void __launch_bounds__(256) mnistcu__k_conv_dw_slice(const float *__restrict__ x, const float *__restrict__ dy,
+                                                                 float *__restrict__ part, float *__restrict__ partb,
+                                                                 mnistcu__geom g, int OC, int B, int bper)
+{
+    extern __shared__ float sl[]; /* [C][H*W] the sample's input, [OC][P] its output gradient; at the end the sums */
+    const int P = g.oh * g.ow, HW = g.h * g.w, KK = KS * KS, t = (int)threadIdx.x, U = OC / G * g.c;
+    const int PS = MNISTCU__THREADS / U, u = t % U, ps = t / U, ci = u % g.c, co0 = u / g.c * G;
+    const int b0 = (int)blockIdx.x * bper, b1 = b0 + bper < B ? b0 + bper : B, NV = G * KK + G;
+    float acc[G][KS * KS], accb[G];
+    float *xs = sl, *gs = sl + (size_t)g.c * HW;
+    int b, p, i, j, r, s2;
+#pragma unroll
+    for (j = 0; j < G; ++j) {
+        accb[j] = 0.0f;
+#pragma unroll
+        for (i = 0; i < KK; ++i) acc[j][i] = 0.0f;
+    }
+    for (b = b0; b < b1; ++b) {
+        __syncthreads(); /* the last sample's reads are done */
+        for (i = t; i < g.c * HW; i += MNISTCU__THREADS) xs[i] = __ldg(x + (size_t)b * g.c * HW + i);
+        for (i = t; i < OC * P; i += MNISTCU__THREADS) gs[i] = __ldg(dy + (size_t)b * OC * P + i);
+        __syncthreads();
+        if (ps >= PS) continue;
+        for (p = ps; p < P; p += PS) {
+            const int y0 = (p / g.ow) * g.sh - g.pad, x0 = (p % g.ow) * g.sw - g.pad;
+            const float *xc = xs + (size_t)ci * HW;
+            float gv[G];
+#pragma unroll
+            for (j = 0; j < G; ++j) {
+                gv[j] = gs[(co0 + j) * P + p];
+                accb[j] += gv[j];
+            }
+#pragma unroll
+            for (r = 0; r < KS; ++r) {
+                int iy = y0 + r;
+                if (iy < 0 || iy >= g.h) continue;
+#pragma unroll
+                for (s2 = 0; s2 < KS; ++s2) {
+                    int ix = x0 + s2;
+                    if (ix >= 0 && ix < g.w) {
+                        float xv = xc[iy * g.w + ix];
+#pragma unroll
+                        for (j = 0; j < G; ++j) acc[j][r * KS + s2] = fmaf(gv[j], xv, acc[j][r * KS + s2]);
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads(); /* the staging is free: each thread's sums go there, [ps][u][NV] */
+    if (ps < PS) {
+#pragma unroll
+        for (j = 0; j < G; ++j) {
+#pragma unroll
+            for (i = 0; i < KK; ++i) sl[((size_t)ps * U + u) * NV + j * KK + i] = acc[j][i];
+            sl[((size_t)ps * U + u) * NV + G * KK + j] = accb[j];
+        }
+    }
+    __syncthreads();
+    for (i = t; i < U * NV; i += MNISTCU__THREADS) {
+        int uu = i / NV, k = i % NV, c = uu % g.c, o0 = uu / g.c * G, q;
+        float v = 0.0f;
+        for (q = 0; q < PS; ++q) v += sl[((size_t)q * U + uu) * NV + k];
+        if (k < G * KK)
+            part[((size_t)blockIdx.x * OC * g.c + (size_t)(o0 + k / KK) * g.c + c) * KK + k % KK] = v;
+        else if (c == 0)
+            partb[(size_t)blockIdx.x * OC + o0 + (k - G * KK)] = v;
+    }
+}
+
 /* dW[i] = sum over slices, in order, of part[z][i]; db likewise from partb (when given). */
 __global__ void mnistcu__k_conv_direct_dw_sum(const float *part, const float *partb, int Z, size_t nw, int OC, float *dw,
                                               float *db)
@@ -5269,14 +5377,22 @@ static mnistcu_result mnistcu__conv_direct_forward(mnistcu_model *m, mnistcu__la
 {
     mnistcu__geom g = mnistcu__geom_of(L);
     int K = g.c * g.kh * g.kw, P = g.oh * g.ow, cg = mnistcu__divisor_below(L->oc, 8192 / K); /* <= 32 KB of weights */
-    dim3 grid((unsigned)((cg * P + 255) / 256), (unsigned)(L->oc / cg), (unsigned)B);
+    int R = (size_t)((cg + 3) / 4) * P * (L->oc / cg) * B >= MNISTCU__CONV_R4_THREADS ? 4 : 1;
+    dim3 grid((unsigned)(((cg + R - 1) / R * P + 255) / 256), (unsigned)(L->oc / cg), (unsigned)B);
     size_t sm = (size_t)cg * K * sizeof(float), xin = (size_t)g.c * g.h * g.w * sizeof(float);
     const float *bias = L->nb ? m->params + L->bo : NULL, *w = m->params + L->wo;
     cudaStream_t st = mnistcu__cuda_stream(m->ctx);
     int stage = sm + xin <= MNISTCU__CONV_STAGE_BYTES;
     if (stage) sm += xin;
-#define MNISTCU__FWD(KS_, STAGE_) \
-    mnistcu__k_conv_direct_fwd<KS_, STAGE_><<<grid, 256, sm, st>>>(L->in, w, bias, L->out, g, L->oc, cg, (int)L->act)
+#define MNISTCU__FWD(KS_, STAGE_)                                                                                  \
+    do {                                                                                                           \
+        if (R == 4)                                                                                                \
+            mnistcu__k_conv_direct_fwd<KS_, 4, STAGE_><<<grid, 256, sm, st>>>(L->in, w, bias, L->out, g, L->oc, cg, \
+                                                                               (int)L->act);                       \
+        else                                                                                                       \
+            mnistcu__k_conv_direct_fwd<KS_, 1, STAGE_><<<grid, 256, sm, st>>>(L->in, w, bias, L->out, g, L->oc, cg, \
+                                                                               (int)L->act);                       \
+    } while (0)
     if (g.kh == 5 && stage) MNISTCU__FWD(5, 1);
     else if (g.kh == 5) MNISTCU__FWD(5, 0);
     else if (stage) MNISTCU__FWD(3, 1);
@@ -5299,6 +5415,30 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
         mnistcu__k_act_backward<<<mnistcu__blocks(n), MNISTCU__THREADS, 0, st>>>(dy, L->out, n, (int)L->act);
         MNISTCU__LAUNCHED(ctx, "act_backward");
     }
+    /* the slice kernel where a sample fits (both sides) and the units fit a block: G = 2 output channels a
+       unit at 3x3 where OC is even and the units fit, else 1 */
+    {
+        size_t stage = ((size_t)g.c * g.h * g.w + (size_t)L->oc * g.oh * g.ow) * sizeof(float);
+        int G = KK == 9 && L->oc % 2 == 0 && L->oc / 2 * g.c <= MNISTCU__THREADS ? 2 : 1, U = L->oc / G * g.c;
+        size_t red = (size_t)MNISTCU__THREADS * (size_t)(G * KK + G) * sizeof(float);
+        if (pairs >= MNISTCU__CONV_SLICE_PAIRS && U <= MNISTCU__THREADS && stage <= MNISTCU__CONV_STAGE_BYTES &&
+            red <= MNISTCU__CONV_STAGE_BYTES) {
+            size_t sm = stage > red ? stage : red;
+            /* one slice a multiprocessor or so: about 132 blocks on an H100 */
+            bper = ((int)B + 131) / 132;
+            Z = ((int)B + bper - 1) / bper;
+            if ((r = mnistcu__cuda_partials(ctx, (size_t)Z * (nw + (size_t)L->oc), &part))) return r;
+#define MNISTCU__DWS(KS_, G_)                                                                                 \
+    mnistcu__k_conv_dw_slice<KS_, G_><<<(unsigned)Z, MNISTCU__THREADS, sm, st>>>(L->in, dy, part, part + (size_t)Z * nw, \
+                                                                              g, L->oc, (int)B, bper)
+            if (KK == 25) MNISTCU__DWS(5, 1);
+            else if (G == 2) MNISTCU__DWS(3, 2);
+            else MNISTCU__DWS(3, 1);
+#undef MNISTCU__DWS
+            MNISTCU__LAUNCHED(ctx, "conv_dw_slice");
+            goto sum;
+        }
+    }
     /* about 264 blocks (two per H100 multiprocessor) over pairs x batch slices */
     Z = (264 + pairs - 1) / pairs;
     if (Z > (int)B) Z = (int)B;
@@ -5320,18 +5460,23 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
 #undef MNISTCU__DW
     }
     MNISTCU__LAUNCHED(ctx, "conv_direct_dw");
+sum:
     mnistcu__k_conv_direct_dw_sum<<<mnistcu__blocks(nw + (size_t)L->oc), MNISTCU__THREADS, 0, st>>>(
         part, part + (size_t)Z * nw, Z, nw, L->oc, m->grads + L->wo, L->nb ? m->grads + L->bo : NULL);
     MNISTCU__LAUNCHED(ctx, "conv_direct_dw_sum");
     if (dx) {
         int cig = mnistcu__divisor_below(g.c, 8192 / (L->oc * KK));
-        dim3 grid((unsigned)((cig * g.h * g.w + 255) / 256), (unsigned)(g.c / cig), (unsigned)B);
+        int R = (size_t)((cig + 3) / 4) * g.h * g.w * (g.c / cig) * B >= MNISTCU__CONV_R4_THREADS ? 4 : 1;
+        dim3 grid((unsigned)(((cig + R - 1) / R * g.h * g.w + 255) / 256), (unsigned)(g.c / cig), (unsigned)B);
         size_t sm = (size_t)L->oc * cig * KK * sizeof(float), gin = (size_t)L->oc * g.oh * g.ow * sizeof(float);
         const float *w = m->params + L->wo;
         int unit = g.sh == 1 && g.sw == 1, stage = sm + gin <= MNISTCU__CONV_STAGE_BYTES;
         if (stage) sm += gin;
-#define MNISTCU__DX(KS_, UNIT_, STAGE_) \
-    mnistcu__k_conv_direct_dx<KS_, UNIT_, STAGE_><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig)
+#define MNISTCU__DX(KS_, UNIT_, STAGE_)                                                                      \
+    do {                                                                                                     \
+        if (R == 4) mnistcu__k_conv_direct_dx<KS_, 4, UNIT_, STAGE_><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig); \
+        else mnistcu__k_conv_direct_dx<KS_, 1, UNIT_, STAGE_><<<grid, 256, sm, st>>>(dy, w, dx, g, L->oc, cig);        \
+    } while (0)
         if (stage) {
             if (g.kh == 5 && unit) MNISTCU__DX(5, 1, 1);
             else if (g.kh == 5) MNISTCU__DX(5, 0, 1);

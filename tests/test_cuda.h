@@ -1104,6 +1104,11 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_CONV2D, "16x28x28 conv1x1x16 conv3x3x64:s=2 flatten dense5", 2},
     {MNISTCU_LAYER_CONV2D, "16x28x28 conv1x1x16 conv5x5x16 flatten dense5", 2},
     {MNISTCU_LAYER_CONV2D, "16x20x20 conv5x5x16 relu conv3x3x2 flatten dense5", 20},
+    /* four channels a thread (enough threads): 6 and 10 channels (a last group of 2), staged and not; 32
+       output channels over 16 inputs at batch 128 (512 pairs: the weight gradient a batch slice a block) */
+    {MNISTCU_LAYER_CONV2D, "1x28x28 conv3x3x6:p=1 relu conv3x3x10:p=1 flatten dense5", 64},
+    {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x32:p=1 relu flatten dense5", 128},
+    {MNISTCU_LAYER_CONV2D, "1x28x28 conv3x3x16:p=1 relu conv3x3x16:p=1 flatten dense5", 32},
     {MNISTCU_LAYER_CONV2D, "lenet5", 3},
     {MNISTCU_LAYER_CONV2D, "fashion-cnn", 2},
     {MNISTCU_LAYER_DENSE, "784-128-10", 1},
