@@ -8,8 +8,10 @@
 #                            with cudnn.benchmark on), PyTorch with the step through torch.compile
 #                            (max-autotune kernels) captured in a CUDA graph (torch_bench.py --mode
 #                            compile), JAX with each epoch one jitted lax.scan (bench/jax_bench.py), each
-#                            in its own process; then the kernel programs bench/cuda_gemm.cu and
-#                            bench/cuda_conv.cu. Needs nvcc, a GPU, PyTorch (2.x for compile), JAX.
+#                            in its own process; P6 (time to 99.0% test accuracy, mnistcu's recipe in
+#                            bench.c, once per seed of P6_SEEDS, no peer rows); then the kernel programs
+#                            bench/cuda_gemm.cu and bench/cuda_conv.cu. Needs nvcc, a GPU, PyTorch (2.x
+#                            for compile), JAX.
 #                            A peer that fails (not importable, a compile error, killed) is a FAILED row
 #                            of the summary, with its reason, and the run goes on (and exits 1 at the end).
 #   sh bench/run.sh cpu      On the CPU: P7 with mnistcu on 1 and 2 threads and PyTorch CPU eager; then
@@ -17,7 +19,8 @@
 #                            PyTorch (Debian's 1.13 through /usr/bin/python3 here), each on 1 and 2 threads.
 #
 # Knobs (environment):
-#   CONFIGS          GPU configurations to run (default "P1 P2 P3 P4 P5")
+#   CONFIGS          GPU configurations to run (default "P1 P2 P3 P4 P5 P6"; P6 is mnistcu alone, see P6_SEEDS)
+#   P6_SEEDS         the seeds P6 runs with, one run each (default "1 2 3 4 5 6 7 8 9 10")
 #   PEERS            the GPU peers run next to mnistcu (default "eager graph compile jax"; "" for none):
 #                    eager = torch-eager, graph = torch-graph (and torch-graph+cudnn-benchmark, CUDNN_BENCH),
 #                    compile = torch-compile, jax = jax-scan; e.g. PEERS="graph jax" skips the others
@@ -65,7 +68,8 @@ mkdir -p "$OUTDIR" build || exit 1
 rm -f "$OUTDIR/cuda_gemm.txt" "$OUTDIR/cuda_conv.txt" "$SUMMARY"
 echo 0 > "$STATUS"
 CUDA_ARCH=${CUDA_ARCH:-90}
-CONFIGS=${CONFIGS:-P1 P2 P3 P4 P5}
+CONFIGS=${CONFIGS:-P1 P2 P3 P4 P5 P6}
+P6_SEEDS=${P6_SEEDS:-1 2 3 4 5 6 7 8 9 10}
 EPOCHS=${EPOCHS:-6}
 CNN_EPOCHS=${CNN_EPOCHS:-3}
 CUDNN_BENCH=${CUDNN_BENCH:-1}
@@ -216,6 +220,8 @@ table() {
     "$tb_py" - "$RES" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+p6 = [r for r in rows if r.get("config") == "P6"]  # time to accuracy: its own summary, below
+rows = [r for r in rows if r.get("config") != "P6"]
 FULL = {"P1": 10000}                      # training images of a complete run (others: 60,000)
 FLOOR = {"P1": 0.85, "P2": 0.95, "P3": 0.90, "P4": 0.95, "P5": 0.85, "P7": 0.93}
 def t(r):  # P1: total seconds of its 10 epochs; else the median ms per epoch
@@ -296,6 +302,22 @@ for k in groups:
     if abs(d) > 1.5:
         notes.append("%s: mnistcu's test accuracy %.2f%% differs from the best peer accuracy (%s) %.2f%% by %.2f "
                      "points" % (gname(k), 100 * b["test_accuracy"], label(bt), 100 * bt["test_accuracy"], d))
+if p6:
+    ok = [r for r in p6 if not r.get("failed")]
+    hit = sorted(r["seconds_to_target"] for r in ok if r.get("reached"))
+    print()
+    print("P6, time to %.2f%% MNIST test accuracy (mnistcu's recipe, one run a seed, test set evaluated at epoch "
+          "ends, not timed):" % (100 * (ok[0]["target"] if ok else 0.99)))
+    for r in p6:
+        if r.get("failed"):
+            print("  FAILED: %s" % reason(r))
+        else:
+            print("  seed %s: %s, test accuracy by epoch %s" % (
+                r["seed"], "%.4f s" % r["seconds_to_target"] if r.get("reached") else "MISSED",
+                " ".join("%.2f%%" % (100 * a) for a in r["test_accuracy_all"])))
+    if ok:
+        print("  reached in %d of %d runs; median of those %s" % (
+            len(hit), len(ok), "%.4f s" % hit[len(hit) // 2] if hit else "-"))
 for n in notes:
     print("NOTE: " + n)
 if bad:
@@ -358,7 +380,15 @@ gpu_configs() {
             P4) EP=$CNN_EPOCHS; CD=$D ;;
             P5) EP=$CNN_EPOCHS; CD=$FD
                 if [ -z "$CD" ]; then failed "P5: Fashion-MNIST not found in $FASHION_DATA (nor data/fashion-mnist, ../shared/datasets/fashion-mnist): sh data/fetch.sh fashion"; continue; fi ;;
-            *) failed "unknown configuration $C in CONFIGS (P1 P2 P3 P4 P5 run on the GPU)"; continue ;;
+            P6)  # time to 99.0%: mnistcu's recipe (bench.c), once per seed, own kernels; no peer rows
+                if [ "$HAVE_BENCH" = 1 ]; then
+                    for gc_seed in $P6_SEEDS; do
+                        run_json "mnistcu P6 seed $gc_seed" build/bench_cuda P6 --device cuda --gemm own --cnn own \
+                            --seed "$gc_seed" --data "$D"
+                    done
+                fi
+                continue ;;
+            *) failed "unknown configuration $C in CONFIGS (P1 P2 P3 P4 P5 P6 run on the GPU)"; continue ;;
         esac
         if [ "$HAVE_BENCH" = 1 ]; then
             case $C in
