@@ -5416,13 +5416,13 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
         MNISTCU__LAUNCHED(ctx, "act_backward");
     }
     /* the slice kernel where a sample fits (both sides) and the units fit a block: G = 2 output channels a
-       unit at 3x3 where OC is even and the units fit, else 1 */
+       unit at 3x3 (an even count of them), 1 at 5x5 */
     {
         size_t stage = ((size_t)g.c * g.h * g.w + (size_t)L->oc * g.oh * g.ow) * sizeof(float);
-        int G = KK == 9 && L->oc % 2 == 0 && L->oc / 2 * g.c <= MNISTCU__THREADS ? 2 : 1, U = L->oc / G * g.c;
+        int G = KK == 9 ? 2 : 1, U = L->oc / G * g.c;
         size_t red = (size_t)MNISTCU__THREADS * (size_t)(G * KK + G) * sizeof(float);
-        if (pairs >= MNISTCU__CONV_SLICE_PAIRS && U <= MNISTCU__THREADS && stage <= MNISTCU__CONV_STAGE_BYTES &&
-            red <= MNISTCU__CONV_STAGE_BYTES) {
+        if (pairs >= MNISTCU__CONV_SLICE_PAIRS && L->oc % G == 0 && U <= MNISTCU__THREADS &&
+            stage <= MNISTCU__CONV_STAGE_BYTES && red <= MNISTCU__CONV_STAGE_BYTES) {
             size_t sm = stage > red ? stage : red;
             /* one slice a multiprocessor or so: about 132 blocks on an H100 */
             bper = ((int)B + 131) / 132;
@@ -5432,8 +5432,7 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
     mnistcu__k_conv_dw_slice<KS_, G_><<<(unsigned)Z, MNISTCU__THREADS, sm, st>>>(L->in, dy, part, part + (size_t)Z * nw, \
                                                                               g, L->oc, (int)B, bper)
             if (KK == 25) MNISTCU__DWS(5, 1);
-            else if (G == 2) MNISTCU__DWS(3, 2);
-            else MNISTCU__DWS(3, 1);
+            else MNISTCU__DWS(3, 2);
 #undef MNISTCU__DWS
             MNISTCU__LAUNCHED(ctx, "conv_dw_slice");
             goto sum;
@@ -5926,7 +5925,9 @@ static mnistcu_result mnistcu__bn_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
 
 /* The GPU splits each channel's batch into pieces of `chunk` samples, about
    MNISTCU__BN_PIECE values each and at most 64, so that C x pieces blocks share
-   a pass (not one block per channel); *chunk may be NULL. */
+   a pass (not one block per channel); *chunk may be NULL. The count is at most
+   min(64, B) but does not grow with B everywhere (B = 128 at 28 x 28 gives 22,
+   B = 115 gives 23), so the aux buffer is sized for min(64, B). */
 #define MNISTCU__BN_PIECE 4096
 static int mnistcu__bn_pieces(size_t B, size_t S, size_t *chunk)
 {
@@ -5942,8 +5943,9 @@ static int mnistcu__bn_pieces(size_t B, size_t S, size_t *chunk)
 static size_t mnistcu__bn_aux(const mnistcu__layer *L, size_t B)
 {
     /* mean [C], invstd [C]; then, 8-byte aligned, two doubles per channel and piece (the GPU's partial sums) */
-    size_t S = (size_t)L->h * L->w, parts;
-    if (!mnistcu__mul((size_t)L->c, (size_t)mnistcu__bn_pieces(B, S, NULL) * 4, &parts) || parts > SIZE_MAX / 2)
+    size_t parts;
+    if (!mnistcu__mul((size_t)L->c, MNISTCU__MIN(MNISTCU__MAX(B, (size_t)1), (size_t)64) * 4, &parts) ||
+        parts > SIZE_MAX / 2)
         return SIZE_MAX;
     return 2 * (size_t)L->c + 1 + parts;
 }
@@ -6056,16 +6058,16 @@ static __device__ double *mnistcu__bn_parts(float *aux, int C)
     return (double *)(((uintptr_t)(aux + 2 * (size_t)C) + 7) & ~(uintptr_t)7);
 }
 
-/* Block (p, c) visits the values of channel c in samples [p chunk, (p+1) chunk):
+/* Block (c, p) visits the values of channel c in samples [p chunk, (p+1) chunk):
    thread t takes its i-th value (i counted over those samples' maps, in order)
    for i = t, t + THREADS, ... */
 #define MNISTCU__BN_VISIT(i_, at_, body_)                                                               \
     do {                                                                                                \
-        size_t b0_ = (size_t)blockIdx.x * (size_t)chunk;                                                \
+        size_t b0_ = (size_t)blockIdx.y * (size_t)chunk;                                                \
         unsigned nv_ = (unsigned)(MNISTCU__MIN((size_t)chunk, (size_t)B - b0_) * (size_t)S), i_;        \
         for (i_ = threadIdx.x; i_ < nv_; i_ += MNISTCU__THREADS) {                                      \
             unsigned q_ = i_ / (unsigned)S;                                                             \
-            size_t at_ = ((b0_ + q_) * (size_t)C + (size_t)blockIdx.y) * (size_t)S + (i_ - q_ * (unsigned)S); \
+            size_t at_ = ((b0_ + q_) * (size_t)C + (size_t)blockIdx.x) * (size_t)S + (i_ - q_ * (unsigned)S); \
             body_;                                                                                      \
         }                                                                                               \
     } while (0)
@@ -6077,8 +6079,8 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_stats(const fl
 {
     __shared__ double red[MNISTCU__THREADS];
     double s = 0.0, q = 0.0, sum, mean, n;
-    double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.y * pieces + blockIdx.x);
-    n = (double)(MNISTCU__MIN((size_t)chunk, (size_t)B - (size_t)blockIdx.x * chunk) * (size_t)S);
+    double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.x * pieces + blockIdx.y);
+    n = (double)(MNISTCU__MIN((size_t)chunk, (size_t)B - (size_t)blockIdx.y * chunk) * (size_t)S);
     MNISTCU__BN_VISIT(i, e, s += (double)x[e]);
     sum = mnistcu__block_sum(s, red);
     mean = sum / n;
@@ -6118,13 +6120,13 @@ static __device__ void mnistcu__bn_combine(const double *part, int pieces, int B
 }
 
 /* y over the blocks of the statistics pass. TRAIN: each block first combines its channel's pieces (block
-   (0, c) keeps mean and invstd in aux and moves the running estimates); EVAL: the running estimates. */
+   (c, 0) keeps mean and invstd in aux and moves the running estimates); EVAL: the running estimates. */
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply(
     const float *x, float *y, int B, int C, int S, int chunk, int pieces, const float *gamma, const float *beta,
     float *rmean, float *rvar, float *aux, int train, float eps, float mom)
 {
     __shared__ float mi[2];
-    int c = (int)blockIdx.y;
+    int c = (int)blockIdx.x;
     float mf, inv, g = gamma[c], bt = beta[c];
     if (threadIdx.x < 32) {
         double mean, var;
@@ -6133,7 +6135,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply(
             mnistcu__bn_combine(mnistcu__bn_parts(aux, C) + 2 * (size_t)c * pieces, pieces, B, chunk, S, 1, &sum, &m2);
             mean = sum / n;
             var = m2 / n;
-            if (threadIdx.x == 0 && blockIdx.x == 0) mnistcu__bn_running(&rmean[c], &rvar[c], mean, var, n, mom);
+            if (threadIdx.x == 0 && blockIdx.y == 0) mnistcu__bn_running(&rmean[c], &rvar[c], mean, var, n, mom);
         } else {
             mean = (double)rmean[c];
             var = (double)rvar[c];
@@ -6141,7 +6143,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply(
         if (threadIdx.x == 0) {
             mi[0] = (float)mean;
             mi[1] = (float)(1.0 / sqrt(var + (double)eps));
-            if (blockIdx.x == 0) {
+            if (blockIdx.y == 0) {
                 aux[c] = mi[0];
                 aux[C + c] = mi[1];
             }
@@ -6159,8 +6161,8 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dsums(const fl
 {
     __shared__ double red[MNISTCU__THREADS];
     double sdy = 0.0, dot = 0.0;
-    float mf = aux[blockIdx.y];
-    double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.y * pieces + blockIdx.x);
+    float mf = aux[blockIdx.x];
+    double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.x * pieces + blockIdx.y);
     MNISTCU__BN_VISIT(i, e, {
         sdy += (double)dy[e];
         dot += (double)dy[e] * (double)(x[e] - mf);
@@ -6173,20 +6175,20 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dsums(const fl
     }
 }
 
-/* Backward, pass 2: each block combines its channel's sums (block (0, c) writes dgamma and dbeta), then dx
+/* Backward, pass 2: each block combines its channel's sums (block (c, 0) writes dgamma and dbeta), then dx
    over its piece (dx NULL: launched with one block per channel, for the gradients only). */
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dx(
     const float *x, const float *dy, float *dx, int B, int C, int S, int chunk, int pieces, const float *gamma,
     float *aux, int train, float *dgamma, float *dbeta)
 {
     __shared__ float k[2];
-    int c = (int)blockIdx.y;
+    int c = (int)blockIdx.x;
     float mf = aux[c], inv = aux[C + c], a = inv * gamma[c], c1, c2;
     if (threadIdx.x < 32) {
         double sdy, dot, n = (double)B * (double)S;
         mnistcu__bn_combine(mnistcu__bn_parts(aux, C) + 2 * (size_t)c * pieces, pieces, B, chunk, S, 0, &sdy, &dot);
         if (threadIdx.x == 0) {
-            if (blockIdx.x == 0) {
+            if (blockIdx.y == 0) {
                 dgamma[c] = (float)(dot * (double)inv);
                 dbeta[c] = (float)sdy;
             }
@@ -6216,8 +6218,8 @@ static mnistcu_result mnistcu__bn_cuda_check(mnistcu_model *m, mnistcu__layer *L
 static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
     size_t C = (size_t)L->c;
-    mnistcu_result r = mnistcu__bn_check(m, L, B);
-    if (r || (r = mnistcu__bn_cuda_check(m, L, B))) return r;
+    mnistcu_result r = mnistcu__bn_cuda_check(m, L, B);
+    if (r || (r = mnistcu__bn_check(m, L, B))) return r;
 #ifdef MNISTCU_CUDNN
     /* training mode through cuDNN; its saved mean and inverse deviation are our aux */
     if (mnistcu__use_cudnn(m->ctx) && L->trained && L->d.eps >= CUDNN_BN_MIN_EPSILON) {
@@ -6236,7 +6238,7 @@ static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer 
     {
         size_t S = (size_t)L->h * L->w, chunk;
         int pieces = mnistcu__bn_pieces(B, S, &chunk);
-        dim3 grid((unsigned)pieces, (unsigned)C);
+        dim3 grid((unsigned)C, (unsigned)pieces); /* channels in x: flat data may have more than 65,535 */
         cudaStream_t st = mnistcu__cuda_stream(m->ctx);
         if (L->trained) {
             mnistcu__k_bn_stats<<<grid, MNISTCU__THREADS, 0, st>>>(L->in, (int)B, (int)C, (int)S, (int)chunk, pieces,
@@ -6271,7 +6273,7 @@ static mnistcu_result mnistcu__bn_cuda_backward(mnistcu_model *m, mnistcu__layer
     {
         size_t S = (size_t)L->h * L->w, chunk;
         int pieces = mnistcu__bn_pieces(B, S, &chunk);
-        dim3 grid((unsigned)pieces, (unsigned)L->c), grid_dx(dx ? (unsigned)pieces : 1u, (unsigned)L->c);
+        dim3 grid((unsigned)L->c, (unsigned)pieces), grid_dx((unsigned)L->c, dx ? (unsigned)pieces : 1u);
         cudaStream_t st = mnistcu__cuda_stream(m->ctx);
         mnistcu__k_bn_dsums<<<grid, MNISTCU__THREADS, 0, st>>>(L->in, dy, (int)B, L->c, (int)S, (int)chunk, pieces,
                                                                L->aux);

@@ -1109,6 +1109,10 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_CONV2D, "1x28x28 conv3x3x6:p=1 relu conv3x3x10:p=1 flatten dense5", 64},
     {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x32:p=1 relu flatten dense5", 128},
     {MNISTCU_LAYER_CONV2D, "1x28x28 conv3x3x16:p=1 relu conv3x3x16:p=1 flatten dense5", 32},
+    /* the weight gradient a batch slice a block: 256 pairs with two threads a unit and slices of 2
+       samples (the last of 1); at 5x5 (one output channel a unit) */
+    {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x16:p=1 relu flatten dense5", 201},
+    {MNISTCU_LAYER_CONV2D, "8x12x12 conv1x1x8 conv5x5x32:p=2 flatten dense5", 20},
     {MNISTCU_LAYER_CONV2D, "lenet5", 3},
     {MNISTCU_LAYER_CONV2D, "fashion-cnn", 2},
     {MNISTCU_LAYER_DENSE, "784-128-10", 1},
@@ -1342,6 +1346,46 @@ TEST cuda_layers_match_cpu(void)
                path == 1 ? "cuBLAS products" : "cuDNN", tc_worst_err);
         tc_worst_err = 0.0;
     }
+    PASS();
+}
+
+/* Batch norm's partial sums stay inside its aux buffer when a batch smaller than the workspace's
+   splits into more pieces (128 samples of 28 x 28 make 22 pieces, 115 make 23): the floats after
+   the buffer keep their poison through a forward and a backward pass at 115. */
+TEST cuda_batchnorm_pieces_stay_in_aux(void)
+{
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN);
+    mnistcu_model *m = NULL;
+    mnistcu__layer *L;
+    tu_rng rng = tu_rng_make(115);
+    float *x, *dy, *after;
+    size_t B = 115, aux, ws, i, bad = 0;
+    ASSERT(g != NULL);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(g, "1x28x28 conv3x3x4:p=1:bias=0 batchnorm flatten dense10", &m));
+    ASSERT_EQ(MNISTCU_OK, mnistcu__model_reserve(m, 128));
+    L = &m->layers[1];
+    ASSERT_EQ(MNISTCU_LAYER_BATCHNORM, (int)L->d.kind);
+    ASSERT(mnistcu__bn_pieces(B, 784, NULL) > mnistcu__bn_pieces(m->ws_batch, 784, NULL)); /* the case it is about */
+    aux = mnistcu__kinds[MNISTCU_LAYER_BATCHNORM]->aux_floats(L, m->ws_batch);
+    ws = mnistcu__model_layout(m, NULL, m->ws_batch);
+    ASSERT((size_t)(L->aux + aux - m->ws) + 64 <= ws);
+    cudaMemset(m->ws, 0xFF, ws * sizeof(float));
+    x = tu_random_floats(&rng, B * L->in_size, -2.0f, 2.0f);
+    dy = tu_random_floats(&rng, B * L->out_size, -1.0f, 1.0f);
+    tc_up_into(L->in, x, B * L->in_size);
+    tc_up_into(m->dbuf[0], dy, B * L->out_size);
+    mnistcu_model_set_mode(m, MNISTCU_MODE_TRAIN);
+    ASSERT_EQ(MNISTCU_OK, mnistcu__kinds[MNISTCU_LAYER_BATCHNORM]->forward[1](m, L, B));
+    ASSERT_EQ(MNISTCU_OK, mnistcu__kinds[MNISTCU_LAYER_BATCHNORM]->backward[1](m, L, B, m->dbuf[0], m->dbuf[1]));
+    after = tc_down(L->aux + aux, 64);
+    for (i = 0; i < 64; ++i) {
+        uint32_t u;
+        memcpy(&u, &after[i], sizeof u);
+        bad += u != 0xFFFFFFFFu;
+    }
+    free(x); free(dy); free(after);
+    mnistcu_ctx_destroy(g);
+    ASSERT_EQ(0, (int)bad);
     PASS();
 }
 
@@ -1991,6 +2035,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_gemm_beyond_grid_rows);
     RUN_TEST(cuda_out_of_memory_frees_and_stays_usable);
     RUN_TEST(cuda_layers_match_cpu);
+    RUN_TEST(cuda_batchnorm_pieces_stay_in_aux);
     RUN_TEST(cuda_dropout_mask_matches_cpu_bitwise);
     RUN_TEST(cuda_cnn_runs_are_bitwise_identical);
     RUN_TEST(cuda_fused_mlp_equals_unfused_bitwise);
