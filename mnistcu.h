@@ -5923,23 +5923,7 @@ static mnistcu_result mnistcu__bn_shape(mnistcu_ctx *ctx, mnistcu__layer *L)
     return MNISTCU_OK;
 }
 
-/* The GPU splits each channel's batch into pieces of `chunk` samples, about
-   MNISTCU__BN_PIECE values each and at most 64, so that C x pieces blocks share
-   a pass (not one block per channel); *chunk may be NULL. The count is at most
-   min(64, B) but does not grow with B everywhere (B = 128 at 28 x 28 gives 22,
-   B = 115 gives 23), so the aux buffer is sized for min(64, B). */
-#define MNISTCU__BN_PIECE 4096
-static int mnistcu__bn_pieces(size_t B, size_t S, size_t *chunk)
-{
-    size_t p = (B * S + MNISTCU__BN_PIECE - 1) / MNISTCU__BN_PIECE, c;
-    if (p > 64) p = 64;
-    if (p > B) p = B;
-    if (p < 1) p = 1;
-    c = (B + p - 1) / p;
-    if (chunk) *chunk = c;
-    return B ? (int)((B + c - 1) / c) : 1;
-}
-
+/* The GPU's partial sums (see mnistcu__bn_pieces) take room for min(64, B) pieces. */
 static size_t mnistcu__bn_aux(const mnistcu__layer *L, size_t B)
 {
     /* mean [C], invstd [C]; then, 8-byte aligned, two doubles per channel and piece (the GPU's partial sums) */
@@ -6050,6 +6034,23 @@ static __device__ double mnistcu__block_sum(double v, double *part)
     total = part[0];
     __syncthreads();
     return total;
+}
+
+/* The GPU splits each channel's batch into pieces of `chunk` samples, about
+   MNISTCU__BN_PIECE values each and at most 64, so that C x pieces blocks share
+   a pass (not one block per channel); *chunk may be NULL. The count is at most
+   min(64, B) but does not grow with B everywhere (B = 128 at 28 x 28 gives 22,
+   B = 115 gives 23), so the aux buffer is sized for min(64, B). */
+#define MNISTCU__BN_PIECE 4096
+static int mnistcu__bn_pieces(size_t B, size_t S, size_t *chunk)
+{
+    size_t p = (B * S + MNISTCU__BN_PIECE - 1) / MNISTCU__BN_PIECE, c;
+    if (p > 64) p = 64;
+    if (p > B) p = B;
+    if (p < 1) p = 1;
+    c = (B + p - 1) / p;
+    if (chunk) *chunk = c;
+    return B ? (int)((B + c - 1) / c) : 1;
 }
 
 /* The partial sums in aux, past mean and invstd, 8-byte aligned. */
