@@ -4047,6 +4047,7 @@ typedef struct mnistcu__cuda {
     int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32 or BF16 */
     float *splitk;             /* partial sums of split-K products, grown on demand */
     size_t splitk_floats;
+    int *wide_flags;           /* the wide-tile product's arrival counters, one a tile, zero between products */
     uint64_t frees;            /* device buffers freed so far: a captured step graph whose count differs
                                   may hold a freed address, and is captured again (see >>cuda_graph) */
 #ifdef MNISTCU_CUBLAS
@@ -4218,6 +4219,9 @@ static unsigned mnistcu__blocks(size_t n)
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                          const float *bias, int act);
+static mnistcu_result mnistcu__cuda_gemm_x(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
+                                           const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                                           size_t ldc, int act, const float *y, float *db, int *done);
 #ifdef MNISTCU_CUBLAS
 static mnistcu_result mnistcu__cuda_dx_act(mnistcu_ctx *ctx, size_t M, size_t N, size_t K, const float *A,
                                            const float *B, float *C, const float *y, int act, int *done);
@@ -4250,6 +4254,25 @@ static mnistcu_result mnistcu__cuda_partials(mnistcu_ctx *ctx, size_t n, float *
         cu->splitk_floats = n;
     }
     *out = cu->splitk;
+    return MNISTCU_OK;
+}
+
+/* The wide-tile product's counters (split products of at most this many tiles). */
+#define MNISTCU__WIDE_FLAGS 128
+static mnistcu_result mnistcu__cuda_wide_flags(mnistcu_ctx *ctx, int **out)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    mnistcu_result r;
+    if (!cu->wide_flags) {
+        int *f = NULL;
+        if ((r = mnistcu__cuda_malloc(ctx, (void **)&f, MNISTCU__WIDE_FLAGS * sizeof(int), "split counters"))) return r;
+        if ((r = mnistcu__cuda_check(ctx, cudaMemsetAsync(f, 0, MNISTCU__WIDE_FLAGS * sizeof(int), cu->stream), "split counters"))) {
+            mnistcu__cuda_free(ctx, f);
+            return r;
+        }
+        cu->wide_flags = f;
+    }
+    *out = cu->wide_flags;
     return MNISTCU_OK;
 }
 /* ---- cuDNN (MNISTCU_CUDNN): the optional path for convolution, pooling and batch
@@ -4797,33 +4820,43 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     cudaStream_t st = mnistcu__cuda_stream(ctx);
     size_t in = (size_t)L->c, out = (size_t)L->oc;
     const int act = L->dy_done ? (int)MNISTCU_ACT_IDENTITY : (int)L->act; /* the head may have applied it */
+    float *db = L->nb && !L->db_done ? m->grads + L->bo : NULL;
+    /* in a head step, the dense layer before may have its act' applied in this input gradient's product */
+    mnistcu__layer *P = dx && m->head_step ? mnistcu__layer_before(m, (int)(L - m->layers)) : NULL;
     mnistcu_result r;
-    /* dy *= act'(y), and the bias gradient: one kernel up to a batch of MNISTCU__BG_ROWS (one pass);
-       above, where the activation's loads would stall each pass, the elementwise kernel first */
-    if (act != MNISTCU_ACT_IDENTITY && B > MNISTCU__BG_ROWS) {
-        mnistcu__k_act_backward<<<mnistcu__blocks(B * out), MNISTCU__THREADS, 0, st>>>(dy, L->out, B * out, act);
-        MNISTCU__LAUNCHED(ctx, "act_backward");
-    }
-    if ((act != MNISTCU_ACT_IDENTITY && B <= MNISTCU__BG_ROWS) || (L->nb && !L->db_done)) {
-        mnistcu__k_bias_grad<<<(unsigned)((out + 31) / 32), 256, 0, st>>>(
-            dy, L->out, B <= MNISTCU__BG_ROWS ? act : (int)MNISTCU_ACT_IDENTITY, (int)B, (int)out,
-            L->nb && !L->db_done ? m->grads + L->bo : NULL);
-        MNISTCU__LAUNCHED(ctx, "bias_grad");
-    }
-    if ((r = mnistcu__cuda_gemm(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, NULL, 0))) return r;
-#ifdef MNISTCU_CUBLAS
-    if (dx && m->head_step) { /* a head step: the dense layer before may have its act' applied here */
-        mnistcu__layer *P = mnistcu__layer_before(m, (int)(L - m->layers));
-        int done = 0;
-        if (P && P->d.kind == MNISTCU_LAYER_DENSE && P->act != MNISTCU_ACT_IDENTITY && P->out == L->in &&
-            (r = mnistcu__cuda_dx_act(ctx, B, in, out, dy, m->params + L->wo, dx, L->in, (int)P->act, &done)))
-            return r;
-        if (done) {
-            P->dy_done = 1;
-            return MNISTCU_OK;
+    int done = 0;
+    if (P && (P->d.kind != MNISTCU_LAYER_DENSE || P->act == MNISTCU_ACT_IDENTITY || P->out != L->in)) P = NULL;
+    /* dy as it is and a bias: the weight and bias gradients in one product, where the wide-tile kernel takes it */
+    if (act == MNISTCU_ACT_IDENTITY && db &&
+        (r = mnistcu__cuda_gemm_x(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, 0, NULL, db, &done)))
+        return r;
+    if (!done) {
+        /* dy *= act'(y), and the bias gradient: one kernel up to a batch of MNISTCU__BG_ROWS (one pass);
+           above, where the activation's loads would stall each pass, the elementwise kernel first */
+        if (act != MNISTCU_ACT_IDENTITY && B > MNISTCU__BG_ROWS) {
+            mnistcu__k_act_backward<<<mnistcu__blocks(B * out), MNISTCU__THREADS, 0, st>>>(dy, L->out, B * out, act);
+            MNISTCU__LAUNCHED(ctx, "act_backward");
         }
+        if ((act != MNISTCU_ACT_IDENTITY && B <= MNISTCU__BG_ROWS) || db) {
+            mnistcu__k_bias_grad<<<(unsigned)((out + 31) / 32), 256, 0, st>>>(
+                dy, L->out, B <= MNISTCU__BG_ROWS ? act : (int)MNISTCU_ACT_IDENTITY, (int)B, (int)out, db);
+            MNISTCU__LAUNCHED(ctx, "bias_grad");
+        }
+        if ((r = mnistcu__cuda_gemm(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, NULL, 0)))
+            return r;
     }
+    done = 0;
+    if (P && (r = mnistcu__cuda_gemm_x(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, (int)P->act,
+                                       L->in, NULL, &done)))
+        return r;
+#ifdef MNISTCU_CUBLAS
+    if (P && !done && (r = mnistcu__cuda_dx_act(ctx, B, in, out, dy, m->params + L->wo, dx, L->in, (int)P->act, &done)))
+        return r;
 #endif
+    if (done) {
+        P->dy_done = 1;
+        return MNISTCU_OK;
+    }
     if (dx) return mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
     return MNISTCU_OK;
 }
@@ -11489,8 +11522,10 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
    stream. Shapes as in the legend above >>cpu_ops. Every launch is checked;
    errors that leave the device unusable (illegal address, launch failure...) are
    latched in the context and reported by every later call. No kernel uses
-   atomics: each output element is computed by one thread in a fixed order, and
-   reductions run in a fixed tree, so two runs are bitwise identical. */
+   float atomics: each output element is computed by one thread in a fixed order,
+   and reductions run in a fixed tree, so two runs are bitwise identical (the
+   integer tickets of the head and of the split wide-tile product only choose
+   which block adds the parts, in their fixed order). */
 #ifdef __CUDACC__
 /* The register-tiled matrix product, C[M][N] = op(A)[M][K] op(B)[K][N], with an
    optional fused epilogue C = act(C + bias[n]). A 64x64 tile of C per block of
@@ -11610,6 +11645,253 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm16(int M, int N, int K, co
         if (m0 + ty < M && n0 + tx < N)
             C[(size_t)(m0 + ty) * ldc + n0 + tx] =
                 FUSE ? mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[n0 + tx] : acc) : acc;
+    }
+}
+
+/* The wide-tile product, for large products: a 128 x BN tile of C per block of
+   256 threads (BN 128: 8x8 outputs a thread, rows 4ty.. and 64+4ty.., columns
+   likewise; BN 64: 8x4), op(A) and op(B) staged in K-steps of BK with 16-byte
+   loads into two shared buffers, the next step's loads in flight while this one
+   is summed, so one barrier a step. Each output is the same fmaf chain as in
+   mnistcu__k_gemm: over the slice's k in increasing order from zero, zeros past
+   K up to a multiple of 16, so the choice between the kernels changes no bit.
+   It reads each operand 16 bytes at a time along its contiguous direction, so
+   that direction's length and leading dimension must be multiples of 4 and the
+   pointers 16-byte aligned (mnistcu__gemm_wide_ok). Where an operand is read
+   along k, a warp's loads cover 16 rows x 2 groups of 4 k, so that its
+   transposed stores hit 32 different banks (rows 4 k apart are 16 banks apart).
+   Variants and timings: bench/cuda_gemm.cu. */
+#define MNISTCU__WBM 128
+#define MNISTCU__WBN 64 /* the tile's columns as the header launches it */
+
+/* One operand's tile (R rows of m or n, BK of k) from global memory into
+   registers (ld) and from registers into shared memory [k][R + 4] (st). KC: the
+   operand is contiguous along k (A not transposed, B transposed). Each
+   thread's rows, columns and addresses are worked out once (at), so a K-step
+   costs its loads and an add. */
+template <int R, int BK, int KC> struct mnistcu__wtile {
+    enum { F = R * BK / 4, Q = (F + 255) / 256 }; /* float4s in the tile, per thread */
+    float4 v[Q];
+    const float *src[Q]; /* this thread's float4 at k = 0; NULL: its row is past the end */
+    int kq[Q];           /* its k within the tile */
+    static __device__ __forceinline__ void at(int idx, int &row, int &k)
+    {
+        if (KC) {
+            const int lane = idx % 32, wv = idx / 32;
+            row = (wv % (R / 16)) * 16 + lane / 2;
+            k = 4 * (2 * (wv / (R / 16)) + lane % 2);
+        } else {
+            k = idx / (R / 4);
+            row = (idx % (R / 4)) * 4;
+        }
+    }
+    __device__ __forceinline__ void init(const float *__restrict__ p, int ld_, int r0, int rows, int t)
+    {
+        int q;
+#pragma unroll
+        for (q = 0; q < Q; ++q) {
+            const int idx = t + 256 * q;
+            int row, k;
+            at(idx, row, k);
+            kq[q] = k;
+            src[q] = idx < F && r0 + row < rows ? (KC ? p + (size_t)(r0 + row) * ld_ + k : p + (size_t)k * ld_ + r0 + row)
+                                                : NULL;
+        }
+    }
+    __device__ __forceinline__ void ld(int ld_, int k0, int K)
+    {
+        int q;
+#pragma unroll
+        for (q = 0; q < Q; ++q) {
+            v[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (src[q] && k0 + kq[q] < K) v[q] = __ldg((const float4 *)(src[q] + (KC ? (size_t)k0 : (size_t)k0 * ld_)));
+        }
+    }
+    __device__ __forceinline__ void st(float *s, int t) const /* s: [BK][R + 4] */
+    {
+        int q;
+#pragma unroll
+        for (q = 0; q < Q; ++q) {
+            const int idx = t + 256 * q;
+            int row, k;
+            at(idx, row, k);
+            if (idx >= F) continue;
+            if (KC) {
+                s[k * (R + 4) + row] = v[q].x, s[(k + 1) * (R + 4) + row] = v[q].y;
+                s[(k + 2) * (R + 4) + row] = v[q].z, s[(k + 3) * (R + 4) + row] = v[q].w;
+            } else {
+                *(float4 *)&s[k * (R + 4) + row] = v[q];
+            }
+        }
+    }
+};
+
+/* A wide-tile product's arguments. FUSE 1: C = act(sum + bias); 2: C = act'(y) *
+   sum (y laid out as C: an input gradient times the derivative of the
+   activation that made the input). db (TN, one slice): also the sums of op(A)'s
+   rows, k in increasing order from zero, as mnistcu__k_bias_grad's: a dense
+   layer's bias gradient beside its weight gradient. Split over K (gridDim.z =
+   S > 1): each slice writes its part to part[z][M][N], and the last slice of a
+   tile to arrive (an integer counter a tile in flags, put back to zero by it)
+   adds the S parts in order, as mnistcu__k_splitk_sum does, and applies the
+   epilogue: the same bits, no second kernel, no float atomics. */
+typedef struct mnistcu__wargs {
+    int M, N, K, lda, ldb, ldc, act;
+    const float *A, *B, *bias, *y;
+    float *C, *part, *db;
+    int *flags;
+} mnistcu__wargs;
+
+template <int FUSE> static __device__ __forceinline__ float mnistcu__wide_epi(const mnistcu__wargs &p, float v, int gm,
+                                                                             int gn)
+{
+    if (FUSE == 1) return mnistcu__act_f((mnistcu_act)p.act, p.bias ? v + p.bias[gn] : v);
+    if (FUSE == 2) return mnistcu__act_backward_one((mnistcu_act)p.act, v, p.y[(size_t)gm * p.ldc + gn]);
+    return v;
+}
+
+template <int TA, int TB, int FUSE, int BN, int BK, int MINB>
+__global__ void __launch_bounds__(256, MINB) mnistcu__k_gemm_wide(mnistcu__wargs p)
+{
+    enum { NJ = BN / 64 }; /* groups of 4 columns a thread */
+    __shared__ __align__(16) float As[2][BK][MNISTCU__WBM + 4]; /* [k][m] */
+    __shared__ __align__(16) float Bs[2][BK][BN + 4];           /* [k][n] */
+    __shared__ int last;
+    const int t = (int)threadIdx.x, tx = t % 16, ty = t / 16, S = (int)gridDim.z;
+    const int n0 = (int)blockIdx.x * BN, M = p.M, N = p.N;
+    const float *__restrict__ A = p.A;
+    const float *__restrict__ B = p.B;
+    float *C = S > 1 ? p.part : p.C;
+    int K = p.K, ldc = S > 1 ? N : p.ldc;
+    const int rowsum = p.db && S == 1 && TA && blockIdx.x == 0 && t < MNISTCU__WBM;
+    mnistcu__wtile<MNISTCU__WBM, BK, !TA> ta_;
+    mnistcu__wtile<BN, BK, TB> tb_;
+    float acc[8][4 * NJ], rs;
+    int i, j, q, k0, kk, m0, cur, kend;
+    MNISTCU__GEMM_SLICE();
+    const int vec = ldc % 4 == 0 && ((uintptr_t)C & 15) == 0, ovec = p.ldc % 4 == 0 && ((uintptr_t)p.C & 15) == 0;
+    kend = kz0 + (K - kz0 + 15) / 16 * 16; /* as mnistcu__k_gemm: zeros up to a multiple of 16 */
+    tb_.init(B, p.ldb, n0, N, t);
+    for (m0 = (int)blockIdx.y * MNISTCU__WBM; m0 < M; m0 += (int)gridDim.y * MNISTCU__WBM) {
+#pragma unroll
+        for (i = 0; i < 8; ++i)
+#pragma unroll
+            for (j = 0; j < 4 * NJ; ++j) acc[i][j] = 0.0f;
+        rs = 0.0f;
+        cur = 0;
+        ta_.init(A, p.lda, m0, M, t);
+        if (kz0 < kend) {
+            ta_.ld(p.lda, kz0, K);
+            tb_.ld(p.ldb, kz0, K);
+            ta_.st(&As[0][0][0], t);
+            tb_.st(&Bs[0][0][0], t);
+        }
+        __syncthreads();
+        for (k0 = kz0; k0 < kend; k0 += BK) {
+            const int more = k0 + BK < kend;
+            const float *as = &As[cur][0][4 * ty], *bs = &Bs[cur][0][4 * tx];
+            float a[2][8], b[2][4 * NJ];
+            if (more) {
+                ta_.ld(p.lda, k0 + BK, K);
+                tb_.ld(p.ldb, k0 + BK, K);
+            }
+            /* the fragments of step kk + 1 load while step kk's fmas run */
+#define MNISTCU__WIDE_FRAG(kk_, f_)                                                                          \
+    do {                                                                                                     \
+        const float4 a0_ = *(const float4 *)(as + (kk_) * (MNISTCU__WBM + 4));                               \
+        const float4 a1_ = *(const float4 *)(as + (kk_) * (MNISTCU__WBM + 4) + 64);                          \
+        a[f_][0] = a0_.x, a[f_][1] = a0_.y, a[f_][2] = a0_.z, a[f_][3] = a0_.w;                              \
+        a[f_][4] = a1_.x, a[f_][5] = a1_.y, a[f_][6] = a1_.z, a[f_][7] = a1_.w;                              \
+        for (j = 0; j < NJ; ++j) {                                                                           \
+            const float4 b_ = *(const float4 *)(bs + (kk_) * (BN + 4) + 64 * j);                             \
+            b[f_][4 * j] = b_.x, b[f_][4 * j + 1] = b_.y, b[f_][4 * j + 2] = b_.z, b[f_][4 * j + 3] = b_.w;  \
+        }                                                                                                    \
+    } while (0)
+            MNISTCU__WIDE_FRAG(0, 0);
+#pragma unroll
+            for (kk = 0; kk < BK; ++kk) {
+                if (kk + 1 < BK) MNISTCU__WIDE_FRAG(kk + 1, (kk + 1) & 1);
+#pragma unroll
+                for (i = 0; i < 8; ++i)
+#pragma unroll
+                    for (j = 0; j < 4 * NJ; ++j) acc[i][j] = fmaf(a[kk & 1][i], b[kk & 1][j], acc[i][j]);
+            }
+#undef MNISTCU__WIDE_FRAG
+            if (rowsum)
+                for (kk = 0; kk < BK; ++kk) rs += As[cur][kk][t];
+            if (more) {
+                ta_.st(&As[cur ^ 1][0][0], t);
+                tb_.st(&Bs[cur ^ 1][0][0], t);
+            }
+            __syncthreads();
+            cur ^= 1;
+        }
+        if (rowsum && m0 + t < M) p.db[m0 + t] = rs;
+        /* this slice's outputs: the result (one slice) or a part */
+#pragma unroll
+        for (i = 0; i < 8; ++i) {
+            const int gm = m0 + (i < 4 ? 4 * ty + i : 64 + 4 * ty + i - 4);
+            if (gm >= M) continue;
+#pragma unroll
+            for (j = 0; j < NJ; ++j) {
+                const int gn = n0 + 64 * j + 4 * tx;
+                float v[4];
+#pragma unroll
+                for (q = 0; q < 4; ++q) v[q] = S > 1 || gn + q >= N ? acc[i][4 * j + q] : mnistcu__wide_epi<FUSE>(p, acc[i][4 * j + q], gm, gn + q);
+                if (vec && gn + 3 < N)
+                    *(float4 *)&C[(size_t)gm * ldc + gn] = make_float4(v[0], v[1], v[2], v[3]);
+                else
+                    for (q = 0; q < 4; ++q)
+                        if (gn + q < N) C[(size_t)gm * ldc + gn + q] = v[q];
+            }
+        }
+        if (S == 1) continue;
+        /* the last slice of this tile to arrive adds the parts in order */
+        __threadfence();
+        __syncthreads();
+        if (t == 0) {
+            int *flag = p.flags + (size_t)(m0 / MNISTCU__WBM) * gridDim.x + blockIdx.x;
+            last = atomicAdd(flag, 1) == S - 1;
+            if (last) *flag = 0; /* every slice has arrived: ready for the next product */
+        }
+        __syncthreads();
+        if (!last) continue;
+        __threadfence();
+#pragma unroll
+        for (i = 0; i < 8; ++i) {
+            const int gm = m0 + (i < 4 ? 4 * ty + i : 64 + 4 * ty + i - 4);
+            if (gm >= M) continue;
+#pragma unroll
+            for (j = 0; j < NJ; ++j) {
+                const int gn = n0 + 64 * j + 4 * tx;
+                const float *src = p.part + (size_t)gm * N + gn;
+                const size_t slab = (size_t)M * N;
+                float v[4];
+                int z;
+                if (N % 4 == 0 && gn + 3 < N) {
+                    float4 s4 = __ldcg((const float4 *)src);
+                    for (z = 1; z < S; ++z) {
+                        const float4 u = __ldcg((const float4 *)(src + z * slab));
+                        s4.x += u.x, s4.y += u.y, s4.z += u.z, s4.w += u.w;
+                    }
+                    v[0] = s4.x, v[1] = s4.y, v[2] = s4.z, v[3] = s4.w;
+                } else {
+                    for (q = 0; q < 4; ++q) {
+                        v[q] = 0.0f;
+                        if (gn + q >= N) continue;
+                        v[q] = __ldcg(src + q);
+                        for (z = 1; z < S; ++z) v[q] += __ldcg(src + z * slab + q);
+                    }
+                }
+                for (q = 0; q < 4; ++q)
+                    if (gn + q < N) v[q] = mnistcu__wide_epi<FUSE>(p, v[q], gm, gn + q);
+                if (ovec && gn + 3 < N)
+                    *(float4 *)&p.C[(size_t)gm * p.ldc + gn] = make_float4(v[0], v[1], v[2], v[3]);
+                else
+                    for (q = 0; q < 4; ++q)
+                        if (gn + q < N) p.C[(size_t)gm * p.ldc + gn + q] = v[q];
+            }
+        }
     }
 }
 
@@ -12235,6 +12517,7 @@ static void mnistcu__cuda_ctx_free(mnistcu_ctx *ctx)
     mnistcu__cuda_free(ctx, cu->blas_ws_raw);
 #endif
     mnistcu__cuda_free(ctx, cu->splitk);
+    mnistcu__cuda_free(ctx, cu->wide_flags);
     if (cu->stream) cudaStreamDestroy(cu->stream);
     if (cu->copy_stream) cudaStreamDestroy(cu->copy_stream);
     mnistcu__free(ctx, cu);
@@ -12423,9 +12706,9 @@ static mnistcu_result mnistcu__cuda_fill(mnistcu_model *m, float *p, size_t n, f
    batch x positions, 7,744 terms for the Fashion CNN's second one) are split so
    that about 264 blocks (two per H100 multiprocessor) share the work, each
    slice at least 128 long; only for K >= 1024, so that the MLPs' products keep
-   their single launch. (A 128x128 tile with 8x8 outputs per thread was slower
-   than this 64x64 one on every convolution shape: bench/cuda_gemm.cu, v6.) The
-   fused MLP kernel asks it too: it reproduces unsplit products only. */
+   their single launch. Large products with aligned operands take the wide-tile
+   kernel instead (mnistcu__gemm_wide_split). The fused MLP kernel asks both: it
+   reproduces unsplit products only. */
 static size_t mnistcu__gemm_split(size_t M, size_t N, size_t K, int *small)
 {
     size_t tiles64 = ((M + MNISTCU__GBM - 1) / MNISTCU__GBM) * ((N + MNISTCU__GBN - 1) / MNISTCU__GBN);
@@ -12434,11 +12717,38 @@ static size_t mnistcu__gemm_split(size_t M, size_t N, size_t K, int *small)
     if (tiles64 < 128 && K >= 1024 && M >= 32 && N >= 32) {
         *small = 0; /* a convolution's weight gradient, a wide dense layer's forward pass */
         S = MNISTCU__MIN((2 * 132 + tiles64 - 1) / tiles64, K / 128);
-    } else if (K >= 2048) {
-        *small = 1; /* few outputs: LeNet's convolutions, a 1-channel input's */
+    } else if (K >= 2048 || (K >= 512 && M < 16 && tiles16 >= 64)) {
+        *small = 1; /* few outputs: LeNet's convolutions, a 1-channel input's, a 10-class layer's weight
+                       gradient over a batch of 512 */
         S = MNISTCU__MIN((4 * 132 + tiles16 - 1) / tiles16, K / 128);
     }
     return S > 1 ? S : 1;
+}
+
+/* Where the own kernels take the wide-tile kernel (FP32): products of at least
+   128 tiles of 64x64, and K slices for those of few 128x64 tiles, added by the
+   kernel itself. 0: not taken. Measured on the H100 (bench/cuda_gemm.cu, v9,
+   launch included): P3's 512 x 1024 forward products 12.6 TFLOP/s in one slice,
+   22.8 in four (the 64x64 kernel: 10.7); its weight gradients, 104 and 128
+   tiles, fastest in one (19.6 and 25.5 against 14.3 and 18.7); the Fashion
+   CNN's convolution products as columns 22.4 and 24.0 against 18.6 and 19.1. */
+static size_t mnistcu__gemm_wide_split(size_t M, size_t N, size_t K)
+{
+    size_t tiles64 = ((M + 63) / 64) * ((N + 63) / 64), tiles = ((M + 127) / 128) * ((N + MNISTCU__WBN - 1) / MNISTCU__WBN);
+    if (tiles64 < 128) return 0;
+    if (tiles > 66) return 1; /* half the GPU's multiprocessors at least */
+    return K >= 512 ? 4 : K >= 256 ? 2 : 1;
+}
+
+/* The wide-tile kernel reads each operand 16 bytes at a time along its
+   contiguous direction (not both operands transposed: no user). */
+static int mnistcu__gemm_wide_ok(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+                                 const float *B, size_t ldb, const float *C, size_t ldc)
+{
+    if (ta && tb) return 0;
+    if ((ta ? M : K) % 4 || lda % 4 || ((uintptr_t)A & 15)) return 0;
+    if ((tb ? K : N) % 4 || ldb % 4 || ((uintptr_t)B & 15)) return 0;
+    return ldc >= N && M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && ldc <= INT_MAX && C != NULL;
 }
 
 #ifdef MNISTCU_CUBLAS
@@ -12461,6 +12771,64 @@ static size_t mnistcu__blas_split(size_t M, size_t N, size_t K)
     return 1;
 }
 #endif
+
+/* The wide-tile kernel's launch: S slices of K (S > 1: the kernel adds them). */
+static mnistcu_result mnistcu__cuda_gemm_wide(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
+                                              const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                                              size_t ldc, const float *bias, int act, const float *y, float *db,
+                                              size_t S)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    const size_t mtiles = (M + MNISTCU__WBM - 1) / MNISTCU__WBM, ntiles = (N + MNISTCU__WBN - 1) / MNISTCU__WBN;
+    const int fuse = y ? 2 : bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY) ? 1 : 0;
+    const dim3 grid((unsigned)ntiles, (unsigned)(mtiles < 65535 ? mtiles : 65535), (unsigned)S);
+    mnistcu__wargs p;
+    mnistcu_result r;
+    memset(&p, 0, sizeof p);
+    p.M = (int)M, p.N = (int)N, p.K = (int)K, p.lda = (int)lda, p.ldb = (int)ldb, p.ldc = (int)ldc, p.act = act;
+    p.A = A, p.B = B, p.bias = bias, p.y = y, p.C = C, p.db = db;
+    if (S > 1 && ((r = mnistcu__cuda_partials(ctx, S * M * N, &p.part)) || (r = mnistcu__cuda_wide_flags(ctx, &p.flags))))
+        return r;
+    /* one block a multiprocessor's worth of registers where there is at most a block a multiprocessor
+       (a weight gradient: 35 against 46 us for P3's, ncu); two where there are more (P3's split
+       forward products: 54 against 71 us) */
+    const int one = ntiles * mtiles * S <= 132;
+#define MNISTCU__WIDE_LAUNCH(TA_, TB_)                                                                   \
+    do {                                                                                                 \
+        if (fuse == 2) mnistcu__k_gemm_wide<TA_, TB_, 2, 64, 16, 2><<<grid, 256, 0, cu->stream>>>(p);    \
+        else if (fuse) mnistcu__k_gemm_wide<TA_, TB_, 1, 64, 16, 2><<<grid, 256, 0, cu->stream>>>(p);    \
+        else if (one) mnistcu__k_gemm_wide<TA_, TB_, 0, 64, 16, 1><<<grid, 256, 0, cu->stream>>>(p);     \
+        else mnistcu__k_gemm_wide<TA_, TB_, 0, 64, 16, 2><<<grid, 256, 0, cu->stream>>>(p);              \
+    } while (0)
+    if (!ta && tb) MNISTCU__WIDE_LAUNCH(0, 1);
+    else if (ta) MNISTCU__WIDE_LAUNCH(1, 0);
+    else MNISTCU__WIDE_LAUNCH(0, 0);
+#undef MNISTCU__WIDE_LAUNCH
+    MNISTCU__LAUNCHED(ctx, "gemm_wide");
+    return MNISTCU_OK;
+}
+
+/* A product with more done in its epilogue, where the own kernels' wide-tile
+   kernel takes it: y, C = act'(y) * product (act the activation that made y);
+   db (ta, !tb), also the row sums of op(A), a dense layer's bias gradient.
+   *done 0: nothing launched (cuBLAS, another kernel): the caller does it the
+   plain way. */
+static mnistcu_result mnistcu__cuda_gemm_x(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
+                                           const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                                           size_t ldc, int act, const float *y, float *db, int *done)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    size_t S;
+    mnistcu_result r;
+    *done = 0;
+    if (M == 0 || N == 0 || cu->use_cublas || cu->precision != MNISTCU_PRECISION_FP32 ||
+        !mnistcu__gemm_wide_ok(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) ||
+        (S = mnistcu__gemm_wide_split(M, N, K)) == 0 || (db && (S > 1 || !ta || tb)))
+        return MNISTCU_OK;
+    if ((r = mnistcu__cuda_gemm_wide(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, NULL, act, y, db, S))) return r;
+    *done = 1;
+    return MNISTCU_OK;
+}
 
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
@@ -12549,6 +12917,9 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         int fuse = bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY);
         int tc = cu->precision == MNISTCU_PRECISION_TF32 ? 1 : cu->precision == MNISTCU_PRECISION_BF16 ? 2 : 0;
         if (fuse && (ta || !tb)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused gemm is only NT");
+        if (!tc && mnistcu__gemm_wide_ok(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) &&
+            (S = mnistcu__gemm_wide_split(M, N, K)) > 0)
+            return mnistcu__cuda_gemm_wide(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, act, NULL, NULL, S);
         S = mnistcu__gemm_split(M, N, K, &small);
         if (tc) { /* 64x64 tiles on the tensor cores; with few of them, K split so that about 264 blocks work */
             size_t tiles = ((M + MNISTCU__GBM - 1) / MNISTCU__GBM) * ((N + MNISTCU__GBN - 1) / MNISTCU__GBN);
@@ -13328,7 +13699,9 @@ static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds
         size_t b = last ? (tail ? tail : B) : B;
         if (mnistcu__gemm_split(b, H, D, &small) > 1 || mnistcu__gemm_split(b, C, H, &small) > 1 ||
             mnistcu__gemm_split(C, H, b, &small) > 1 || mnistcu__gemm_split(H, D, b, &small) > 1 ||
-            mnistcu__gemm_split(b, H, C, &small) > 1)
+            mnistcu__gemm_split(b, H, C, &small) > 1 || mnistcu__gemm_wide_split(b, H, D) > 1 ||
+            mnistcu__gemm_wide_split(b, C, H) > 1 || mnistcu__gemm_wide_split(C, H, b) > 1 ||
+            mnistcu__gemm_wide_split(H, D, b) > 1 || mnistcu__gemm_wide_split(b, H, C) > 1)
             return;
     }
     if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cu->device) != cudaSuccess || !coop ||

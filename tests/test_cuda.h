@@ -101,7 +101,7 @@ static int tc_gemm_all(mnistcu_gemm path, char *msg, size_t msg_size)
     static const size_t dims[][3] = {{1, 1, 1}, {1, 10, 784}, {7, 37, 100}, {33, 100, 784}, {64, 128, 784},
                                      {65, 63, 17}, {128, 784, 64}, {100, 784, 33}, {200, 1024, 300},
                                      {6, 25, 36864}, {128, 576, 7744}, {131, 300, 1000}, {576, 7744, 128},
-                                     {256, 512, 784}};
+                                     {256, 512, 784}, {512, 1024, 784}, {520, 1028, 100}, {10, 1024, 512}};
     mnistcu_ctx *g = tc_ctx(path), *c = tu_ctx(MNISTCU_DEVICE_CPU, 1);
     size_t i;
     int ta, tb, act, ok = 1;
@@ -843,6 +843,80 @@ TEST cuda_gemm_kernels_agree_bitwise(void)
                 free(A); free(B); free(h64); free(h16);
                 cudaFree(dA); cudaFree(dB); cudaFree(d64); cudaFree(d16);
             }
+    PASS();
+}
+
+/* The wide-tile kernel against the 64x64 one, bit for bit: the same K slices
+   (1, 2, 4; the 64x64 kernel's parts added by mnistcu__k_splitk_sum, the wide
+   kernel's by the last slice of each tile to arrive), every transposition it
+   takes, each epilogue (none, bias + activation, act'(y)), the bias gradient's
+   row sums against mnistcu__k_bias_grad, edge tiles in both directions, tiles
+   of more than one row of blocks, and each split product run twice (the
+   arrival counters must be back at zero). */
+TEST cuda_gemm_wide_agrees_bitwise(void)
+{
+    static const int dims[][3] = {{256, 512, 784}, {132, 196, 52}, {8, 64, 16}, {388, 68, 100}};
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN);
+    size_t d;
+    int form, S, fuse, rep, *dflags = NULL;
+    float *dpart = NULL;
+    ASSERT(g != NULL);
+    ASSERT_EQ(cudaSuccess, cudaMalloc((void **)&dpart, 4 * 388 * 512 * sizeof(float)));
+    ASSERT_EQ(cudaSuccess, cudaMalloc((void **)&dflags, MNISTCU__WIDE_FLAGS * sizeof(int)));
+    ASSERT_EQ(cudaSuccess, cudaMemset(dflags, 0, MNISTCU__WIDE_FLAGS * sizeof(int)));
+    for (d = 0; d < sizeof dims / sizeof dims[0]; ++d)
+        for (form = 0; form < 3; ++form) /* NN, NT, TN */
+            for (S = 1; S <= 4; S *= 2)
+                for (fuse = 0; fuse < 3; ++fuse) {
+                    const int ta = form == 2, tb = form == 1, M = dims[d][0], N = dims[d][1], K = dims[d][2];
+                    const int lda = ta ? M : K, ldb = tb ? K : N, act = fuse == 1 ? MNISTCU_ACT_TANH : MNISTCU_ACT_RELU;
+                    const int rowsum = ta && S == 1 && fuse == 0;
+                    tu_rng rng = tu_rng_make((uint64_t)(d * 100 + (size_t)form * 10 + (size_t)S + 7 * (size_t)fuse));
+                    float *A = tu_random_floats(&rng, (size_t)M * K, -1, 1), *B = tu_random_floats(&rng, (size_t)K * N, -1, 1);
+                    float *bias = tu_random_floats(&rng, (size_t)N, -1, 1), *y = tu_random_floats(&rng, (size_t)M * N, -1, 1);
+                    float *dA = tc_up(A, (size_t)M * K), *dB = tc_up(B, (size_t)K * N), *dbias = tc_up(bias, (size_t)N);
+                    float *dy = tc_up(y, (size_t)M * N), *dref = tc_poisoned((size_t)M * N), *dw = tc_poisoned((size_t)M * N);
+                    float *dbr = tc_poisoned((size_t)M), *dbw = tc_poisoned((size_t)M), *href, *hw;
+                    dim3 g64((unsigned)((N + 63) / 64), (unsigned)((M + 63) / 64), (unsigned)S);
+                    dim3 gw((unsigned)((N + 63) / 64), (unsigned)(d == 3 ? 1 : (M + 127) / 128), (unsigned)S);
+                    mnistcu__wargs p;
+                    memset(&p, 0, sizeof p);
+                    p.M = M, p.N = N, p.K = K, p.lda = lda, p.ldb = ldb, p.ldc = N, p.act = act;
+                    p.A = dA, p.B = dB, p.bias = fuse == 1 ? dbias : NULL, p.y = fuse == 2 ? dy : NULL, p.C = dw;
+                    p.part = dpart, p.flags = dflags, p.db = rowsum ? dbw : NULL;
+#define TC_REF(TA_, TB_) mnistcu__k_gemm<TA_, TB_, 0><<<g64, 256>>>(M, N, K, dA, lda, dB, ldb, dpart, N, NULL, 0)
+#define TC_WIDE(TA_, TB_, F_) mnistcu__k_gemm_wide<TA_, TB_, F_, 64, 16, 2><<<gw, 256>>>(p)
+                    if (form == 0) TC_REF(0, 0);
+                    else if (form == 1) TC_REF(0, 1);
+                    else TC_REF(1, 0);
+                    mnistcu__k_splitk_sum<<<mnistcu__blocks((size_t)M * N), MNISTCU__THREADS>>>(
+                        dpart, S, M, N, dref, N, fuse == 1 ? dbias : NULL, act, fuse, fuse == 2 ? dy : NULL);
+                    if (rowsum) mnistcu__k_bias_grad<<<(unsigned)((M + 31) / 32), 256>>>(dA, NULL, MNISTCU_ACT_IDENTITY, K, M, dbr);
+                    for (rep = 0; rep < 2; ++rep) {
+                        if (form == 0) { if (fuse == 0) TC_WIDE(0, 0, 0); else if (fuse == 1) TC_WIDE(0, 0, 1); else TC_WIDE(0, 0, 2); }
+                        else if (form == 1) { if (fuse == 0) TC_WIDE(0, 1, 0); else if (fuse == 1) TC_WIDE(0, 1, 1); else TC_WIDE(0, 1, 2); }
+                        else { if (fuse == 0) TC_WIDE(1, 0, 0); else if (fuse == 1) TC_WIDE(1, 0, 1); else TC_WIDE(1, 0, 2); }
+                        ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+                        href = tc_down(dref, (size_t)M * N);
+                        hw = tc_down(dw, (size_t)M * N);
+                        ASSERT_ARRAY_EQ_BITS_F(href, hw, (size_t)M * N);
+                        free(href); free(hw);
+                        if (rowsum) {
+                            href = tc_down(dbr, (size_t)M);
+                            hw = tc_down(dbw, (size_t)M);
+                            ASSERT_ARRAY_EQ_BITS_F(href, hw, (size_t)M);
+                            free(href); free(hw);
+                        }
+                    }
+#undef TC_REF
+#undef TC_WIDE
+                    free(A); free(B); free(bias); free(y);
+                    cudaFree(dA); cudaFree(dB); cudaFree(dbias); cudaFree(dy); cudaFree(dref); cudaFree(dw);
+                    cudaFree(dbr); cudaFree(dbw);
+                }
+    cudaFree(dpart);
+    cudaFree(dflags);
+    mnistcu_ctx_destroy(g);
     PASS();
 }
 
@@ -1941,6 +2015,15 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->spec = "784 dense2100 relu dense10";
     c->n = 64; c->B = 16; c->epochs = 1;
     c->optim.learning_rate = 0.05f;
+    c = &cases[ncases];
+    exact[ncases++] = 1;
+    c->name = "batch 512: wide tiles, K split, act' and bias gradients fused";
+    c->spec = "784 dense1024 relu dense1024 relu dense10";
+    c->n = 1100; c->B = 512; c->epochs = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+    /* the forward and input-gradient products of 512 x 1024 split in four, the weight gradients whole */
+    ASSERT_EQ((size_t)4, mnistcu__gemm_wide_split(512, 1024, 784));
+    ASSERT_EQ((size_t)1, mnistcu__gemm_wide_split(1024, 1024, 512));
 #ifdef MNISTCU_CUBLAS
     c = &cases[ncases];
     exact[ncases++] = 0;
@@ -2020,6 +2103,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_gemm_own_kernel_matches_cpu);
     RUN_TEST(cuda_gemm_cublas_matches_cpu);
     RUN_TEST(cuda_gemm_kernels_agree_bitwise);
+    RUN_TEST(cuda_gemm_wide_agrees_bitwise);
     RUN_TEST(cuda_gemm_reduced_precision_within_bound);
     RUN_TEST(cuda_gemm_reduced_precision_small);
     RUN_TEST(cuda_training_reduced_precision_close_to_fp32);
