@@ -193,7 +193,7 @@ $(B)/tests-cuda: $(TEST_SRC) tests/test_cuda.h $(TEST_HDR) $(HDR) | $(B)
 	  $(TEST_SRC) -lcublas $(CUDNN_LIBS) -lz $(if $(OMP),-Xcompiler $(OMP) -lgomp)
 
 test-gpu: $(B)/tests-cuda $(B)/train_mnist_cuda $(B)/perceptron $(B)/regression
-	sh tests/run_gpu_tests.sh $(B)
+	sh tests/run_gpu_tests.sh $(B) $(GPU_TESTS_PART)
 
 bench:
 	sh bench/run.sh

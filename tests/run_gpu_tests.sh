@@ -3,9 +3,13 @@
 # the GPU, and the CUDA parity suite is added), the latched-error test in a
 # process of its own (it breaks that process's CUDA context on purpose), the
 # ten-line example, and compute-sanitizer's four tools over small configurations.
-# Exits non-zero if anything fails. Usage: sh tests/run_gpu_tests.sh BUILD_DIR
+# Exits non-zero if anything fails. Usage: sh tests/run_gpu_tests.sh BUILD_DIR [PART]
+# PART (make test-gpu GPU_TESTS_PART=1|2) runs half of it, for machines that limit
+# the time of one call: 1 the suites, memcheck and the examples; 2 racecheck,
+# initcheck and synccheck. Both halves together are the whole run.
 set -u
 B=${1:-build}
+PART=${2:-all}
 fail=0
 run() {
     echo "== $*"
@@ -13,17 +17,22 @@ run() {
 }
 
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader || true
+if [ "$PART" != 2 ]; then
 run "$B/tests-cuda"
 MNISTCU_TEST_STICKY=1 run "$B/tests-cuda" -s cuda_suite -t cuda_sticky
+fi
 
-if command -v compute-sanitizer >/dev/null 2>&1; then
+if ! command -v compute-sanitizer >/dev/null 2>&1; then
+    echo "FAILED: compute-sanitizer not found"
+    fail=1
+elif [ "$PART" != 2 ]; then
     cs="compute-sanitizer --error-exitcode 99 --print-limit 20"
     # memcheck with leak checking over every kind of kernel and the streaming path;
     # racecheck concerns shared memory (the matrix product and the statistics
     # reduction), and is far too slow for whole training runs.
     for t in cuda_gemm_own cuda_elementwise cuda_optimizers cuda_augment cuda_step_stats cuda_finite_flag cuda_streaming cuda_out_of_memory \
              cuda_layers_match_cpu cuda_batchnorm_pieces cuda_dropout_mask cuda_cnn_runs cuda_fused_mlp_equals_unfused_bitwise \
-             cuda_graph_step cuda_gemm_reduced_precision_small; do
+             cuda_graph_step cuda_gemm_reduced_precision_small cuda_gemm_wide_agrees; do
         run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     MNISTCU_DATA=${MNISTCU_DATA:-data/mnist} run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t cuda_streaming_mixed
@@ -31,28 +40,31 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s train_suite -t divergence
     # optimizers with clipping and the l2 penalty, losses, float targets, augmentation in training
     run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s toolkit_suite
+fi
+if command -v compute-sanitizer >/dev/null 2>&1 && [ "$PART" != 1 ]; then
+    cs="compute-sanitizer --error-exitcode 99 --print-limit 20"
     # the layer kernels (every kind, own kernels and the cuBLAS and cuDNN paths) in all four tools
     for t in cuda_gemm_own cuda_gemm_kernels cuda_elementwise cuda_step_stats cuda_finite_flag cuda_layers_match_cpu \
-             cuda_augment cuda_fused_mlp_declines_what_it_cannot_do cuda_gemm_reduced_precision_small; do
+             cuda_augment cuda_fused_mlp_declines_what_it_cannot_do cuda_gemm_reduced_precision_small cuda_gemm_wide_agrees; do
         run $cs --tool racecheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_finite_flag cuda_streaming cuda_layers_match_cpu \
-             cuda_dropout_mask cuda_optimizers cuda_augment cuda_gemm_reduced_precision_small; do
+             cuda_dropout_mask cuda_optimizers cuda_augment cuda_gemm_reduced_precision_small cuda_gemm_wide_agrees; do
         run $cs --tool initcheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
-    for t in cuda_gemm_own cuda_step_stats cuda_finite_flag cuda_layers_match_cpu cuda_augment cuda_gemm_reduced_precision_small; do
+    for t in cuda_gemm_own cuda_step_stats cuda_finite_flag cuda_layers_match_cpu cuda_augment cuda_gemm_reduced_precision_small \
+             cuda_gemm_wide_agrees; do
         run $cs --tool synccheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
-else
-    echo "FAILED: compute-sanitizer not found"
-    fail=1
 fi
 
+if [ "$PART" != 2 ]; then
 if [ -x "$B/train_mnist_cuda" ] && [ -d data/mnist ]; then
     run "$B/train_mnist_cuda"
 fi
 run "$B/perceptron"
 run "$B/regression"
+fi
 
 [ "$fail" -eq 0 ] && echo "test-gpu: all passed" || echo "test-gpu: FAILED"
 exit "$fail"

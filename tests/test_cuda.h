@@ -96,12 +96,23 @@ static int tc_gemm_case(mnistcu_ctx *g, mnistcu_ctx *c, int ta, int tb, size_t M
     return *err <= TC_MAX_REL;
 }
 
+/* Products large enough for the wide-tile kernel (split and not), against the CPU: a test of their own,
+   kept out of the sanitizer runs, which they would slow by minutes. */
+static const size_t tc_wide_dims[][3] = {{512, 1024, 784}, {520, 1028, 100}};
+
+static int tc_gemm_dims(mnistcu_gemm path, const size_t (*dims)[3], size_t ndims, char *msg, size_t msg_size);
+
 static int tc_gemm_all(mnistcu_gemm path, char *msg, size_t msg_size)
 {
     static const size_t dims[][3] = {{1, 1, 1}, {1, 10, 784}, {7, 37, 100}, {33, 100, 784}, {64, 128, 784},
                                      {65, 63, 17}, {128, 784, 64}, {100, 784, 33}, {200, 1024, 300},
                                      {6, 25, 36864}, {128, 576, 7744}, {131, 300, 1000}, {576, 7744, 128},
-                                     {256, 512, 784}, {512, 1024, 784}, {520, 1028, 100}, {10, 1024, 512}};
+                                     {256, 512, 784}, {10, 1024, 512}};
+    return tc_gemm_dims(path, dims, sizeof dims / sizeof dims[0], msg, msg_size);
+}
+
+static int tc_gemm_dims(mnistcu_gemm path, const size_t (*dims)[3], size_t ndims, char *msg, size_t msg_size)
+{
     mnistcu_ctx *g = tc_ctx(path), *c = tu_ctx(MNISTCU_DEVICE_CPU, 1);
     size_t i;
     int ta, tb, act, ok = 1;
@@ -111,7 +122,7 @@ static int tc_gemm_all(mnistcu_gemm path, char *msg, size_t msg_size)
         ok = 0;
     }
     mnistcu__cpu_reserve(c);
-    for (i = 0; ok && i < sizeof dims / sizeof dims[0]; ++i) {
+    for (i = 0; ok && i < ndims; ++i) {
         for (ta = 0; ok && ta < 2; ++ta)
             for (tb = 0; ok && tb < 2; ++tb)
                 if (!tc_gemm_case(g, c, ta, tb, dims[i][0], dims[i][1], dims[i][2], 0, 0, &err)) {
@@ -137,6 +148,16 @@ TEST cuda_gemm_own_kernel_matches_cpu(void)
 {
     char msg[256];
     if (!tc_gemm_all(MNISTCU_GEMM_OWN, msg, sizeof msg)) FAILm(msg);
+    PASS();
+}
+
+TEST cuda_gemm_wide_matches_cpu(void)
+{
+    char msg[256];
+    ASSERT_EQ((size_t)4, mnistcu__gemm_wide_split(512, 1024, 784)); /* split, */
+    ASSERT_EQ((size_t)1, mnistcu__gemm_wide_split(520, 1028, 100)); /* whole */
+    if (!tc_gemm_dims(MNISTCU_GEMM_OWN, tc_wide_dims, sizeof tc_wide_dims / sizeof tc_wide_dims[0], msg, sizeof msg))
+        FAILm(msg);
     PASS();
 }
 
@@ -2101,6 +2122,7 @@ SUITE(cuda_suite)
 {
     RUN_TEST(cuda_reports_device);
     RUN_TEST(cuda_gemm_own_kernel_matches_cpu);
+    RUN_TEST(cuda_gemm_wide_matches_cpu);
     RUN_TEST(cuda_gemm_cublas_matches_cpu);
     RUN_TEST(cuda_gemm_kernels_agree_bitwise);
     RUN_TEST(cuda_gemm_wide_agrees_bitwise);
