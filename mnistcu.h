@@ -11770,6 +11770,7 @@ __global__ void __launch_bounds__(256, MINB) mnistcu__k_gemm_wide(mnistcu__wargs
     int i, j, q, k0, kk, m0, cur, kend;
     MNISTCU__GEMM_SLICE();
     const int vec = ldc % 4 == 0 && ((uintptr_t)C & 15) == 0, ovec = p.ldc % 4 == 0 && ((uintptr_t)p.C & 15) == 0;
+    const int pvec = N % 4 == 0 && ((uintptr_t)p.part & 15) == 0; /* the parts summed 16 bytes at a time */
     kend = kz0 + (K - kz0 + 15) / 16 * 16; /* as mnistcu__k_gemm: zeros up to a multiple of 16 */
     tb_.init(B, p.ldb, n0, N, t);
     for (m0 = (int)blockIdx.y * MNISTCU__WBM; m0 < M; m0 += (int)gridDim.y * MNISTCU__WBM) {
@@ -11868,7 +11869,7 @@ __global__ void __launch_bounds__(256, MINB) mnistcu__k_gemm_wide(mnistcu__wargs
                 const size_t slab = (size_t)M * N;
                 float v[4];
                 int z;
-                if (N % 4 == 0 && gn + 3 < N) {
+                if (pvec && gn + 3 < N) {
                     float4 s4 = __ldcg((const float4 *)src);
                     for (z = 1; z < S; ++z) {
                         const float4 u = __ldcg((const float4 *)(src + z * slab));
@@ -12735,7 +12736,9 @@ static size_t mnistcu__gemm_split(size_t M, size_t N, size_t K, int *small)
 static size_t mnistcu__gemm_wide_split(size_t M, size_t N, size_t K)
 {
     size_t tiles64 = ((M + 63) / 64) * ((N + 63) / 64), tiles = ((M + 127) / 128) * ((N + MNISTCU__WBN - 1) / MNISTCU__WBN);
-    if (tiles64 < 128) return 0;
+    /* a whole tile each way at least: a layer of few outputs (the logits) keeps the unsplit product the
+       classifier head reproduces (>>cuda_head) */
+    if (tiles64 < 128 || M < MNISTCU__WBM || N < MNISTCU__WBN) return 0;
     if (tiles > 66) return 1; /* half the GPU's multiprocessors at least */
     return K >= 512 ? 4 : K >= 256 ? 2 : 1;
 }
@@ -12748,7 +12751,8 @@ static int mnistcu__gemm_wide_ok(int ta, int tb, size_t M, size_t N, size_t K, c
     if (ta && tb) return 0;
     if ((ta ? M : K) % 4 || lda % 4 || ((uintptr_t)A & 15)) return 0;
     if ((tb ? K : N) % 4 || ldb % 4 || ((uintptr_t)B & 15)) return 0;
-    return ldc >= N && M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && ldc <= INT_MAX && C != NULL;
+    return ldc >= N && M <= INT_MAX / 2 && N <= INT_MAX / 2 && K <= INT_MAX / 2 && lda <= INT_MAX && ldb <= INT_MAX &&
+           ldc <= INT_MAX && C != NULL;
 }
 
 #ifdef MNISTCU_CUBLAS
@@ -12787,6 +12791,9 @@ static mnistcu_result mnistcu__cuda_gemm_wide(mnistcu_ctx *ctx, int ta, int tb, 
     memset(&p, 0, sizeof p);
     p.M = (int)M, p.N = (int)N, p.K = (int)K, p.lda = (int)lda, p.ldb = (int)ldb, p.ldc = (int)ldc, p.act = act;
     p.A = A, p.B = B, p.bias = bias, p.y = y, p.C = C, p.db = db;
+    if (S > 1 && mtiles * ntiles > MNISTCU__WIDE_FLAGS)
+        return mnistcu__fail(ctx, MNISTCU_ERR_UNSUPPORTED, "split product of %lu tiles: more than its counters",
+                             (unsigned long)(mtiles * ntiles));
     if (S > 1 && ((r = mnistcu__cuda_partials(ctx, S * M * N, &p.part)) || (r = mnistcu__cuda_wide_flags(ctx, &p.flags))))
         return r;
     /* one block a multiprocessor's worth of registers where there is at most a block a multiprocessor

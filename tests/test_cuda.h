@@ -869,73 +869,112 @@ TEST cuda_gemm_kernels_agree_bitwise(void)
 
 /* The wide-tile kernel against the 64x64 one, bit for bit: the same K slices
    (1, 2, 4; the 64x64 kernel's parts added by mnistcu__k_splitk_sum, the wide
-   kernel's by the last slice of each tile to arrive), every transposition it
-   takes, each epilogue (none, bias + activation, act'(y)), the bias gradient's
-   row sums against mnistcu__k_bias_grad, edge tiles in both directions, tiles
-   of more than one row of blocks, and each split product run twice (the
-   arrival counters must be back at zero). */
+   kernel's by the last slice of each tile to arrive, into a buffer of parts of
+   its own, poisoned first), every transposition it takes, each epilogue (none,
+   bias + activation, act'(y)), both register budgets, the bias gradient's row
+   sums against mnistcu__k_bias_grad, edge tiles in both directions, a row
+   stride wider than the output, a width that is not a multiple of 4 (scalar
+   stores and sums), tiles of more than one row of blocks, and each product
+   run twice, its outputs poisoned again and the arrival counters checked back
+   at zero after each. */
+static int tc_wide_flags_zero(const int *dflags)
+{
+    int h[MNISTCU__WIDE_FLAGS], i;
+    if (cudaMemcpy(h, dflags, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
+    for (i = 0; i < MNISTCU__WIDE_FLAGS; ++i)
+        if (h[i] != 0) return 0;
+    return 1;
+}
+
 TEST cuda_gemm_wide_agrees_bitwise(void)
 {
-    static const int dims[][3] = {{256, 512, 784}, {132, 196, 52}, {8, 64, 16}, {388, 68, 100}};
+    /* M, N, K, the output's row stride beyond N */
+    static const int dims[][4] = {{256, 256, 272, 0}, {132, 196, 52, 4}, {8, 64, 16, 0}, {388, 68, 100, 0},
+                                  {136, 70, 260, 3}};
     mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN);
     size_t d;
-    int form, S, fuse, rep, *dflags = NULL;
-    float *dpart = NULL;
+    int form, S, fuse, minb, rep, *dflags = NULL;
+    float *dpart = NULL, *dpart2 = NULL;
     ASSERT(g != NULL);
     ASSERT_EQ(cudaSuccess, cudaMalloc((void **)&dpart, 4 * 388 * 512 * sizeof(float)));
+    ASSERT_EQ(cudaSuccess, cudaMalloc((void **)&dpart2, 4 * 388 * 512 * sizeof(float)));
     ASSERT_EQ(cudaSuccess, cudaMalloc((void **)&dflags, MNISTCU__WIDE_FLAGS * sizeof(int)));
     ASSERT_EQ(cudaSuccess, cudaMemset(dflags, 0, MNISTCU__WIDE_FLAGS * sizeof(int)));
     for (d = 0; d < sizeof dims / sizeof dims[0]; ++d)
         for (form = 0; form < 3; ++form) /* NN, NT, TN */
             for (S = 1; S <= 4; S *= 2)
-                for (fuse = 0; fuse < 3; ++fuse) {
-                    const int ta = form == 2, tb = form == 1, M = dims[d][0], N = dims[d][1], K = dims[d][2];
-                    const int lda = ta ? M : K, ldb = tb ? K : N, act = fuse == 1 ? MNISTCU_ACT_TANH : MNISTCU_ACT_RELU;
-                    const int rowsum = ta && S == 1 && fuse == 0;
-                    tu_rng rng = tu_rng_make((uint64_t)(d * 100 + (size_t)form * 10 + (size_t)S + 7 * (size_t)fuse));
-                    float *A = tu_random_floats(&rng, (size_t)M * K, -1, 1), *B = tu_random_floats(&rng, (size_t)K * N, -1, 1);
-                    float *bias = tu_random_floats(&rng, (size_t)N, -1, 1), *y = tu_random_floats(&rng, (size_t)M * N, -1, 1);
-                    float *dA = tc_up(A, (size_t)M * K), *dB = tc_up(B, (size_t)K * N), *dbias = tc_up(bias, (size_t)N);
-                    float *dy = tc_up(y, (size_t)M * N), *dref = tc_poisoned((size_t)M * N), *dw = tc_poisoned((size_t)M * N);
-                    float *dbr = tc_poisoned((size_t)M), *dbw = tc_poisoned((size_t)M), *href, *hw;
-                    dim3 g64((unsigned)((N + 63) / 64), (unsigned)((M + 63) / 64), (unsigned)S);
-                    dim3 gw((unsigned)((N + 63) / 64), (unsigned)(d == 3 ? 1 : (M + 127) / 128), (unsigned)S);
-                    mnistcu__wargs p;
-                    memset(&p, 0, sizeof p);
-                    p.M = M, p.N = N, p.K = K, p.lda = lda, p.ldb = ldb, p.ldc = N, p.act = act;
-                    p.A = dA, p.B = dB, p.bias = fuse == 1 ? dbias : NULL, p.y = fuse == 2 ? dy : NULL, p.C = dw;
-                    p.part = dpart, p.flags = dflags, p.db = rowsum ? dbw : NULL;
+                for (fuse = 0; fuse < 3; ++fuse)
+                    for (minb = fuse == 0 ? 1 : 2; minb <= 2; ++minb) { /* the fused forms run at two blocks */
+                        const int ta = form == 2, tb = form == 1, M = dims[d][0], N = dims[d][1], K = dims[d][2];
+                        const int ldc = N + dims[d][3], lda = ta ? M : K, ldb = tb ? K : N;
+                        const int act = fuse == 1 ? MNISTCU_ACT_TANH : MNISTCU_ACT_RELU;
+                        const int rowsum = ta && S == 1 && fuse == 0;
+                        const size_t nc = (size_t)M * ldc;
+                        tu_rng rng;
+                        float *A, *B, *bias, *y, *dA, *dB, *dbias, *dy, *dref, *dw, *dbr, *dbw, *href, *hw;
+                        dim3 g64((unsigned)((N + 63) / 64), (unsigned)((M + 63) / 64), (unsigned)S);
+                        dim3 gw((unsigned)((N + 63) / 64), (unsigned)(d == 3 ? 1 : (M + 127) / 128), (unsigned)S);
+                        mnistcu__wargs p;
+                        if (!tb && N % 4) continue; /* B read along N: the kernel asks N % 4 == 0 */
+                        rng = tu_rng_make((uint64_t)(d * 100 + (size_t)form * 10 + (size_t)S + 7 * (size_t)fuse));
+                        A = tu_random_floats(&rng, (size_t)M * K, -1, 1);
+                        B = tu_random_floats(&rng, (size_t)K * N, -1, 1);
+                        bias = tu_random_floats(&rng, (size_t)N, -1, 1);
+                        y = tu_random_floats(&rng, nc, -1, 1);
+                        dA = tc_up(A, (size_t)M * K), dB = tc_up(B, (size_t)K * N), dbias = tc_up(bias, (size_t)N);
+                        dy = tc_up(y, nc), dref = tc_poisoned(nc), dw = NULL;
+                        dbr = tc_poisoned((size_t)M), dbw = NULL;
+                        memset(&p, 0, sizeof p);
+                        p.M = M, p.N = N, p.K = K, p.lda = lda, p.ldb = ldb, p.ldc = ldc, p.act = act;
+                        p.A = dA, p.B = dB, p.bias = fuse == 1 ? dbias : NULL, p.y = fuse == 2 ? dy : NULL;
+                        p.part = dpart2, p.flags = dflags;
 #define TC_REF(TA_, TB_) mnistcu__k_gemm<TA_, TB_, 0><<<g64, 256>>>(M, N, K, dA, lda, dB, ldb, dpart, N, NULL, 0)
-#define TC_WIDE(TA_, TB_, F_) mnistcu__k_gemm_wide<TA_, TB_, F_, 64, 16, 2><<<gw, 256>>>(p)
-                    if (form == 0) TC_REF(0, 0);
-                    else if (form == 1) TC_REF(0, 1);
-                    else TC_REF(1, 0);
-                    mnistcu__k_splitk_sum<<<mnistcu__blocks((size_t)M * N), MNISTCU__THREADS>>>(
-                        dpart, S, M, N, dref, N, fuse == 1 ? dbias : NULL, act, fuse, fuse == 2 ? dy : NULL);
-                    if (rowsum) mnistcu__k_bias_grad<<<(unsigned)((M + 31) / 32), 256>>>(dA, NULL, MNISTCU_ACT_IDENTITY, K, M, dbr);
-                    for (rep = 0; rep < 2; ++rep) {
-                        if (form == 0) { if (fuse == 0) TC_WIDE(0, 0, 0); else if (fuse == 1) TC_WIDE(0, 0, 1); else TC_WIDE(0, 0, 2); }
-                        else if (form == 1) { if (fuse == 0) TC_WIDE(0, 1, 0); else if (fuse == 1) TC_WIDE(0, 1, 1); else TC_WIDE(0, 1, 2); }
-                        else { if (fuse == 0) TC_WIDE(1, 0, 0); else if (fuse == 1) TC_WIDE(1, 0, 1); else TC_WIDE(1, 0, 2); }
-                        ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
-                        href = tc_down(dref, (size_t)M * N);
-                        hw = tc_down(dw, (size_t)M * N);
-                        ASSERT_ARRAY_EQ_BITS_F(href, hw, (size_t)M * N);
-                        free(href); free(hw);
-                        if (rowsum) {
-                            href = tc_down(dbr, (size_t)M);
-                            hw = tc_down(dbw, (size_t)M);
-                            ASSERT_ARRAY_EQ_BITS_F(href, hw, (size_t)M);
+#define TC_WIDE(TA_, TB_, F_)                                                                                 \
+    do {                                                                                                      \
+        if (minb == 2) mnistcu__k_gemm_wide<TA_, TB_, F_, 64, 16, 2><<<gw, 256>>>(p);                         \
+        else mnistcu__k_gemm_wide<TA_, TB_, F_, 64, 16, 1><<<gw, 256>>>(p);                                   \
+    } while (0)
+                        if (form == 0) TC_REF(0, 0);
+                        else if (form == 1) TC_REF(0, 1);
+                        else TC_REF(1, 0);
+                        mnistcu__k_splitk_sum<<<mnistcu__blocks((size_t)M * N), MNISTCU__THREADS>>>(
+                            dpart, S, M, N, dref, ldc, fuse == 1 ? dbias : NULL, act, fuse, fuse == 2 ? dy : NULL);
+                        if (rowsum)
+                            mnistcu__k_bias_grad<<<(unsigned)((M + 31) / 32), 256>>>(dA, NULL, MNISTCU_ACT_IDENTITY, K, M, dbr);
+                        ASSERT_EQ(cudaSuccess, cudaGetLastError());
+                        for (rep = 0; rep < 2; ++rep) {
+                            /* fresh poison: outputs, and parts the wide kernel must write itself */
+                            cudaFree(dw);
+                            cudaFree(dbw);
+                            dw = tc_poisoned(nc);
+                            dbw = tc_poisoned((size_t)M);
+                            p.C = dw, p.db = rowsum ? dbw : NULL;
+                            ASSERT_EQ(cudaSuccess, cudaMemset(dpart2, 0xff, 4 * 388 * 512 * sizeof(float)));
+                            if (form == 0) { if (fuse == 0) TC_WIDE(0, 0, 0); else if (fuse == 1) TC_WIDE(0, 0, 1); else TC_WIDE(0, 0, 2); }
+                            else if (form == 1) { if (fuse == 0) TC_WIDE(0, 1, 0); else if (fuse == 1) TC_WIDE(0, 1, 1); else TC_WIDE(0, 1, 2); }
+                            else { if (fuse == 0) TC_WIDE(1, 0, 0); else if (fuse == 1) TC_WIDE(1, 0, 1); else TC_WIDE(1, 0, 2); }
+                            ASSERT_EQ(cudaSuccess, cudaGetLastError());
+                            ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+                            ASSERTm("split counters not back at zero", tc_wide_flags_zero(dflags));
+                            href = tc_down(dref, nc);
+                            hw = tc_down(dw, nc);
+                            ASSERT_ARRAY_EQ_BITS_F(href, hw, nc); /* the stride's gap stays poisoned on both */
                             free(href); free(hw);
+                            if (rowsum) {
+                                href = tc_down(dbr, (size_t)M);
+                                hw = tc_down(dbw, (size_t)M);
+                                ASSERT_ARRAY_EQ_BITS_F(href, hw, (size_t)M);
+                                free(href); free(hw);
+                            }
                         }
-                    }
 #undef TC_REF
 #undef TC_WIDE
-                    free(A); free(B); free(bias); free(y);
-                    cudaFree(dA); cudaFree(dB); cudaFree(dbias); cudaFree(dy); cudaFree(dref); cudaFree(dw);
-                    cudaFree(dbr); cudaFree(dbw);
-                }
+                        free(A); free(B); free(bias); free(y);
+                        cudaFree(dA); cudaFree(dB); cudaFree(dbias); cudaFree(dy); cudaFree(dref); cudaFree(dw);
+                        cudaFree(dbr); cudaFree(dbw);
+                    }
     cudaFree(dpart);
+    cudaFree(dpart2);
     cudaFree(dflags);
     mnistcu_ctx_destroy(g);
     PASS();
