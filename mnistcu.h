@@ -148,7 +148,9 @@
      warped images (computed in integer fixed point). On the GPU
      convolutions run as im2col + our matrix product, or, for square 3x3 and 5x5
      kernels over at most 16 input channels, as direct kernels; weight gradients
-     are fixed-order sums, never atomics. Dropout draws the same masks on both.
+     are fixed-order sums, never float atomics (where a product is split, an
+     integer ticket only picks which block adds the parts, in their fixed
+     order). Dropout draws the same masks on both.
 
    LIMITS
      At most MNISTCU_MAX_MODEL_LAYERS layers of every kind (MNISTCU_MAX_LAYERS
