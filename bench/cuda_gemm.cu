@@ -179,7 +179,7 @@ static const shape SHAPES[] = {
    kernel adds itself (the last slice of a tile to arrive): v7 128x128 tiles, K-steps of 8, one block a
    multiprocessor's worth of registers (launch bounds 256, 1); v8 the same with K-steps of 16; v9 128x64,
    K-steps of 16, two blocks a multiprocessor */
-#define NVAR 35
+#define NVAR 37
 static const char *VNAME[NVAR] = {"v1 naive", "v2 smem 16x16", "v3 mnistcu 64x64/4x4", "v4 cuBLAS",
                                   "v5 mnistcu 16x16", "v6 128x128/8x8", "v7 w128k8 S1", "v7 w128k8 S2",
                                   "v7 w128k8 S4", "v7 w128k8 S8", "v8 w128k16 S1", "v8 w128k16 S2",
@@ -188,7 +188,8 @@ static const char *VNAME[NVAR] = {"v1 naive", "v2 smem 16x16", "v3 mnistcu 64x64
                                   "v10 ns3 S4", "v10 ns4 S1", "v10 ns4 S2", "v10 ns4 S4",
                                   "v11 t128 S1", "v11 t128 S2", "v11 t128 S4", "v11 t128 S1 b3", "v11 t128 S2 b3",
                                   "v11 t128 S4 b3", "v12 cuBLAS batched S4", "v13 64x64 t128 S1",
-                                  "v13 64x64 t128 S2", "v13 64x64 t128 S4", "v13 64x64 t128 S4 b4"};
+                                  "v13 64x64 t128 S2", "v13 64x64 t128 S4", "v13 64x64 t128 S4 b4",
+                                  "v14 v9 S4 epi1", "v14 v9 S4 epi2"};
 /* v10: the wide-tile kernel's tile and fmaf order (so the same bits as v9), its operands copied
    from global memory into shared memory by cp.async, 16 bytes a copy along each operand's
    contiguous direction, NS stages in flight, so that no K-step waits on its own loads and no
@@ -771,6 +772,26 @@ static void launch(int v, const shape &s, const float *A, int lda, const float *
         else if (sel == 1) k_v6<0, 1><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N);
         else if (sel == 2) k_v6<1, 0><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N);
         else k_v6<1, 1><<<grid, 256>>>(M, N, K, A, lda, B, ldb, C, N);
+    } else if (v >= 35) { /* v9 with the epilogues the header launches: bias + activation (epi1), the
+                             derivative of the activation that made y (epi2); identity here, so that the
+                             outputs are the product and the check holds, the code that of training */
+        const int S = 4;
+        dim3 grid((unsigned)((N + 63) / 64), (unsigned)((M + MNISTCU__WBM - 1) / MNISTCU__WBM), (unsigned)S);
+        mnistcu__wargs p;
+        int sel = s.ta * 2 + s.tb;
+        memset(&p, 0, sizeof p);
+        p.M = M, p.N = N, p.K = K, p.lda = lda, p.ldb = ldb, p.ldc = N, p.A = A, p.B = B, p.C = C;
+        p.part = g_part, p.flags = g_flags, p.act = (int)MNISTCU_ACT_IDENTITY;
+        p.y = v == 36 ? C : NULL;
+#define V14L(TA_, TB_)                                                                                        \
+    do {                                                                                                      \
+        if (v == 35) mnistcu__k_gemm_wide<TA_, TB_, 1, 64, 16, 2><<<grid, 256>>>(p);                          \
+        else mnistcu__k_gemm_wide<TA_, TB_, 2, 64, 16, 2><<<grid, 256>>>(p);                                  \
+    } while (0)
+        if (sel == 0) V14L(0, 0);
+        else if (sel == 1) V14L(0, 1);
+        else V14L(1, 0);
+#undef V14L
     } else if (v >= 31) {
         const int S = v == 34 ? 4 : 1 << (v - 31), four = v == 34;
         dim3 grid((unsigned)((N + 63) / 64), (unsigned)((M + 63) / 64), (unsigned)S);

@@ -903,7 +903,7 @@ TEST cuda_gemm_wide_agrees_bitwise(void)
     for (d = 0; d < sizeof dims / sizeof dims[0]; ++d)
         for (form = 0; form < 3; ++form) /* NN, NT, TN */
             for (S = 1; S <= 4; S *= 2)
-                for (fuse = 0; fuse < 3; ++fuse)
+                for (fuse = 0; fuse < 4; ++fuse) /* 3: bias and ReLU, the kernel made for them */
                     for (minb = fuse == 0 ? 1 : 2; minb <= 2; ++minb) { /* the fused forms run at two blocks */
                         const int ta = form == 2, tb = form == 1, M = dims[d][0], N = dims[d][1], K = dims[d][2];
                         const int ldc = N + dims[d][3], lda = ta ? M : K, ldb = tb ? K : N;
@@ -926,7 +926,7 @@ TEST cuda_gemm_wide_agrees_bitwise(void)
                         dbr = tc_poisoned((size_t)M), dbw = NULL;
                         memset(&p, 0, sizeof p);
                         p.M = M, p.N = N, p.K = K, p.lda = lda, p.ldb = ldb, p.ldc = ldc, p.act = act;
-                        p.A = dA, p.B = dB, p.bias = fuse == 1 ? dbias : NULL, p.y = fuse == 2 ? dy : NULL;
+                        p.A = dA, p.B = dB, p.bias = fuse == 1 || fuse == 3 ? dbias : NULL, p.y = fuse == 2 ? dy : NULL;
                         p.part = dpart2, p.flags = dflags;
 #define TC_REF(TA_, TB_) mnistcu__k_gemm<TA_, TB_, 0><<<g64, 256>>>(M, N, K, dA, lda, dB, ldb, dpart, N, NULL, 0)
 #define TC_WIDE(TA_, TB_, F_)                                                                                 \
@@ -938,7 +938,8 @@ TEST cuda_gemm_wide_agrees_bitwise(void)
                         else if (form == 1) TC_REF(0, 1);
                         else TC_REF(1, 0);
                         mnistcu__k_splitk_sum<<<mnistcu__blocks((size_t)M * N), MNISTCU__THREADS>>>(
-                            dpart, S, M, N, dref, ldc, fuse == 1 ? dbias : NULL, act, fuse, fuse == 2 ? dy : NULL);
+                            dpart, S, M, N, dref, ldc, fuse == 1 || fuse == 3 ? dbias : NULL, act, fuse == 3 ? 1 : fuse,
+                            fuse == 2 ? dy : NULL);
                         if (rowsum)
                             mnistcu__k_bias_grad<<<(unsigned)((M + 31) / 32), 256>>>(dA, NULL, MNISTCU_ACT_IDENTITY, K, M, dbr);
                         ASSERT_EQ(cudaSuccess, cudaGetLastError());
@@ -950,9 +951,9 @@ TEST cuda_gemm_wide_agrees_bitwise(void)
                             dbw = tc_poisoned((size_t)M);
                             p.C = dw, p.db = rowsum ? dbw : NULL;
                             ASSERT_EQ(cudaSuccess, cudaMemset(dpart2, 0xff, 4 * 388 * 512 * sizeof(float)));
-                            if (form == 0) { if (fuse == 0) TC_WIDE(0, 0, 0); else if (fuse == 1) TC_WIDE(0, 0, 1); else TC_WIDE(0, 0, 2); }
-                            else if (form == 1) { if (fuse == 0) TC_WIDE(0, 1, 0); else if (fuse == 1) TC_WIDE(0, 1, 1); else TC_WIDE(0, 1, 2); }
-                            else { if (fuse == 0) TC_WIDE(1, 0, 0); else if (fuse == 1) TC_WIDE(1, 0, 1); else TC_WIDE(1, 0, 2); }
+                            if (form == 0) { if (fuse == 0) TC_WIDE(0, 0, 0); else if (fuse == 1) TC_WIDE(0, 0, 1); else if (fuse == 2) TC_WIDE(0, 0, 2); else TC_WIDE(0, 0, 3); }
+                            else if (form == 1) { if (fuse == 0) TC_WIDE(0, 1, 0); else if (fuse == 1) TC_WIDE(0, 1, 1); else if (fuse == 2) TC_WIDE(0, 1, 2); else TC_WIDE(0, 1, 3); }
+                            else { if (fuse == 0) TC_WIDE(1, 0, 0); else if (fuse == 1) TC_WIDE(1, 0, 1); else if (fuse == 2) TC_WIDE(1, 0, 2); else TC_WIDE(1, 0, 3); }
                             ASSERT_EQ(cudaSuccess, cudaGetLastError());
                             ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
                             ASSERTm("split counters not back at zero", tc_wide_flags_zero(dflags));
