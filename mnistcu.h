@@ -3451,6 +3451,19 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_sample(const mnistcu_dataset *ds, siz
    of C in registers. Each element of C sums over k in increasing order. */
 #define MNISTCU__MR 6
 #define MNISTCU__NR 16
+/* A wider tile where AVX-512 gives 32 vector registers: 6 x 32 accumulators
+   (12 zmm, or 24 of the 32 ymm) against 6 x 16 in 12 of AVX2's 16 ymm. Taken
+   for products at least MNISTCU__NRW_MIN wide and deep (mnistcu__gemm_nr): on
+   a 2-core AVX-512 machine, P7 (784-128-10) took 0.8x the time with it, while
+   LeNet-5's narrow, shallow convolution products ran slower (bench/RESULTS.md). */
+#if defined(__AVX512F__)
+#define MNISTCU__NRW 32
+#else
+#define MNISTCU__NRW MNISTCU__NR
+#endif
+#ifndef MNISTCU__NRW_MIN
+#define MNISTCU__NRW_MIN 64
+#endif
 /* Fused multiply-add where the target has it. Strict ISO modes (-std=c99) do not
    contract a*b+c, which halves the micro-kernel's speed; fmaf with FMA hardware
    compiles to the vector instruction. */
@@ -3475,43 +3488,56 @@ static mnistcu_result mnistcu__cpu_reserve(mnistcu_ctx *ctx)
     return MNISTCU_OK;
 }
 
-/* C tile (mr x nr valid of MR x NR) = (accumulate ? C : 0) + sum_k a[k][:] * b[k][:].
+/* C tile (mr x nr valid of MR x NR_) = (accumulate ? C : 0) + sum_k a[k][:] * b[k][:].
    One accumulator array per row, the row loop written out: this is the form
    that GCC and Clang both keep in vector registers (a single 2-D array runs
-   50x slower under GCC; see bench/cpu_microkernel.c). */
-static void mnistcu__micro_kernel(size_t kc, const float *MNISTCU__RESTRICT a, const float *MNISTCU__RESTRICT b,
-                                  float *MNISTCU__RESTRICT c, size_t ldc, int mr, int nr, int accumulate)
-{
-    float c0[MNISTCU__NR], c1[MNISTCU__NR], c2[MNISTCU__NR], c3[MNISTCU__NR], c4[MNISTCU__NR], c5[MNISTCU__NR];
-    float *rows[MNISTCU__MR];
-    size_t k;
-    int i, j;
-    rows[0] = c0; rows[1] = c1; rows[2] = c2; rows[3] = c3; rows[4] = c4; rows[5] = c5;
-    if (mr == MNISTCU__MR && nr == MNISTCU__NR) /* a whole tile: constant bounds, vector loads */
-        for (i = 0; i < MNISTCU__MR; ++i)
-            for (j = 0; j < MNISTCU__NR; ++j) rows[i][j] = accumulate ? c[i * ldc + j] : 0.0f;
-    else
-        for (i = 0; i < MNISTCU__MR; ++i)
-            for (j = 0; j < MNISTCU__NR; ++j) rows[i][j] = (accumulate && i < mr && j < nr) ? c[i * ldc + j] : 0.0f;
-    for (k = 0; k < kc; ++k) {
-        const float *ak = a + k * MNISTCU__MR, *bk = b + k * MNISTCU__NR;
-        float a0 = ak[0], a1 = ak[1], a2 = ak[2], a3 = ak[3], a4 = ak[4], a5 = ak[5];
-        for (j = 0; j < MNISTCU__NR; ++j) {
-            float bj = bk[j];
-            c0[j] = MNISTCU__FMA(a0, bj, c0[j]);
-            c1[j] = MNISTCU__FMA(a1, bj, c1[j]);
-            c2[j] = MNISTCU__FMA(a2, bj, c2[j]);
-            c3[j] = MNISTCU__FMA(a3, bj, c3[j]);
-            c4[j] = MNISTCU__FMA(a4, bj, c4[j]);
-            c5[j] = MNISTCU__FMA(a5, bj, c5[j]);
-        }
+   50x slower under GCC; see bench/cpu_microkernel.c). Written once for both
+   tile widths, each a function with constant bounds. */
+#define MNISTCU__MICRO_KERNEL(NAME, NR_)                                                                          \
+    static void NAME(size_t kc, const float *MNISTCU__RESTRICT a, const float *MNISTCU__RESTRICT b,                \
+                     float *MNISTCU__RESTRICT c, size_t ldc, int mr, int nr, int accumulate)                        \
+    {                                                                                                             \
+        float c0[NR_], c1[NR_], c2[NR_], c3[NR_], c4[NR_], c5[NR_];                                               \
+        float *rows[MNISTCU__MR];                                                                                 \
+        size_t k;                                                                                                 \
+        int i, j;                                                                                                 \
+        rows[0] = c0; rows[1] = c1; rows[2] = c2; rows[3] = c3; rows[4] = c4; rows[5] = c5;                       \
+        if (mr == MNISTCU__MR && nr == NR_) /* a whole tile: constant bounds, vector loads */                    \
+            for (i = 0; i < MNISTCU__MR; ++i)                                                                     \
+                for (j = 0; j < NR_; ++j) rows[i][j] = accumulate ? c[i * ldc + j] : 0.0f;                        \
+        else                                                                                                      \
+            for (i = 0; i < MNISTCU__MR; ++i)                                                                     \
+                for (j = 0; j < NR_; ++j) rows[i][j] = (accumulate && i < mr && j < nr) ? c[i * ldc + j] : 0.0f;  \
+        for (k = 0; k < kc; ++k) {                                                                                \
+            const float *ak = a + k * MNISTCU__MR, *bk = b + k * NR_;                                             \
+            float a0 = ak[0], a1 = ak[1], a2 = ak[2], a3 = ak[3], a4 = ak[4], a5 = ak[5];                         \
+            for (j = 0; j < NR_; ++j) {                                                                           \
+                float bj = bk[j];                                                                                 \
+                c0[j] = MNISTCU__FMA(a0, bj, c0[j]);                                                              \
+                c1[j] = MNISTCU__FMA(a1, bj, c1[j]);                                                              \
+                c2[j] = MNISTCU__FMA(a2, bj, c2[j]);                                                              \
+                c3[j] = MNISTCU__FMA(a3, bj, c3[j]);                                                              \
+                c4[j] = MNISTCU__FMA(a4, bj, c4[j]);                                                              \
+                c5[j] = MNISTCU__FMA(a5, bj, c5[j]);                                                              \
+            }                                                                                                     \
+        }                                                                                                         \
+        if (mr == MNISTCU__MR && nr == NR_)                                                                       \
+            for (i = 0; i < MNISTCU__MR; ++i)                                                                     \
+                for (j = 0; j < NR_; ++j) c[i * ldc + j] = rows[i][j];                                            \
+        else                                                                                                      \
+            for (i = 0; i < mr; ++i)                                                                              \
+                for (j = 0; j < nr; ++j) c[i * ldc + j] = rows[i][j];                                             \
     }
-    if (mr == MNISTCU__MR && nr == MNISTCU__NR)
-        for (i = 0; i < MNISTCU__MR; ++i)
-            for (j = 0; j < MNISTCU__NR; ++j) c[i * ldc + j] = rows[i][j];
-    else
-        for (i = 0; i < mr; ++i)
-            for (j = 0; j < nr; ++j) c[i * ldc + j] = rows[i][j];
+MNISTCU__MICRO_KERNEL(mnistcu__micro_kernel, MNISTCU__NR)
+#if MNISTCU__NRW != MNISTCU__NR
+MNISTCU__MICRO_KERNEL(mnistcu__micro_kernel_w, MNISTCU__NRW)
+#endif
+
+/* The tile width for an M x N x K product (each output's chain over k is the
+   same either way: the width changes no result). */
+static size_t mnistcu__gemm_nr(size_t N, size_t K)
+{
+    return MNISTCU__NRW != MNISTCU__NR && N >= MNISTCU__NRW_MIN && K >= MNISTCU__NRW_MIN ? MNISTCU__NRW : MNISTCU__NR;
 }
 
 /* op(A)[i][k] for i in [i0, i0+mc), k in [k0, k0+kc) -> MR-row micro-panels, zero-padded.
@@ -3535,39 +3561,45 @@ static void mnistcu__pack_a(int trans, const float *A, size_t lda, size_t i0, si
     }
 }
 
-/* op(B)[k][j] for k in [k0, k0+kc), j in [j0, j0+nc) -> NR-column micro-panels, zero-padded. */
-static void mnistcu__pack_b(int trans, const float *B, size_t ldb, size_t k0, size_t kc, size_t j0, size_t nc,
-                            float *dst, size_t panel)
-{
-    size_t j, k, jb = panel * MNISTCU__NR, valid = nc > jb ? MNISTCU__MIN((size_t)MNISTCU__NR, nc - jb) : 0;
-    float *p = dst + panel * MNISTCU__NR * kc;
-    if (!trans) {
-        for (k = 0; k < kc; ++k) {
-            const float *src = B + (k0 + k) * ldb + j0 + jb;
-            float *row = p + k * MNISTCU__NR;
-            if (valid == MNISTCU__NR) { /* a whole row: a constant-length copy */
-                for (j = 0; j < MNISTCU__NR; ++j) row[j] = src[j];
-                continue;
-            }
-            for (j = 0; j < valid; ++j) row[j] = src[j];
-            for (; j < MNISTCU__NR; ++j) row[j] = 0.0f;
-        }
-    } else if (valid == MNISTCU__NR) { /* a transpose: each packed row gathers one k of 16 rows of B */
-        const float *src = B + (j0 + jb) * ldb + k0;
-        for (k = 0; k < kc; ++k) {
-            float *row = p + k * MNISTCU__NR;
-            for (j = 0; j < MNISTCU__NR; ++j) row[j] = src[j * ldb + k];
-        }
-    } else {
-        for (j = 0; j < MNISTCU__NR; ++j) {
-            const float *src = B + (j0 + jb + j) * ldb + k0;
-            if (j < valid)
-                for (k = 0; k < kc; ++k) p[k * MNISTCU__NR + j] = src[k];
-            else
-                for (k = 0; k < kc; ++k) p[k * MNISTCU__NR + j] = 0.0f;
-        }
+/* op(B)[k][j] for k in [k0, k0+kc), j in [j0, j0+nc) -> NR_-column micro-panels,
+   zero-padded; one function for each tile width, as the micro-kernel. */
+#define MNISTCU__PACK_B(NAME, NR_)                                                                                \
+    static void NAME(int trans, const float *B, size_t ldb, size_t k0, size_t kc, size_t j0, size_t nc,          \
+                     float *dst, size_t panel)                                                                    \
+    {                                                                                                             \
+        size_t j, k, jb = panel * NR_, valid = nc > jb ? MNISTCU__MIN((size_t)NR_, nc - jb) : 0;                 \
+        float *p = dst + panel * NR_ * kc;                                                                        \
+        if (!trans) {                                                                                             \
+            for (k = 0; k < kc; ++k) {                                                                            \
+                const float *src = B + (k0 + k) * ldb + j0 + jb;                                                  \
+                float *row = p + k * NR_;                                                                         \
+                if (valid == NR_) { /* a whole row: a constant-length copy */                                     \
+                    for (j = 0; j < NR_; ++j) row[j] = src[j];                                                    \
+                    continue;                                                                                     \
+                }                                                                                                 \
+                for (j = 0; j < valid; ++j) row[j] = src[j];                                                      \
+                for (; j < NR_; ++j) row[j] = 0.0f;                                                               \
+            }                                                                                                     \
+        } else if (valid == NR_) { /* a transpose: each packed row gathers one k of NR_ rows of B */             \
+            const float *src = B + (j0 + jb) * ldb + k0;                                                          \
+            for (k = 0; k < kc; ++k) {                                                                            \
+                float *row = p + k * NR_;                                                                         \
+                for (j = 0; j < NR_; ++j) row[j] = src[j * ldb + k];                                              \
+            }                                                                                                     \
+        } else {                                                                                                  \
+            for (j = 0; j < NR_; ++j) {                                                                           \
+                const float *src = B + (j0 + jb + j) * ldb + k0;                                                  \
+                if (j < valid)                                                                                    \
+                    for (k = 0; k < kc; ++k) p[k * NR_ + j] = src[k];                                             \
+                else                                                                                              \
+                    for (k = 0; k < kc; ++k) p[k * NR_ + j] = 0.0f;                                               \
+            }                                                                                                     \
+        }                                                                                                         \
     }
-}
+MNISTCU__PACK_B(mnistcu__pack_b, MNISTCU__NR)
+#if MNISTCU__NRW != MNISTCU__NR
+MNISTCU__PACK_B(mnistcu__pack_b_w, MNISTCU__NRW)
+#endif
 
 /* Which of the two sets of packing buffers a product on this thread uses. */
 static size_t mnistcu__work_set(void)
@@ -3602,6 +3634,7 @@ static void mnistcu__cpu_gemm_acc(mnistcu_ctx *ctx, int ta, int tb, size_t M, si
        slice. */
     int threads = (double)M * (double)N * (double)K < 1.0e6 ? 1 : ctx->threads;
 #endif
+    const size_t nr = mnistcu__gemm_nr(N, K);
     if (K == 0) {
         size_t i;
         if (!accumulate)
@@ -3617,14 +3650,22 @@ static void mnistcu__cpu_gemm_acc(mnistcu_ctx *ctx, int ta, int tb, size_t M, si
     {
         size_t jc, pc, ic;
         for (jc = 0; jc < N; jc += MNISTCU__NC) {
-            size_t nc = MNISTCU__MIN((size_t)MNISTCU__NC, N - jc), npanels = (nc + MNISTCU__NR - 1) / MNISTCU__NR;
+            size_t nc = MNISTCU__MIN((size_t)MNISTCU__NC, N - jc), npanels = (nc + nr - 1) / nr;
             for (pc = 0; pc < K; pc += kc_max) {
                 size_t kc = MNISTCU__MIN(kc_max, K - pc);
                 long jp;
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-                for (jp = 0; jp < (long)npanels; ++jp) mnistcu__pack_b(tb, B, ldb, pc, kc, jc, nc, bp, (size_t)jp);
+                for (jp = 0; jp < (long)npanels; ++jp) {
+#if MNISTCU__NRW != MNISTCU__NR
+                    if (nr == MNISTCU__NRW) {
+                        mnistcu__pack_b_w(tb, B, ldb, pc, kc, jc, nc, bp, (size_t)jp);
+                        continue;
+                    }
+#endif
+                    mnistcu__pack_b(tb, B, ldb, pc, kc, jc, nc, bp, (size_t)jp);
+                }
                 for (ic = 0; ic < M; ic += MNISTCU__MC) {
                     size_t mc = MNISTCU__MIN((size_t)MNISTCU__MC, M - ic), mpanels = (mc + MNISTCU__MR - 1) / MNISTCU__MR;
                     long ip, t;
@@ -3639,11 +3680,17 @@ static void mnistcu__cpu_gemm_acc(mnistcu_ctx *ctx, int ta, int tb, size_t M, si
                         /* column-panel major: a thread works on the panels of op(B) it packed
                            itself (the same static split), the larger operand staying in its cache */
                         size_t jpn = (size_t)t / mpanels, ipn = (size_t)t % mpanels;
-                        size_t i0 = ipn * MNISTCU__MR, j0 = jpn * MNISTCU__NR;
-                        mnistcu__micro_kernel(kc, ap + ipn * MNISTCU__MR * kc, bp + jpn * MNISTCU__NR * kc,
-                                              C + (ic + i0) * ldc + jc + j0, ldc,
-                                              (int)MNISTCU__MIN((size_t)MNISTCU__MR, mc - i0),
-                                              (int)MNISTCU__MIN((size_t)MNISTCU__NR, nc - j0), accumulate || pc > 0);
+                        size_t i0 = ipn * MNISTCU__MR, j0 = jpn * nr;
+                        const float *at = ap + ipn * MNISTCU__MR * kc, *bt = bp + jpn * nr * kc;
+                        float *ct = C + (ic + i0) * ldc + jc + j0;
+                        const int mr = (int)MNISTCU__MIN((size_t)MNISTCU__MR, mc - i0), nv = (int)MNISTCU__MIN(nr, nc - j0);
+#if MNISTCU__NRW != MNISTCU__NR
+                        if (nr == MNISTCU__NRW) {
+                            mnistcu__micro_kernel_w(kc, at, bt, ct, ldc, mr, nv, accumulate || pc > 0);
+                            continue;
+                        }
+#endif
+                        mnistcu__micro_kernel(kc, at, bt, ct, ldc, mr, nv, accumulate || pc > 0);
                     }
                 }
             }

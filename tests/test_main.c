@@ -61,7 +61,8 @@ static int check_gemm(mnistcu_ctx *ctx, const gemm_case *c, tu_rng *rng, char *m
 
 TEST cpu_gemm_matches_reference(void)
 {
-    /* Shapes on and off every block size: MR 6, NR 16, KC 256, MC 144, NC 1024. */
+    /* Shapes on and off every block size: MR 6, NR 16 (32 where AVX-512 is compiled in and N, K >= 64), KC 256,
+       MC 144, NC 1024. */
     static const size_t sizes[] = {1, 5, 6, 7, 16, 17, 33, 145, 257};
     static const size_t big[][3] = {{64, 128, 784}, {128, 784, 64}, {300, 1030, 300}, {1, 1025, 513}};
     mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_CPU, 0);
@@ -105,6 +106,33 @@ TEST cpu_gemm_same_bits_for_any_thread_count(void)
     free(A); free(B); free(C1); free(C2); free(C3);
     mnistcu_ctx_destroy(c1); mnistcu_ctx_destroy(c2); mnistcu_ctx_destroy(c3);
     ASSERTm("1, 2 and 3 threads must give bitwise-identical products", same);
+    PASS();
+}
+
+/* A product wide and deep enough for the 32-wide tile (where AVX-512 is compiled
+   in, mnistcu__gemm_nr) against the same outputs computed 50 columns at a time,
+   which take the 16-wide tile: the same chains, so the same bits. */
+TEST cpu_gemm_tile_width_changes_no_bit(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_CPU, 2);
+    tu_rng rng = tu_rng_make(7);
+    const size_t M = 70, N = 300, K = 600;
+    float *A = tu_random_floats(&rng, M * K, -1, 1), *B = tu_random_floats(&rng, K * N, -1, 1);
+    float *C1 = (float *)malloc(M * N * 4), *C2 = (float *)malloc(M * N * 4);
+    int tb, same = 1;
+    size_t j0;
+    mnistcu__cpu_reserve(ctx);
+    ASSERT_EQ(MNISTCU__NR, (int)mnistcu__gemm_nr(50, K)); /* the narrow pieces really are narrow */
+    for (tb = 0; tb < 2; ++tb) {
+        const size_t ldb = tb ? K : N;
+        mnistcu__cpu_gemm(ctx, 0, tb, M, N, K, A, K, B, ldb, C1, N);
+        for (j0 = 0; j0 < N; j0 += 50)
+            mnistcu__cpu_gemm(ctx, 0, tb, M, 50, K, A, K, tb ? B + j0 * ldb : B + j0, ldb, C2 + j0, N);
+        same = same && memcmp(C1, C2, M * N * 4) == 0;
+    }
+    free(A); free(B); free(C1); free(C2);
+    mnistcu_ctx_destroy(ctx);
+    ASSERTm("the 16- and 32-wide tiles must give the same bits", same);
     PASS();
 }
 
@@ -257,6 +285,7 @@ SUITE(cpu_ops_suite)
     RUN_TEST(plateau_matches_pytorch);
     RUN_TEST(cpu_gemm_matches_reference);
     RUN_TEST(cpu_gemm_same_bits_for_any_thread_count);
+    RUN_TEST(cpu_gemm_tile_width_changes_no_bit);
     RUN_TEST(rng_is_reproducible_and_streams_differ);
     RUN_TEST(rng_float_and_below_ranges);
     RUN_TEST(shuffle_is_a_permutation);
