@@ -3454,8 +3454,9 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_sample(const mnistcu_dataset *ds, siz
 /* A wider tile where AVX-512 gives 32 vector registers: 6 x 32 accumulators
    (12 zmm, or 24 of the 32 ymm) against 6 x 16 in 12 of AVX2's 16 ymm. Taken
    for products at least MNISTCU__NRW_MIN wide and deep (mnistcu__gemm_nr): on
-   a 2-core AVX-512 machine, P7 (784-128-10) took 0.8x the time with it, while
-   LeNet-5's narrow, shallow convolution products ran slower (bench/RESULTS.md). */
+   a 2-core AVX-512 machine, P7 (784-128-10) took 0.8-0.9x the time with it,
+   while LeNet-5's narrow, shallow convolution products ran slower on it and
+   keep the 16-wide tile (bench/RESULTS.md). */
 #if defined(__AVX512F__)
 #define MNISTCU__NRW 32
 #else
