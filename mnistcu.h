@@ -877,6 +877,10 @@ typedef struct mnistcu_train_desc {
                                             gradients but the weights' in one kernel (see >>cuda_head; the
                                             same bits with the own products, within rounding with cuBLAS's);
                                             1: step by step */
+    int no_fused_update;                 /* 0: on the GPU with the own products, SGD without l2 or
+                                            clipping, a dense layer's optimizer step is taken in its weight
+                                            gradient's product (see >>cuda_update; the same bits, one pass
+                                            over the weights fewer); 1: in the optimizer's pass */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -895,6 +899,8 @@ typedef struct mnistcu_train_result {
     size_t fused_steps;          /* of steps, those the fused MLP kernel ran (see no_fused) */
     size_t graph_steps;          /* of steps, those replayed from a captured CUDA graph (see no_graph) */
     size_t head_steps;           /* of steps, those whose last layer and loss ran in the head (see no_head) */
+    size_t fused_update_steps;   /* of steps, those whose optimizer step was taken, in part, in the weight
+                                    gradients' products (see no_fused_update) */
 } mnistcu_train_result;
 
 typedef struct mnistcu_metrics {
@@ -3999,16 +4005,23 @@ static MNISTCU__HD void mnistcu__opt_adagrad(const mnistcu__opt *o, size_t i, fl
     w[i] = p + (-o->clr) * g / denom;
 }
 
-static MNISTCU__HD void mnistcu__opt_sgd(const mnistcu__opt *o, size_t i, float *w, float g, float *s)
+/* SGD's step of a parameter p with gradient g and, with momentum, its buffer
+   *v: the new p (a value form, for kernels that load and store p themselves). */
+static MNISTCU__HD float mnistcu__sgd_step(const mnistcu__opt *o, float p, float g, float *v)
 {
-    float p = w[i], d = g, *v;
+    float d = g;
     if (o->wd != 0.0f) d = d + o->wd * p;
     if (o->has_momentum) {
-        v = &s[i];
         *v = o->first ? d : *v * o->mu + o->cdamp * d;
         d = o->nesterov ? d + o->mu * *v : *v;
     }
-    w[i] = p - o->lr * d;
+    return p - o->lr * d;
+}
+
+static MNISTCU__HD void mnistcu__opt_sgd(const mnistcu__opt *o, size_t i, float *w, float g, float *s)
+{
+    if (o->has_momentum) w[i] = mnistcu__sgd_step(o, w[i], g, &s[i]);
+    else w[i] = mnistcu__sgd_step(o, w[i], g, NULL); /* apart: the CPU's loop then vectorises as before */
 }
 
 #ifdef __CUDACC__ /* the kernels' form; the CPU chooses per step (below) */
@@ -4148,8 +4161,10 @@ typedef struct mnistcu__step_graph {
     int warm;             /* a step of this size ran launched since the graphs were reset: buffers grown */
     int nodes;            /* kernels and copies in it */
     int head_off;         /* the model's head_off when it was captured (the head is in the graph or not) */
+    int upd_off;          /* ... and its upd_off */
     int scratch_layer, batch_targets; /* the model's host state as the captured step left it, */
     size_t scratch_batch;             /* set again at each replay (mnistcu__step_host_effects) */
+    int upd;                          /* the step took optimizer steps in its products (counted) */
 } mnistcu__step_graph;
 
 /* A model's GPU state beyond the arenas and workspace kept in mnistcu_model. */
@@ -4269,9 +4284,21 @@ static unsigned mnistcu__blocks(size_t n)
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                          const float *bias, int act);
+/* A weight gradient's optimizer step in its product's epilogue (>>cuda_update):
+   the layer's parameters and their state (w and s for the weights, bw and bs
+   for the bias), the step's scalars (opt, or dyn's in a replayed graph). */
+typedef struct mnistcu__wupd {
+    float *w, *s, *bw, *bs;
+    const struct mnistcu__dyn *dyn;
+    mnistcu__opt opt;
+} mnistcu__wupd;
+static int mnistcu__cuda_gemm_x_takes(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
+                                      size_t lda, const float *B, size_t ldb, const float *C, size_t ldc,
+                                      const float *db, int upd);
 static mnistcu_result mnistcu__cuda_gemm_x(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
                                            const float *A, size_t lda, const float *B, size_t ldb, float *C,
-                                           size_t ldc, int act, const float *y, float *db, int *done);
+                                           size_t ldc, int act, const float *y, float *db,
+                                           const mnistcu__wupd *upd, int *done);
 #ifdef MNISTCU_CUBLAS
 static mnistcu_result mnistcu__cuda_dx_act(mnistcu_ctx *ctx, size_t M, size_t N, size_t K, const float *A,
                                            const float *B, float *C, const float *y, int act, int *done);
@@ -4419,6 +4446,8 @@ typedef struct mnistcu__layer {
     int trained;               /* the last forward ran in TRAIN mode (batch norm, dropout) */
     int dy_done;               /* dense, CUDA: this step's output gradient has act' applied already (the head) */
     int db_done;               /* dense, CUDA: this step's bias gradient is computed already (the head) */
+    int upd_done;              /* dense, CUDA: this step's optimizer step of the weights (2: and of the bias) was
+                                  taken in the weight gradient's product (>>cuda_update) */
     uint64_t step;             /* dropout: the step its last mask was drawn for */
     float *in, *out;           /* workspace: x [B][in_size], y [B][out_size] */
     float *aux;                /* maxpool: argmax [B][out_size] (int32); batch norm: mean [C], invstd [C] */
@@ -4451,6 +4480,12 @@ struct mnistcu_model {
     mnistcu_mode mode;
     int head_off;            /* mnistcu_train_desc.no_head of the training running */
     int head_step;           /* 1 while a head step's backward pass runs (>>cuda_head) */
+    int upd_off;             /* mnistcu_train_desc.no_fused_update of the training running */
+    int upd_on;              /* 1 while a training step's backward pass may take the optimizer's step in the
+                                weight gradients' products (mnistcu__update_plan): upd_opt holds its scalars */
+    mnistcu__opt upd_opt;
+    uint64_t upd_steps;      /* steps whose optimizer step was taken, in part, in the products; */
+    int upd_last;            /* ... and whether the last one launched was (the graph captured from it is) */
     /* The arenas, on the model's device: one allocation each. */
     float *params;        /* [num_params] */
     float *grads;         /* [num_params] */
@@ -4864,23 +4899,48 @@ static mnistcu_result mnistcu__dense_cuda_forward(mnistcu_model *m, mnistcu__lay
                               L->nb ? m->params + L->bo : NULL, (int)L->act);
 }
 
+/* A dense layer's weight gradient from dy (act' applied): with its bias gradient db, or the optimizer's
+   step u, in one wide-tile product (the caller checked that it takes them), else the plain product. */
+static mnistcu_result mnistcu__dense_cuda_dw(mnistcu_model *m, mnistcu__layer *L, size_t B, const float *dy, float *db,
+                                             const mnistcu__wupd *u)
+{
+    size_t in = (size_t)L->c, out = (size_t)L->oc;
+    float *dw = m->grads + L->wo;
+    mnistcu_result r;
+    int done = 0;
+    if (!db && !u) return mnistcu__cuda_gemm(m->ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, NULL, 0);
+    if ((r = mnistcu__cuda_gemm_x(m->ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, 0, NULL, db, u, &done))) return r;
+    if (!done) return mnistcu__fail(m->ctx, MNISTCU_ERR_INVALID_ARGUMENT, "dense weight gradient: not taken");
+    if (u) L->upd_done = db ? 2 : 1;
+    return MNISTCU_OK;
+}
+
 static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
 {
     mnistcu_ctx *ctx = m->ctx;
     cudaStream_t st = mnistcu__cuda_stream(ctx);
     size_t in = (size_t)L->c, out = (size_t)L->oc;
     const int act = L->dy_done ? (int)MNISTCU_ACT_IDENTITY : (int)L->act; /* the head may have applied it */
-    float *db = L->nb && !L->db_done ? m->grads + L->bo : NULL;
+    float *db = L->nb && !L->db_done ? m->grads + L->bo : NULL, *dw = m->grads + L->wo;
     /* in a head step, the dense layer before may have its act' applied in this input gradient's product */
     mnistcu__layer *P = dx && m->head_step ? mnistcu__layer_before(m, (int)(L - m->layers)) : NULL;
+    /* dy as it is and a bias: the weight and bias gradients in one product, where the wide-tile kernel takes it */
+    const int dw_db = act == MNISTCU_ACT_IDENTITY && db &&
+                      mnistcu__cuda_gemm_x_takes(ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, db, m->upd_on);
+    mnistcu__wupd upd, *u = NULL;
     mnistcu_result r;
     int done = 0;
     if (P && (P->d.kind != MNISTCU_LAYER_DENSE || P->act == MNISTCU_ACT_IDENTITY || P->out != L->in)) P = NULL;
-    /* dy as it is and a bias: the weight and bias gradients in one product, where the wide-tile kernel takes it */
-    if (act == MNISTCU_ACT_IDENTITY && db &&
-        (r = mnistcu__cuda_gemm_x(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, 0, NULL, db, &done)))
-        return r;
-    if (!done) {
+    if (m->upd_on && (dw_db || mnistcu__cuda_gemm_x_takes(ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, NULL, 1))) {
+        /* the optimizer's step in the weight gradient's product, which then comes after every read of the
+           weights (the input gradient's product) */
+        u = &upd;
+        upd.w = m->params + L->wo, upd.bw = m->params + L->bo;
+        upd.s = m->state ? m->state + L->wo : NULL, upd.bs = m->state ? m->state + L->bo : NULL;
+        upd.dyn = mnistcu__cuda_dyn(m);
+        upd.opt = m->upd_opt;
+    }
+    if (!dw_db) {
         /* dy *= act'(y), and the bias gradient: one kernel up to a batch of MNISTCU__BG_ROWS (one pass);
            above, where the activation's loads would stall each pass, the elementwise kernel first */
         if (act != MNISTCU_ACT_IDENTITY && B > MNISTCU__BG_ROWS) {
@@ -4892,23 +4952,22 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
                 dy, L->out, B <= MNISTCU__BG_ROWS ? act : (int)MNISTCU_ACT_IDENTITY, (int)B, (int)out, db);
             MNISTCU__LAUNCHED(ctx, "bias_grad");
         }
-        if ((r = mnistcu__cuda_gemm(ctx, 1, 0, out, in, B, dy, out, L->in, in, m->grads + L->wo, in, NULL, 0)))
-            return r;
     }
-    done = 0;
+    /* the weight gradient first where it takes no optimizer's step, as before (P3 with our products: 29.9 ms
+       an epoch in this order, 30.3-30.4 with the input gradient first, bench/RESULTS.md) */
+    if (!u && (r = mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, NULL))) return r;
+    /* the input gradient, from dy with act' applied */
     if (P && (r = mnistcu__cuda_gemm_x(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, (int)P->act,
-                                       L->in, NULL, &done)))
+                                       L->in, NULL, NULL, &done)))
         return r;
 #ifdef MNISTCU_CUBLAS
     if (P && !done && (r = mnistcu__cuda_dx_act(ctx, B, in, out, dy, m->params + L->wo, dx, L->in, (int)P->act, &done)))
         return r;
 #endif
-    if (done) {
-        P->dy_done = 1;
-        return MNISTCU_OK;
-    }
-    if (dx) return mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
-    return MNISTCU_OK;
+    if (done) P->dy_done = 1;
+    else if (dx && (r = mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0)))
+        return r;
+    return u ? mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, u) : MNISTCU_OK;
 }
 #endif
 
@@ -8310,10 +8369,29 @@ static void mnistcu__opt_make(const mnistcu_optim_desc *o, uint64_t step, size_t
     k->n = n;
 }
 
+/* A training step's optimizer step, taken where it can be in the weight
+   gradients' products (>>cuda_update): on the GPU, for SGD without l2 or
+   clipping (each parameter's step then needs its own gradient only), unless
+   mnistcu_train_desc.no_fused_update. Makes the state and this step's scalars
+   before the backward pass that uses them; mnistcu__update steps the rest. */
+static mnistcu_result mnistcu__update_plan(mnistcu_model *m, const mnistcu_optim_desc *o)
+{
+    mnistcu_result r;
+    m->upd_on = 0;
+    if (m->device != MNISTCU_DEVICE_CUDA || m->upd_off || o->kind != MNISTCU_OPTIM_SGD || o->l2 != 0.0f ||
+        o->clip_norm != 0.0f)
+        return MNISTCU_OK;
+    if ((r = mnistcu__opt_state(m, o))) return r;
+    mnistcu__opt_make(o, m->state_steps + 1, m->num_params, &m->upd_opt); /* as mnistcu__update will */
+    m->upd_on = 1;
+    return MNISTCU_OK;
+}
+
 static mnistcu_result mnistcu__update(mnistcu_model *m, const mnistcu_optim_desc *o)
 {
     mnistcu__opt k;
     mnistcu_result r;
+    m->upd_on = 0;
     if ((r = mnistcu__opt_state(m, o))) return r;
     m->steps++;
     m->state_steps++;
@@ -10846,19 +10924,16 @@ static mnistcu_result mnistcu__fused_chunk(mnistcu_model *m, const mnistcu_datas
 }
 #endif
 
-/* One step of b samples at position step of the epoch, its kernels launched one by one. */
-static mnistcu_result mnistcu__train_step(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t B,
-                                          size_t b, size_t step, const mnistcu__aug *aug, mnistcu__stats *st,
-                                          const mnistcu_optim_desc *o)
+/* A training step up to the optimizer's: the batch, the forward pass, the loss, the gradients. */
+static mnistcu_result mnistcu__train_grads(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t B,
+                                           size_t b, size_t step, const mnistcu__aug *aug, mnistcu__stats *st)
 {
     mnistcu_result r;
 #ifdef __CUDACC__
     int head = m->device == MNISTCU_DEVICE_CUDA ? mnistcu__cuda_head_layer(m) : -1;
     if (head >= 0) { /* the last layer, the loss and the statistics in one kernel (>>cuda_head) */
-        if ((r = mnistcu__gather(m, ds, idx, step * B, b, aug)) || (r = mnistcu__cuda_head_step(m, head, b, step)) ||
-            (r = mnistcu__update(m, o)))
-            return r;
-        return MNISTCU_OK;
+        if ((r = mnistcu__gather(m, ds, idx, step * B, b, aug))) return r;
+        return mnistcu__cuda_head_step(m, head, b, step);
     }
 #endif
     if ((r = mnistcu__gather(m, ds, idx, step * B, b, aug)) || (r = mnistcu__forward(m, b))) return r;
@@ -10869,8 +10944,24 @@ static mnistcu_result mnistcu__train_step(mnistcu_model *m, const mnistcu_datase
 #endif
     if ((r = mnistcu__loss(m, b, 1)) || (r = mnistcu__step_stats(m, b, step, st)))
         return r;
-    if ((r = mnistcu__backward(m, b)) || (r = mnistcu__update(m, o))) return r;
-    return MNISTCU_OK;
+    return mnistcu__backward(m, b);
+}
+
+/* One step of b samples at position step of the epoch, its kernels launched one by one. */
+static mnistcu_result mnistcu__train_step(mnistcu_model *m, const mnistcu_dataset *ds, const uint32_t *idx, size_t B,
+                                          size_t b, size_t step, const mnistcu__aug *aug, mnistcu__stats *st,
+                                          const mnistcu_optim_desc *o)
+{
+    mnistcu_result r;
+    int i;
+    if ((r = mnistcu__update_plan(m, o))) return r;
+    r = mnistcu__train_grads(m, ds, idx, B, b, step, aug, st);
+    if (!r) r = mnistcu__update(m, o);
+    if (r) { /* no mark of a fused step left for another update to trust */
+        m->upd_on = 0;
+        for (i = 0; i < m->num_layers; ++i) m->layers[i].upd_done = 0;
+    }
+    return r;
 }
 
 #ifdef __CUDACC__
@@ -10897,11 +10988,12 @@ static void mnistcu__step_host_effects(mnistcu_model *m, const mnistcu__step_gra
     m->batch_targets = g->batch_targets;
     m->steps++;
     m->state_steps++;
+    m->upd_steps += (uint64_t)g->upd;
 }
 
 /* The host state mnistcu__step_host_effects changes, to undo a failed capture's. */
 typedef struct mnistcu__host_saved {
-    uint64_t steps, state_steps, step[MNISTCU_MAX_MODEL_LAYERS];
+    uint64_t steps, state_steps, upd_steps, step[MNISTCU_MAX_MODEL_LAYERS];
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
 } mnistcu__host_saved;
 
@@ -10921,9 +11013,11 @@ static void mnistcu__host_save(const mnistcu_model *m, mnistcu__host_saved *h, i
     if (restore) {
         w->steps = h->steps;
         w->state_steps = h->state_steps;
+        w->upd_steps = h->upd_steps;
     } else {
         h->steps = m->steps;
         h->state_steps = m->state_steps;
+        h->upd_steps = m->upd_steps;
     }
 }
 
@@ -11004,6 +11098,7 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
                 g->scratch_layer = m->scratch_layer;
                 g->scratch_batch = m->scratch_batch;
                 g->batch_targets = m->batch_targets;
+                g->upd = m->upd_last;
                 r = mnistcu__cuda_graph_launch(m, g);
                 ++*graphed;
                 continue;
@@ -11049,6 +11144,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
     mnistcu_optim_desc o0;                 /* the optimizer as given (o's rate follows the schedule) */
     int start_epoch = 1, new_best = 0, ck_now = 0, nkept = 0, *kept = NULL; /* kept: (epoch, step) ring */
     size_t start_step = 0, resumed_steps = 0; /* resumed_steps: the checkpoint's, counted in res.steps */
+    uint64_t upd_steps0 = m ? m->upd_steps : 0;
 #ifdef __CUDACC__
     mnistcu__fused_plan fused;             /* the fused MLP kernel, when it applies */
     int graph_off = 0;                     /* 1: a step could not be captured, or no_graph */
@@ -11066,6 +11162,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
         return r;
     mnistcu_train_desc_resolve(desc, &d);
     m->head_off = d.no_head;
+    m->upd_off = d.no_fused_update;
     if (d.epochs < 0 || d.batch_size < 0)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "train: epochs %d and batch_size %d must be positive",
                              d.epochs, d.batch_size);
@@ -11349,6 +11446,7 @@ done:
     if (m->device == MNISTCU_DEVICE_CUDA && mnistcu__cuda_head_layer(m) >= 0) /* this run's steps, but the fused kernel's */
         res.head_steps = res.steps - resumed_steps - res.fused_steps;
 #endif
+    res.fused_update_steps = (size_t)(m->upd_steps - upd_steps0);
     if (result && (r == MNISTCU_OK || r == MNISTCU_ERR_DIVERGED)) *result = res;
     if (logf && fclose(logf) != 0 && r == MNISTCU_OK)
         r = mnistcu__fail(ctx, MNISTCU_ERR_IO, "train: closing the log %.300s failed", d.log_path);
@@ -11781,22 +11879,32 @@ template <int R, int BK, int KC> struct mnistcu__wtile {
    generic epilogue, sigmoid's and tanh's code slowed the main loop of P3's
    forward products: 38.8 -> 55.6 and 47.7 -> 64.3 us, ncu); 2: C = act'(y) *
    sum (y laid out as C: an input gradient times the derivative of the
-   activation that made the input). db (TN, one slice): also the sums of op(A)'s
-   rows, k in increasing order from zero, as mnistcu__k_bias_grad's: a dense
-   layer's bias gradient beside its weight gradient. Split over K (gridDim.z =
-   S > 1): each slice writes its part to part[z][M][N], and the last slice of a
-   tile to arrive (an integer counter a tile in flags, put back to zero by it)
-   adds the S parts in order, as mnistcu__k_splitk_sum does, and applies the
-   epilogue: the same bits, no second kernel, no float atomics. */
+   activation that made the input; a ReLU-only form, as 3 is of 1, spilled
+   where this one does not); 4: C = sum, a weight gradient, and the optimizer's
+   step of each of its entries (SGD, mnistcu__opt_sgd: the parameters at w,
+   their state at s, laid out as C; the step's scalars from dyn in a replayed
+   graph, else opt), the operations of mnistcu__k_optim on the same values, so
+   the same bits without the optimizer's pass over them (>>cuda_update). db
+   (TN, one slice): also the sums of op(A)'s rows, k in increasing order from
+   zero, as mnistcu__k_bias_grad's: a dense layer's bias gradient beside its
+   weight gradient (FUSE 4: and the bias's step, at bw and bs). Split over K
+   (gridDim.z = S > 1): each slice writes its part to part[z][M][N], and the
+   last slice of a tile to arrive (an integer counter a tile in flags, put back
+   to zero by it) adds the S parts in order, as mnistcu__k_splitk_sum does, and
+   applies the epilogue: the same bits, no second kernel, no float atomics. */
 typedef struct mnistcu__wargs {
     int M, N, K, lda, ldb, ldc, act;
     const float *A, *B, *bias, *y;
     float *C, *part, *db;
     int *flags;
+    float *w, *s, *bw, *bs; /* FUSE 4 */
+    const mnistcu__dyn *dyn;
+    mnistcu__opt opt;
 } mnistcu__wargs;
 
-template <int FUSE> static __device__ __forceinline__ float mnistcu__wide_epi(const mnistcu__wargs &p, float v, int gm,
-                                                                             int gn)
+template <int FUSE>
+static __device__ __forceinline__ float mnistcu__wide_epi(const mnistcu__wargs &p, const mnistcu__opt &o, float v,
+                                                          int gm, int gn)
 {
     if (FUSE == 3) { /* bias and ReLU, as mnistcu__act_f */
         const float z = p.bias ? v + p.bias[gn] : v;
@@ -11804,7 +11912,69 @@ template <int FUSE> static __device__ __forceinline__ float mnistcu__wide_epi(co
     }
     if (FUSE == 1) return mnistcu__act_f((mnistcu_act)p.act, p.bias ? v + p.bias[gn] : v);
     if (FUSE == 2) return mnistcu__act_backward_one((mnistcu_act)p.act, v, p.y[(size_t)gm * p.ldc + gn]);
+    if (FUSE == 4) mnistcu__opt_sgd(&o, (size_t)gm * p.ldc + gn, p.w, v, p.s);
     return v;
+}
+
+/* FUSE 4, one slice: a thread's 8 x 4 NJ weight gradients stored, and the
+   optimizer's step of those weights, their values (and momentum buffers)
+   loaded first, 16 bytes at a time, H rows of them at once (all 8 with one
+   block's registers, 4 with two blocks': 8 spilled there), so that the loads
+   are in flight together (one at a time, as each step reads it, made P3's
+   weight gradients 6 us slower than the plain product, ncu); edges and
+   unaligned rows step one entry at a time. */
+template <int NJ, int H>
+static __device__ __forceinline__ void mnistcu__wide_step(const mnistcu__wargs &p, const mnistcu__opt &o,
+                                                          const float (&acc)[8][4 * NJ], int m0, int n0, int ty, int tx)
+{
+    const int mom = o.has_momentum, ldc = p.ldc, M = p.M, N = p.N;
+    const int v4 = ldc % 4 == 0 && ((uintptr_t)p.C & 15) == 0 && ((uintptr_t)p.w & 15) == 0 &&
+                   (!mom || ((uintptr_t)p.s & 15) == 0);
+    int h, i, j, q;
+#pragma unroll
+    for (h = 0; h < 8; h += H) {
+        float4 w4[H][NJ], s4[H][NJ];
+#pragma unroll
+        for (i = 0; i < H; ++i) {
+            const int r = h + i, gm = m0 + (r < 4 ? 4 * ty + r : 64 + 4 * ty + r - 4);
+#pragma unroll
+            for (j = 0; j < NJ; ++j) {
+                const int gn = n0 + 64 * j + 4 * tx;
+                const size_t e = (size_t)gm * ldc + gn;
+                w4[i][j] = s4[i][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (v4 && gm < M && gn + 3 < N) {
+                    w4[i][j] = *(const float4 *)&p.w[e];
+                    if (mom) s4[i][j] = *(const float4 *)&p.s[e];
+                }
+            }
+        }
+#pragma unroll
+        for (i = 0; i < H; ++i) {
+            const int r = h + i, gm = m0 + (r < 4 ? 4 * ty + r : 64 + 4 * ty + r - 4);
+            if (gm >= M) continue;
+#pragma unroll
+            for (j = 0; j < NJ; ++j) {
+                const int gn = n0 + 64 * j + 4 * tx;
+                const size_t e = (size_t)gm * ldc + gn;
+                const float *g = &acc[r][4 * j];
+                if (v4 && gn + 3 < N) {
+                    float w[4] = {w4[i][j].x, w4[i][j].y, w4[i][j].z, w4[i][j].w};
+                    float s[4] = {s4[i][j].x, s4[i][j].y, s4[i][j].z, s4[i][j].w};
+#pragma unroll
+                    for (q = 0; q < 4; ++q) w[q] = mnistcu__sgd_step(&o, w[q], g[q], &s[q]);
+                    *(float4 *)&p.C[e] = make_float4(g[0], g[1], g[2], g[3]);
+                    *(float4 *)&p.w[e] = make_float4(w[0], w[1], w[2], w[3]);
+                    if (mom) *(float4 *)&p.s[e] = make_float4(s[0], s[1], s[2], s[3]);
+                } else {
+                    for (q = 0; q < 4; ++q)
+                        if (gn + q < N) {
+                            p.C[e + q] = g[q];
+                            mnistcu__opt_sgd(&o, e + q, p.w, g[q], p.s);
+                        }
+                }
+            }
+        }
+    }
 }
 
 template <int TA, int TB, int FUSE, int BN, int BK, int MINB>
@@ -11828,6 +11998,7 @@ __global__ void __launch_bounds__(256, MINB) mnistcu__k_gemm_wide(mnistcu__wargs
     MNISTCU__GEMM_SLICE();
     const int vec = ldc % 4 == 0 && ((uintptr_t)C & 15) == 0, ovec = p.ldc % 4 == 0 && ((uintptr_t)p.C & 15) == 0;
     const int pvec = N % 4 == 0 && ((uintptr_t)p.part & 15) == 0; /* the parts summed 16 bytes at a time */
+    const mnistcu__opt o = FUSE == 4 && p.dyn ? p.dyn->opt : p.opt; /* a replayed step's scalars */
     kend = kz0 + (K - kz0 + 15) / 16 * 16; /* as mnistcu__k_gemm: zeros up to a multiple of 16 */
     tb_.init(B, p.ldb, n0, N, t);
     for (m0 = (int)blockIdx.y * MNISTCU__WBM; m0 < M; m0 += (int)gridDim.y * MNISTCU__WBM) {
@@ -11884,7 +12055,14 @@ __global__ void __launch_bounds__(256, MINB) mnistcu__k_gemm_wide(mnistcu__wargs
             __syncthreads();
             cur ^= 1;
         }
-        if (rowsum && m0 + t < M) p.db[m0 + t] = rs;
+        if (rowsum && m0 + t < M) {
+            p.db[m0 + t] = rs;
+            if (FUSE == 4 && p.bw) mnistcu__opt_sgd(&o, (size_t)(m0 + t), p.bw, rs, p.bs);
+        }
+        if (FUSE == 4 && S == 1) {
+            mnistcu__wide_step<NJ, MINB == 1 ? 8 : 4>(p, o, acc, m0, n0, ty, tx);
+            continue;
+        }
         /* this slice's outputs: the result (one slice) or a part */
 #pragma unroll
         for (i = 0; i < 8; ++i) {
@@ -11895,7 +12073,7 @@ __global__ void __launch_bounds__(256, MINB) mnistcu__k_gemm_wide(mnistcu__wargs
                 const int gn = n0 + 64 * j + 4 * tx;
                 float v[4];
 #pragma unroll
-                for (q = 0; q < 4; ++q) v[q] = S > 1 || gn + q >= N ? acc[i][4 * j + q] : mnistcu__wide_epi<FUSE>(p, acc[i][4 * j + q], gm, gn + q);
+                for (q = 0; q < 4; ++q) v[q] = S > 1 || gn + q >= N ? acc[i][4 * j + q] : mnistcu__wide_epi<FUSE>(p, o, acc[i][4 * j + q], gm, gn + q);
                 if (vec && gn + 3 < N)
                     *(float4 *)&C[(size_t)gm * ldc + gn] = make_float4(v[0], v[1], v[2], v[3]);
                 else
@@ -11942,7 +12120,7 @@ __global__ void __launch_bounds__(256, MINB) mnistcu__k_gemm_wide(mnistcu__wargs
                     }
                 }
                 for (q = 0; q < 4; ++q)
-                    if (gn + q < N) v[q] = mnistcu__wide_epi<FUSE>(p, v[q], gm, gn + q);
+                    if (gn + q < N) v[q] = mnistcu__wide_epi<FUSE>(p, o, v[q], gm, gn + q);
                 if (ovec && gn + 3 < N)
                     *(float4 *)&p.C[(size_t)gm * p.ldc + gn] = make_float4(v[0], v[1], v[2], v[3]);
                 else
@@ -12346,16 +12524,32 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
     }
 }
 
-/* One optimizer step over the flat parameter arena (mnistcu__opt_one, see
-   >>cpu_ops); coef: NULL, or the clipping factor in device memory. */
+/* The ranges of the parameter arena the optimizer's pass steps, in order:
+   all of it, but the weights and biases whose step was taken in their
+   gradient's product (>>cuda_update). */
+#define MNISTCU__SEGS (2 * MNISTCU_MAX_MODEL_LAYERS + 1)
+typedef struct mnistcu__segs {
+    int count;
+    size_t total; /* the sum of len */
+    size_t off[MNISTCU__SEGS], len[MNISTCU__SEGS];
+} mnistcu__segs;
+
+/* One optimizer step over the ranges todo of the flat parameter arena
+   (mnistcu__opt_one, see >>cpu_ops); coef: NULL, or the clipping factor in
+   device memory. */
 __global__ void mnistcu__k_optim(mnistcu__opt o, float *w, const float *g, float *state, const float *coef,
-                                 const mnistcu__dyn *dyn)
+                                 const mnistcu__dyn *dyn, mnistcu__segs todo)
 {
-    size_t i;
+    size_t j;
     float c = coef ? *coef : 1.0f;
     if (dyn) o = dyn->opt; /* a step replayed from a graph: this step's scalars */
-    for (i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < o.n; i += (size_t)gridDim.x * blockDim.x)
+    for (j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < todo.total; j += (size_t)gridDim.x * blockDim.x) {
+        size_t i = j;
+        int q = 0;
+        while (i >= todo.len[q]) i -= todo.len[q++];
+        i += todo.off[q];
         mnistcu__opt_one(&o, i, w, coef ? g[i] * c : g[i], state);
+    }
 }
 
 __global__ void mnistcu__k_fill(float *p, size_t n, float v)
@@ -12833,23 +13027,30 @@ static size_t mnistcu__blas_split(size_t M, size_t N, size_t K)
 }
 #endif
 
-/* The wide-tile kernel's launch: S slices of K (S > 1: the kernel adds them). */
+/* The wide-tile kernel's launch: S slices of K (S > 1: the kernel adds them);
+   upd (TN: a weight gradient): the optimizer's step in the epilogue (FUSE 4). */
 static mnistcu_result mnistcu__cuda_gemm_wide(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
                                               const float *A, size_t lda, const float *B, size_t ldb, float *C,
                                               size_t ldc, const float *bias, int act, const float *y, float *db,
-                                              size_t S)
+                                              size_t S, const mnistcu__wupd *upd)
 {
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     const size_t mtiles = (M + MNISTCU__WBM - 1) / MNISTCU__WBM, ntiles = (N + MNISTCU__WBN - 1) / MNISTCU__WBN;
     /* act 0 without a bias: a plain product; with one, ReLU (MNISTCU_ACT_DEFAULT), as mnistcu__act_f */
     const int relu = act == MNISTCU_ACT_RELU || act == MNISTCU_ACT_DEFAULT;
-    const int fuse = y ? 2 : bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY) ? (relu ? 3 : 1) : 0;
+    const int fuse = upd ? 4 : y ? 2 : bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY) ? (relu ? 3 : 1) : 0;
     const dim3 grid((unsigned)ntiles, (unsigned)(mtiles < 65535 ? mtiles : 65535), (unsigned)S);
     mnistcu__wargs p;
     mnistcu_result r;
+    if (upd && !(ta && !tb))
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "an update in the product's epilogue is only TN");
     memset(&p, 0, sizeof p);
     p.M = (int)M, p.N = (int)N, p.K = (int)K, p.lda = (int)lda, p.ldb = (int)ldb, p.ldc = (int)ldc, p.act = act;
     p.A = A, p.B = B, p.bias = bias, p.y = y, p.C = C, p.db = db;
+    if (upd) {
+        p.w = upd->w, p.s = upd->s, p.bw = db ? upd->bw : NULL, p.bs = upd->bs;
+        p.dyn = upd->dyn, p.opt = upd->opt;
+    }
     if (S > 1 && mtiles * ntiles > MNISTCU__WIDE_FLAGS)
         return mnistcu__fail(ctx, MNISTCU_ERR_UNSUPPORTED, "split product of %lu tiles: more than its counters",
                              (unsigned long)(mtiles * ntiles));
@@ -12867,7 +13068,10 @@ static mnistcu_result mnistcu__cuda_gemm_wide(mnistcu_ctx *ctx, int ta, int tb, 
         else if (one) mnistcu__k_gemm_wide<TA_, TB_, 0, 64, 16, 1><<<grid, 256, 0, cu->stream>>>(p);     \
         else mnistcu__k_gemm_wide<TA_, TB_, 0, 64, 16, 2><<<grid, 256, 0, cu->stream>>>(p);              \
     } while (0)
-    if (!ta && tb) MNISTCU__WIDE_LAUNCH(0, 1);
+    if (fuse == 4) { /* weight gradients only */
+        if (one) mnistcu__k_gemm_wide<1, 0, 4, 64, 16, 1><<<grid, 256, 0, cu->stream>>>(p);
+        else mnistcu__k_gemm_wide<1, 0, 4, 64, 16, 2><<<grid, 256, 0, cu->stream>>>(p);
+    } else if (!ta && tb) MNISTCU__WIDE_LAUNCH(0, 1);
     else if (ta) MNISTCU__WIDE_LAUNCH(1, 0);
     else MNISTCU__WIDE_LAUNCH(0, 0);
 #undef MNISTCU__WIDE_LAUNCH
@@ -12875,24 +13079,43 @@ static mnistcu_result mnistcu__cuda_gemm_wide(mnistcu_ctx *ctx, int ta, int tb, 
     return MNISTCU_OK;
 }
 
-/* A product with more done in its epilogue, where the own kernels' wide-tile
-   kernel takes it: y, C = act'(y) * product (act the activation that made y);
-   db (ta, !tb), also the row sums of op(A), a dense layer's bias gradient.
-   *done 0: nothing launched (cuBLAS, another kernel): the caller does it the
-   plain way. */
-static mnistcu_result mnistcu__cuda_gemm_x(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
-                                           const float *A, size_t lda, const float *B, size_t ldb, float *C,
-                                           size_t ldc, int act, const float *y, float *db, int *done)
+/* Whether mnistcu__cuda_gemm_x takes this product: its slices of K, or 0.
+   upd: the product would take the optimizer's step. With cuBLAS's products
+   too, a weight gradient (TN) that fuses the bias gradient or the step: one
+   kernel where cuBLAS's product, a bias gradient pass and the optimizer's pass
+   follow each other (P3: 27.6 -> 26.0 ms an epoch, bench/RESULTS.md); other
+   products stay cuBLAS's, which is faster than ours alone. */
+static int mnistcu__cuda_gemm_x_takes(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
+                                      size_t lda, const float *B, size_t ldb, const float *C, size_t ldc,
+                                      const float *db, int upd)
 {
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     size_t S;
-    mnistcu_result r;
-    *done = 0;
-    if (M == 0 || N == 0 || cu->use_cublas || cu->precision != MNISTCU_PRECISION_FP32 ||
+    const int blas = cu->use_cublas && !(ta && !tb && (db || upd));
+    if (M == 0 || N == 0 || blas || cu->precision != MNISTCU_PRECISION_FP32 ||
         !mnistcu__gemm_wide_ok(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) ||
         (S = mnistcu__gemm_wide_split(M, N, K)) == 0 || (db && (S > 1 || !ta || tb)))
-        return MNISTCU_OK;
-    if ((r = mnistcu__cuda_gemm_wide(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, NULL, act, y, db, S))) return r;
+        return 0;
+    return (int)S;
+}
+
+/* A product with more done in its epilogue, where the own kernels' wide-tile
+   kernel takes it: y, C = act'(y) * product (act the activation that made y);
+   db (ta, !tb), also the row sums of op(A), a dense layer's bias gradient;
+   upd (ta, !tb: C a weight gradient), also the optimizer's step of the weights
+   (and, with db, of the bias). *done 0: nothing launched (cuBLAS, another
+   kernel): the caller does it the plain way. */
+static mnistcu_result mnistcu__cuda_gemm_x(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
+                                           const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                                           size_t ldc, int act, const float *y, float *db,
+                                           const mnistcu__wupd *upd, int *done)
+{
+    const int S = mnistcu__cuda_gemm_x_takes(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, db, upd != NULL);
+    mnistcu_result r;
+    *done = 0;
+    if (!S) return MNISTCU_OK;
+    if ((r = mnistcu__cuda_gemm_wide(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, NULL, act, y, db, (size_t)S, upd)))
+        return r;
     *done = 1;
     return MNISTCU_OK;
 }
@@ -12986,7 +13209,8 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         if (fuse && (ta || !tb)) return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused gemm is only NT");
         if (!tc && mnistcu__gemm_wide_ok(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) &&
             (S = mnistcu__gemm_wide_split(M, N, K)) > 0)
-            return mnistcu__cuda_gemm_wide(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, act, NULL, NULL, S);
+            return mnistcu__cuda_gemm_wide(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, act, NULL, NULL, S,
+                                           NULL);
         S = mnistcu__gemm_split(M, N, K, &small);
         if (tc) { /* 64x64 tiles on the tensor cores; with few of them, K split so that about 264 blocks work */
             size_t tiles = ((M + MNISTCU__GBM - 1) / MNISTCU__GBM) * ((N + MNISTCU__GBN - 1) / MNISTCU__GBN);
@@ -13184,12 +13408,61 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     return r;
 }
 
+/* >>cuda_update ------------------------------------------------------------------
+   The optimizer's step on the GPU. With SGD and neither l2 nor clipping, a
+   parameter's step needs its own gradient and nothing else, so the wide-tile
+   product that computes a dense layer's weight gradient takes the step of each
+   weight as it writes its gradient (and of each bias entry as it writes the
+   bias gradient, where that product computes it): FUSE 4 in
+   mnistcu__k_gemm_wide, with mnistcu__opt_sgd on the same values as the pass
+   below, so the same bits, and one read and write of those weights fewer than a
+   pass over them (mnistcu__update_plan decides; the layer's backward pass
+   computes its input gradient first, the last read of the weights in the step;
+   L->upd_done marks what was done). The pass then steps what is left: the
+   ranges of the arena mnistcu__update_todo lists. The gradients are written as
+   before, so the gradient arena holds the same values either way. */
+
+/* The arena's ranges not stepped yet, in order; clears the layers' marks. */
+static void mnistcu__update_todo(mnistcu_model *m, mnistcu__segs *todo)
+{
+    size_t off[2 * MNISTCU_MAX_MODEL_LAYERS], len[2 * MNISTCU_MAX_MODEL_LAYERS], at = 0;
+    int n = 0, i, j;
+    for (i = 0; i < m->num_layers; ++i) { /* the ranges done, sorted by offset */
+        mnistcu__layer *L = &m->layers[i];
+        if (L->upd_done) {
+            off[n] = L->wo, len[n++] = L->nw;
+            if (L->upd_done == 2) off[n] = L->bo, len[n++] = L->nb;
+        }
+        L->upd_done = 0;
+    }
+    for (i = 1; i < n; ++i)
+        for (j = i; j > 0 && off[j - 1] > off[j]; --j) {
+            size_t t = off[j];
+            off[j] = off[j - 1], off[j - 1] = t;
+            t = len[j], len[j] = len[j - 1], len[j - 1] = t;
+        }
+    todo->count = 0;
+    todo->total = 0;
+    for (i = 0; i <= n; ++i) { /* the gaps between them */
+        const size_t end = i < n ? off[i] : m->num_params;
+        if (end > at) {
+            todo->off[todo->count] = at, todo->len[todo->count++] = end - at;
+            todo->total += end - at;
+        }
+        if (i < n && off[i] + len[i] > at) at = off[i] + len[i];
+    }
+}
+
 static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt *k, const mnistcu_optim_desc *o)
 {
     mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
     cudaStream_t st = mnistcu__cu(m->ctx)->stream;
+    mnistcu__segs todo;
     mnistcu_result r;
     float *coef = NULL;
+    mnistcu__update_todo(m, &todo);
+    m->upd_last = todo.total < m->num_params;
+    m->upd_steps += (uint64_t)m->upd_last;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
     if (o->l2 != 0.0f || o->clip_norm != 0.0f) {
         mnistcu__ranges rg;
@@ -13208,8 +13481,9 @@ static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt 
             MNISTCU__LAUNCHED(m->ctx, "clip_coef");
         }
     }
-    mnistcu__k_optim<<<mnistcu__blocks(m->num_params), MNISTCU__THREADS, 0, st>>>(*k, m->params, m->grads, m->state,
-                                                                                  coef, mnistcu__cuda_dyn(m));
+    if (!todo.total) return MNISTCU_OK;
+    mnistcu__k_optim<<<mnistcu__blocks(todo.total), MNISTCU__THREADS, 0, st>>>(*k, m->params, m->grads, m->state,
+                                                                               coef, mnistcu__cuda_dyn(m), todo);
     MNISTCU__LAUNCHED(m->ctx, "optimizer");
     return MNISTCU_OK;
 }
@@ -14163,13 +14437,15 @@ static mnistcu__step_graph *mnistcu__cuda_graph_for(mnistcu_model *m, size_t b, 
 {
     mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
     mnistcu__step_graph *g = &cm->graphs[partial ? 1 : 0];
-    if (g->b != b || g->frees != mnistcu__cu(m->ctx)->frees || g->head_off != m->head_off) {
-        /* another size, a buffer freed since, or the head turned on or off */
+    if (g->b != b || g->frees != mnistcu__cu(m->ctx)->frees || g->head_off != m->head_off ||
+        g->upd_off != m->upd_off) {
+        /* another size, a buffer freed since, or the head or the fused update turned on or off */
         if (g->exec) cudaGraphExecDestroy(g->exec);
         memset(g, 0, sizeof *g);
         g->b = b;
         g->frees = mnistcu__cu(m->ctx)->frees;
         g->head_off = m->head_off;
+        g->upd_off = m->upd_off;
     }
     return g;
 }

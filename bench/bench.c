@@ -6,7 +6,8 @@
 
    Usage: bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
                        [--threads N] [--seed S] [--limit N] [--warmup-limit N] [--fused on|off]
-                       [--graph on|off] [--head on|off] [--precision fp32|tf32|bf16]
+                       [--graph on|off] [--head on|off] [--fused-update on|off]
+                       [--precision fp32|tf32|bf16]
      CONFIG  P1  first 10,000 train images in file order, 784-1024-10, batch 32, SGD lr 0.01,
                  10 epochs: the total training time of the 10 epochs
              P2  MNIST 60k shuffled, 784-128-10, batch 64, SGD lr 0.1: time per epoch
@@ -36,6 +37,8 @@
                 (same bits; default on)
      --head     off runs the last dense layer, the loss and its input gradient step by step instead of in
                 the classifier head kernel (same bits with own products; default on)
+     --fused-update  off takes every optimizer step in the optimizer's pass instead of in the dense
+                layers' weight gradient products (own products, SGD; same bits; default on)
      --precision  the GPU's matrix products: fp32 (default), tf32 or bf16 on the tensor cores (the
                 context must resolve to it, else the run fails)
      --limit N  train on the first N images only (quick tests; not a benchmark configuration)
@@ -125,7 +128,7 @@ static void usage(void)
     fprintf(stderr, "usage: bench P1|P2|P3|P4|P5|P7 [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn]\n"
                     "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
                     "                               [--warmup-limit N] [--fused on|off] [--graph on|off]\n"
-                    "                               [--head on|off]\n"
+                    "                               [--head on|off] [--fused-update on|off]\n"
                     "                               [--precision fp32|tf32|bf16]\n"
                     "       bench P6 [the options above] [--spec SPEC] [--batch N] [--optim sgd|adam|adamw] [--lr X]\n"
                     "                [--momentum X] [--nesterov on|off] [--wd X] [--schedule onecycle|cosine|constant]\n"
@@ -143,7 +146,7 @@ int main(int argc, char **argv)
 {
     const char *config, *data = NULL, *device_arg = NULL, *gemm_arg = NULL, *cnn_arg = NULL, *layers;
     const char *dev_json, *gemm_json, *cnn_json, *precision_json, *precision_arg = NULL;
-    int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, no_graph = 0, no_head = 0, is_p1 = 0;
+    int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, no_graph = 0, no_head = 0, no_upd = 0, is_p1 = 0;
     int is_spec = 0, i, e;
     unsigned long long seed = 0;
     size_t limit = 0, warmup_limit = 0, want_params, warmup_images;
@@ -182,6 +185,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--fused")) no_fused = !strcmp(v, "off");
         else if (!strcmp(a, "--graph")) no_graph = !strcmp(v, "off");
         else if (!strcmp(a, "--head")) no_head = !strcmp(v, "off");
+        else if (!strcmp(a, "--fused-update")) no_upd = !strcmp(v, "off");
         else if (!strcmp(a, "--precision")) precision_arg = v;
         else if (!strcmp(a, "--spec")) p6_spec = v;
         else if (!strcmp(a, "--batch")) p6_batch = atoi(v);
@@ -351,6 +355,7 @@ int main(int argc, char **argv)
         td.schedule.per_step = 1;
         td.no_graph = no_graph;
         td.no_head = no_head;
+        td.no_fused_update = no_upd;
         if (mnistcu_model_desc_parse(ctx, layers, &md)) return fail(ctx, "parsing --spec");
         md.label_smoothing = p6_smoothing;
         /* warm-up: one epoch of the recipe on the first images, on a model of its own */
@@ -399,8 +404,9 @@ int main(int argc, char **argv)
         for (e = 0; e < w.epochs_seen && e < 64; ++e) printf("%s%.6f", e ? "," : "", w.acc[e]);
         printf("],\"seconds_all\":[");
         for (e = 0; e < w.epochs_seen && e < 64; ++e) printf("%s%.6f", e ? "," : "", w.sec[e]);
-        printf("],\"train_loss\":%.6f,\"graph_steps\":%lu,\"head_steps\":%lu}\n", tr.train_loss,
-               (unsigned long)tr.graph_steps, (unsigned long)tr.head_steps);
+        printf("],\"train_loss\":%.6f,\"graph_steps\":%lu,\"head_steps\":%lu,\"fused_update_steps\":%lu}\n",
+               tr.train_loss, (unsigned long)tr.graph_steps, (unsigned long)tr.head_steps,
+               (unsigned long)tr.fused_update_steps);
         fflush(stdout);
         mnistcu_ctx_destroy(ctx);
         return 0;
@@ -416,6 +422,7 @@ int main(int argc, char **argv)
     td.no_fused = no_fused;
     td.no_graph = no_graph;
     td.no_head = no_head;
+    td.no_fused_update = no_upd;
 
     /* warm-up: P1 on a model of its own (P1's timed model starts fresh), else one epoch of the timed model */
     if (is_spec ? mnistcu_model_create_spec(ctx, layers, &net) : mnistcu_model_create_mlp(ctx, layers, &net))
@@ -488,8 +495,10 @@ int main(int argc, char **argv)
            (unsigned long)want_params, batch, (double)lr, (double)momentum, (unsigned long)info.count,
            (unsigned long)warmup_images, (unsigned long)test_info.count, epochs, med);
     for (e = 0; e < epochs; ++e) printf("%s%.4f", e ? "," : "", ms[e]);
-    printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f,\"fused_steps\":%lu,\"graph_steps\":%lu}\n",
-           total_s, met.accuracy, tr.train_loss, (unsigned long)tr.fused_steps, (unsigned long)tr.graph_steps);
+    printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f,\"fused_steps\":%lu,\"graph_steps\":%lu,"
+           "\"fused_update_steps\":%lu}\n",
+           total_s, met.accuracy, tr.train_loss, (unsigned long)tr.fused_steps, (unsigned long)tr.graph_steps,
+           (unsigned long)tr.fused_update_steps);
     fflush(stdout);
 
     free(ms);

@@ -436,6 +436,22 @@ elif [ "$status" -eq 0 ]; then
     else
         fail "--no-head: step by step, the same loss as through the head ($graph_loss; $(tail -n 1 "$TMP/out"))"
     fi
+    # with the own products and SGD, a wide dense layer's optimizer step is taken in its weight gradient's
+    # product; --no-fused-update takes it in the optimizer's pass: the same bits
+    run train --limit 1000 --epochs 1 --layers 784-1024-10 --batch 200 --quiet --device cuda --no-fused
+    upd_loss=$(json_number train_loss)
+    if [ "$status" -eq 0 ] && json_check 'j["fused_update_steps"] == 5'; then
+        pass "--device cuda: the optimizer's steps in the weight gradient's product (fused_update_steps)"
+    else
+        fail "--device cuda: the optimizer's steps in the weight gradient's product ($(tail -n 1 "$TMP/out"))"
+    fi
+    run train --limit 1000 --epochs 1 --layers 784-1024-10 --batch 200 --quiet --device cuda --no-fused \
+        --no-fused-update
+    if [ "$status" -eq 0 ] && json_check 'j["fused_update_steps"] == 0' && [ "$(json_number train_loss)" = "$upd_loss" ]; then
+        pass "--no-fused-update: the optimizer's pass, the same loss"
+    else
+        fail "--no-fused-update: the optimizer's pass, the same loss ($upd_loss; $(tail -n 1 "$TMP/out"))"
+    fi
 elif [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ]; then
     pass "--device cuda without a usable GPU: exit 1 with one clear error"
 else
@@ -477,6 +493,12 @@ if [ "$status" -eq 0 ] && json_check 'j["head_steps"] == 0 and j["epochs"] == 1'
     pass "--no-head on the CPU: trains, head_steps 0"
 else
     fail "--no-head on the CPU: trains, head_steps 0 ($(tail -n 1 "$TMP/out"))"
+fi
+run train --limit 1000 --epochs 1 --layers 784-32-10 --device cpu --quiet --no-fused-update
+if [ "$status" -eq 0 ] && json_check 'j["fused_update_steps"] == 0 and j["epochs"] == 1'; then
+    pass "--no-fused-update on the CPU: trains, fused_update_steps 0"
+else
+    fail "--no-fused-update on the CPU: trains, fused_update_steps 0 ($(tail -n 1 "$TMP/out"))"
 fi
 
 # ---- the training log and early stopping --------------------------------------------------

@@ -555,17 +555,20 @@ TEST cuda_optimizers_match_cpu(void)
         float *w = tu_random_floats(&rng, n, -1, 1), *gr = tu_random_floats(&rng, n, -1, 1);
         float *v = tu_random_floats(&rng, slots * n, 0.5f, 1), *dw, *dg, *dv;
         float *gw, *gv;
+        mnistcu__segs all;
         char msg[64];
         size_t i;
         int step;
         ASSERT_EQ(MNISTCU_OK, mnistcu__resolve_optim(c, &cases[variant], &o));
         for (i = 0; i < n; ++i) v[2 * n + i] *= 0.1f; /* RMSprop centered: grad_avg^2 below square_avg */
         dw = tc_up(w, n), dg = tc_up(gr, n), dv = tc_up(v, slots * n);
+        memset(&all, 0, sizeof all);
+        all.count = 1, all.total = all.len[0] = n;
         for (step = 1; step <= 3; ++step) {
             mnistcu__opt k;
             mnistcu__opt_make(&o, (uint64_t)step, n, &k);
             mnistcu__cpu_optim(c, &k, w, gr, v, 1.0f);
-            mnistcu__k_optim<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(k, dw, dg, dv, NULL, NULL);
+            mnistcu__k_optim<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(k, dw, dg, dv, NULL, NULL, all);
         }
         gw = tc_down(dw, n);
         gv = tc_down(dv, slots * n);
@@ -1864,6 +1867,8 @@ typedef struct tc_graph_run {
     tc_curve curve;
 } tc_graph_run;
 
+static int tc_upd_off; /* mnistcu_train_desc.no_fused_update of the runs below */
+
 static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_graph_run *out)
 {
     mnistcu_ctx *ctx;
@@ -1885,6 +1890,7 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
     td.optim = c->optim;
     td.no_graph = no_graph;
     td.no_head = no_head;
+    td.no_fused_update = tc_upd_off;
     td.no_fused = 1; /* the step path, which a one-hidden-layer case would leave for the fused MLP kernel */
     td.validation = val;
     td.progress_every = (size_t)c->progress_every;
@@ -2158,6 +2164,109 @@ TEST cuda_head_step_matches_step_by_step(void)
     PASS();
 }
 
+/* ---- the optimizer's step in the weight gradients' products (>>cuda_update) -------------
+   Each case trains twice in fresh contexts of the same seed, with the step
+   taken in the products and in the optimizer's pass (no_fused_update): the
+   same operations on the same values, so the weights, the gradients, the
+   momentum's effect and every report are identical to the bit. The cases hold
+   the weight and bias gradients in one product (the head's steps, where the
+   activation's derivative is applied before) and apart (no head: the derivative
+   in its own pass, the bias stepped by the pass), a weight gradient split over
+   K and one whole, partial last batches, momentum with Nesterov, dampening and
+   weight decay, a per-step rate read from the graph's step values, graphs and
+   launched steps, and a cuBLAS context (whose weight gradients that fuse
+   something are ours); then what it must leave to the pass: Adam, l2,
+   clipping, a product too narrow for the wide kernel. */
+TEST cuda_fused_update_equals_pass_bitwise(void)
+{
+    static tc_graph_case cases[4];
+    int no_head[4], no_graph[4], i, ncases = 0;
+    tc_graph_case *c;
+    memset(cases, 0, sizeof cases);
+    c = &cases[ncases];
+    no_head[ncases] = 0, no_graph[ncases++] = 0;
+    c->name = "P3's shape, head, weight and bias gradients in one product";
+    c->gemm = MNISTCU_GEMM_OWN;
+    c->spec = "784 dense1024 relu dense1024 relu dense10";
+    c->n = 1100; c->B = 512; c->epochs = 1; c->progress_every = 1;
+    c->optim.learning_rate = 0.05f;
+    c = &cases[ncases];
+    no_head[ncases] = 1, no_graph[ncases++] = 0;
+    c->name = "no head, Nesterov and weight decay, per-step cosine";
+    c->gemm = MNISTCU_GEMM_OWN;
+    c->spec = "784 dense1024 relu dense1024 relu dense10";
+    c->n = 1100; c->B = 512; c->epochs = 2; c->cosine_per_step = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f; c->optim.nesterov = 1; c->optim.weight_decay = 0.01f;
+    c = &cases[ncases];
+    no_head[ncases] = 0, no_graph[ncases++] = 1;
+    c->name = "weight gradients split in two, sigmoid and tanh, dampening, launched";
+    c->gemm = MNISTCU_GEMM_OWN;
+    c->spec = "1024 dense512 sigmoid dense1024 tanh dense10";
+    c->F = 1024; c->n = 600; c->B = 256; c->epochs = 2;
+    c->optim.learning_rate = 0.1f; c->optim.momentum = 0.8f; c->optim.dampening = 0.3f;
+    /* 512 x 1024 and 1024 x 512 weight gradients over 256 rows: two slices; over the last 88, one */
+    ASSERT_EQ((size_t)2, mnistcu__gemm_wide_split(512, 1024, 256));
+    ASSERT_EQ((size_t)2, mnistcu__gemm_wide_split(1024, 512, 256));
+    ASSERT_EQ((size_t)1, mnistcu__gemm_wide_split(1024, 512, 88));
+#ifdef MNISTCU_CUBLAS
+    /* with cuBLAS's products, the weight gradients that fuse the bias gradient or the step are ours */
+    c = &cases[ncases];
+    no_head[ncases] = 0, no_graph[ncases++] = 0;
+    c->name = "cuBLAS's products, our weight gradients, momentum";
+    c->gemm = MNISTCU_GEMM_CUBLAS;
+    c->spec = "784 dense1024 relu dense1024 relu dense10";
+    c->n = 1100; c->B = 512; c->epochs = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+#endif
+    for (i = 0; i < ncases; ++i) {
+        tc_graph_run a, b;
+        size_t steps;
+        c = &cases[i];
+        tc_upd_off = 0;
+        ASSERTm(c->name, tc_graph_train(c, no_graph[i], no_head[i], &a));
+        tc_upd_off = 1;
+        ASSERTm(c->name, tc_graph_train(c, no_graph[i], no_head[i], &b));
+        tc_upd_off = 0;
+        steps = (c->n + c->B - 1) / c->B * (size_t)c->epochs;
+        printf("    %-66s %lu of %lu steps fused, loss %.9g / %.9g\n", c->name,
+               (unsigned long)a.res.fused_update_steps, (unsigned long)steps, a.res.train_loss, b.res.train_loss);
+        ASSERT_EQm(c->name, steps, a.res.steps);
+        ASSERT_EQm(c->name, steps, a.res.fused_update_steps); /* every step took it */
+        ASSERT_EQm(c->name, (size_t)0, b.res.fused_update_steps);
+        ASSERT_EQm(c->name, a.res.graph_steps, b.res.graph_steps);
+        ASSERTm(c->name, no_graph[i] ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
+        ASSERT_EQm(c->name, a.np, b.np);
+        ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb);
+        ASSERT_EQm(c->name, 0, memcmp(&a.res.train_loss, &b.res.train_loss, sizeof(double)));
+        ASSERT_EQm(c->name, a.curve.n, b.curve.n);
+        ASSERT_EQm(c->name, 0, memcmp(a.curve.loss, b.curve.loss, (size_t)a.curve.n * sizeof(double)));
+        free(a.p);
+        free(b.p);
+    }
+    { /* what needs more than a parameter's own gradient stays in the pass; a narrow model has no wide product */
+        const char *specs[5] = {"784 dense1024 relu dense10", "784 dense1024 relu dense10", "784 dense1024 relu dense10",
+                                "784 dense1024 relu dense10", "784 dense64 relu dense10"};
+        size_t want[5] = {2, 0, 0, 0, 0};
+        tc_graph_case d;
+        for (i = 0; i < 5; ++i) {
+            tc_graph_run a;
+            memset(&d, 0, sizeof d);
+            d.name = specs[i];
+            d.spec = specs[i];
+            d.gemm = MNISTCU_GEMM_OWN;
+            d.n = 200; d.B = 100; d.epochs = 1;
+            d.optim.learning_rate = 0.01f;
+            if (i == 1) d.optim.kind = MNISTCU_OPTIM_ADAM;
+            if (i == 2) d.optim.l2 = 1e-4f;
+            if (i == 3) d.optim.clip_norm = 1.0f;
+            ASSERTm(d.name, tc_graph_train(&d, 0, 0, &a));
+            ASSERT_EQm(d.name, want[i], a.res.fused_update_steps);
+            free(a.p);
+        }
+    }
+    PASS();
+}
+
 SUITE(cuda_suite)
 {
     RUN_TEST(cuda_reports_device);
@@ -2188,5 +2297,6 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_fused_mlp_declines_what_it_cannot_do);
     RUN_TEST(cuda_graph_step_equals_launched_bitwise);
     RUN_TEST(cuda_head_step_matches_step_by_step);
+    RUN_TEST(cuda_fused_update_equals_pass_bitwise);
     RUN_TEST(cuda_sticky_error_is_latched);
 }
