@@ -877,10 +877,11 @@ typedef struct mnistcu_train_desc {
                                             gradients but the weights' in one kernel (see >>cuda_head; the
                                             same bits with the own products, within rounding with cuBLAS's);
                                             1: step by step */
-    int no_fused_update;                 /* 0: on the GPU with the own products, SGD without l2 or
-                                            clipping, a dense layer's optimizer step is taken in its weight
-                                            gradient's product (see >>cuda_update; the same bits, one pass
-                                            over the weights fewer); 1: in the optimizer's pass */
+    int no_fused_update;                 /* 0: on the GPU in FP32, SGD without l2 or clipping, a wide
+                                            dense layer's optimizer step is taken in its weight gradient's
+                                            product where that is our kernel (with cuBLAS: where it also
+                                            sums the bias gradient; see >>cuda_update; the same bits, one
+                                            pass over the weights fewer); 1: in the optimizer's pass */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -999,6 +1000,18 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
 #define MNISTCU__MUL(a, b) __fmul_rn(a, b)
 #else
 #define MNISTCU__MUL(a, b) ((a) * (b))
+#endif
+/* Fused multiply-add where the target has it: one rounding, whatever the
+   compiler would fuse. Strict ISO modes (-std=c99) do not contract a*b+c, which
+   halves the CPU micro-kernel's speed; fmaf with FMA hardware compiles to the
+   vector instruction. And where a compiler may contract, its choice of which
+   product of an expression to fuse can differ between a vectorised loop and
+   its scalar remainder (so with the thread count) or between the kernels a
+   function is inlined into: the optimizers' steps say which, with this. */
+#if defined(__CUDA_ARCH__) || defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define MNISTCU__FMA(a, b, c) fmaf(a, b, c)
+#else
+#define MNISTCU__FMA(a, b, c) ((a) * (b) + (c))
 #endif
 #define MNISTCU__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MNISTCU__MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -3471,14 +3484,6 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_sample(const mnistcu_dataset *ds, siz
 #ifndef MNISTCU__NRW_MIN
 #define MNISTCU__NRW_MIN 64
 #endif
-/* Fused multiply-add where the target has it. Strict ISO modes (-std=c99) do not
-   contract a*b+c, which halves the micro-kernel's speed; fmaf with FMA hardware
-   compiles to the vector instruction. */
-#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
-#define MNISTCU__FMA(a, b, c) fmaf(a, b, c)
-#else
-#define MNISTCU__FMA(a, b, c) ((a) * (b) + (c))
-#endif
 #define MNISTCU__KC 256
 #define MNISTCU__MC 144  /* multiple of MR */
 #define MNISTCU__NC 1024 /* multiple of NR */
@@ -4006,16 +4011,19 @@ static MNISTCU__HD void mnistcu__opt_adagrad(const mnistcu__opt *o, size_t i, fl
 }
 
 /* SGD's step of a parameter p with gradient g and, with momentum, its buffer
-   *v: the new p (a value form, for kernels that load and store p themselves). */
+   *v: the new p (a value form, for kernels that load and store p themselves).
+   Each add_(x, alpha) of torch.optim.SGD as one fused multiply-add, as
+   PyTorch's own kernels do (buf * momentum rounded first): the same bits in
+   every loop and kernel that runs it (MNISTCU__FMA). */
 static MNISTCU__HD float mnistcu__sgd_step(const mnistcu__opt *o, float p, float g, float *v)
 {
     float d = g;
-    if (o->wd != 0.0f) d = d + o->wd * p;
+    if (o->wd != 0.0f) d = MNISTCU__FMA(o->wd, p, d);
     if (o->has_momentum) {
-        *v = o->first ? d : *v * o->mu + o->cdamp * d;
-        d = o->nesterov ? d + o->mu * *v : *v;
+        *v = o->first ? d : MNISTCU__FMA(o->cdamp, d, *v * o->mu);
+        d = o->nesterov ? MNISTCU__FMA(o->mu, *v, d) : *v;
     }
-    return p - o->lr * d;
+    return MNISTCU__FMA(-o->lr, d, p);
 }
 
 static MNISTCU__HD void mnistcu__opt_sgd(const mnistcu__opt *o, size_t i, float *w, float g, float *s)
@@ -4294,7 +4302,7 @@ typedef struct mnistcu__wupd {
 } mnistcu__wupd;
 static int mnistcu__cuda_gemm_x_takes(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                       size_t lda, const float *B, size_t ldb, const float *C, size_t ldc,
-                                      const float *db, int upd);
+                                      const float *db);
 static mnistcu_result mnistcu__cuda_gemm_x(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
                                            const float *A, size_t lda, const float *B, size_t ldb, float *C,
                                            size_t ldc, int act, const float *y, float *db,
@@ -4486,6 +4494,7 @@ struct mnistcu_model {
     mnistcu__opt upd_opt;
     uint64_t upd_steps;      /* steps whose optimizer step was taken, in part, in the products; */
     int upd_last;            /* ... and whether the last one launched was (the graph captured from it is) */
+    size_t upd_warm[2];      /* the batch sizes of the last two training steps that completed (0: none) */
     /* The arenas, on the model's device: one allocation each. */
     float *params;        /* [num_params] */
     float *grads;         /* [num_params] */
@@ -4926,12 +4935,12 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     mnistcu__layer *P = dx && m->head_step ? mnistcu__layer_before(m, (int)(L - m->layers)) : NULL;
     /* dy as it is and a bias: the weight and bias gradients in one product, where the wide-tile kernel takes it */
     const int dw_db = act == MNISTCU_ACT_IDENTITY && db &&
-                      mnistcu__cuda_gemm_x_takes(ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, db, m->upd_on);
+                      mnistcu__cuda_gemm_x_takes(ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, db);
     mnistcu__wupd upd, *u = NULL;
     mnistcu_result r;
     int done = 0;
     if (P && (P->d.kind != MNISTCU_LAYER_DENSE || P->act == MNISTCU_ACT_IDENTITY || P->out != L->in)) P = NULL;
-    if (m->upd_on && (dw_db || mnistcu__cuda_gemm_x_takes(ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, NULL, 1))) {
+    if (m->upd_on && (dw_db || mnistcu__cuda_gemm_x_takes(ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, NULL))) {
         /* the optimizer's step in the weight gradient's product, which then comes after every read of the
            weights (the input gradient's product) */
         u = &upd;
@@ -8372,14 +8381,17 @@ static void mnistcu__opt_make(const mnistcu_optim_desc *o, uint64_t step, size_t
 /* A training step's optimizer step, taken where it can be in the weight
    gradients' products (>>cuda_update): on the GPU, for SGD without l2 or
    clipping (each parameter's step then needs its own gradient only), unless
-   mnistcu_train_desc.no_fused_update. Makes the state and this step's scalars
+   mnistcu_train_desc.no_fused_update; and only in a step of b samples after
+   one of b completed, so that every buffer its products need was made then:
+   a backward pass that fails (out of memory) after a layer took its step
+   would leave the model half stepped. Makes the state and this step's scalars
    before the backward pass that uses them; mnistcu__update steps the rest. */
-static mnistcu_result mnistcu__update_plan(mnistcu_model *m, const mnistcu_optim_desc *o)
+static mnistcu_result mnistcu__update_plan(mnistcu_model *m, const mnistcu_optim_desc *o, size_t b)
 {
     mnistcu_result r;
     m->upd_on = 0;
     if (m->device != MNISTCU_DEVICE_CUDA || m->upd_off || o->kind != MNISTCU_OPTIM_SGD || o->l2 != 0.0f ||
-        o->clip_norm != 0.0f)
+        o->clip_norm != 0.0f || (b != m->upd_warm[0] && b != m->upd_warm[1]))
         return MNISTCU_OK;
     if ((r = mnistcu__opt_state(m, o))) return r;
     mnistcu__opt_make(o, m->state_steps + 1, m->num_params, &m->upd_opt); /* as mnistcu__update will */
@@ -10954,12 +10966,15 @@ static mnistcu_result mnistcu__train_step(mnistcu_model *m, const mnistcu_datase
 {
     mnistcu_result r;
     int i;
-    if ((r = mnistcu__update_plan(m, o))) return r;
+    if ((r = mnistcu__update_plan(m, o, b))) return r;
     r = mnistcu__train_grads(m, ds, idx, B, b, step, aug, st);
     if (!r) r = mnistcu__update(m, o);
     if (r) { /* no mark of a fused step left for another update to trust */
         m->upd_on = 0;
         for (i = 0; i < m->num_layers; ++i) m->layers[i].upd_done = 0;
+    } else if (b != m->upd_warm[0] && b != m->upd_warm[1]) { /* the last two batch sizes that completed */
+        m->upd_warm[1] = m->upd_warm[0];
+        m->upd_warm[0] = b;
     }
     return r;
 }
@@ -13080,18 +13095,19 @@ static mnistcu_result mnistcu__cuda_gemm_wide(mnistcu_ctx *ctx, int ta, int tb, 
 }
 
 /* Whether mnistcu__cuda_gemm_x takes this product: its slices of K, or 0.
-   upd: the product would take the optimizer's step. With cuBLAS's products
-   too, a weight gradient (TN) that fuses the bias gradient or the step: one
-   kernel where cuBLAS's product, a bias gradient pass and the optimizer's pass
-   follow each other (P3: 27.6 -> 26.0 ms an epoch, bench/RESULTS.md); other
-   products stay cuBLAS's, which is faster than ours alone. */
+   With cuBLAS's products too, a weight gradient (TN) that sums the bias
+   gradient beside it (db): one kernel where cuBLAS's product and a bias
+   gradient pass follow each other (P3: 27.0-27.7 -> 25.5-26.6 ms an epoch,
+   bench/RESULTS.md); other products stay cuBLAS's, which is faster than ours
+   alone. Whether the product also takes the optimizer's step does not enter
+   the choice, so that it never changes which kernel sums the gradient. */
 static int mnistcu__cuda_gemm_x_takes(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                       size_t lda, const float *B, size_t ldb, const float *C, size_t ldc,
-                                      const float *db, int upd)
+                                      const float *db)
 {
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     size_t S;
-    const int blas = cu->use_cublas && !(ta && !tb && (db || upd));
+    const int blas = cu->use_cublas && !(ta && !tb && db);
     if (M == 0 || N == 0 || blas || cu->precision != MNISTCU_PRECISION_FP32 ||
         !mnistcu__gemm_wide_ok(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) ||
         (S = mnistcu__gemm_wide_split(M, N, K)) == 0 || (db && (S > 1 || !ta || tb)))
@@ -13110,7 +13126,7 @@ static mnistcu_result mnistcu__cuda_gemm_x(mnistcu_ctx *ctx, int ta, int tb, siz
                                            size_t ldc, int act, const float *y, float *db,
                                            const mnistcu__wupd *upd, int *done)
 {
-    const int S = mnistcu__cuda_gemm_x_takes(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, db, upd != NULL);
+    const int S = mnistcu__cuda_gemm_x_takes(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, db);
     mnistcu_result r;
     *done = 0;
     if (!S) return MNISTCU_OK;
@@ -13461,9 +13477,9 @@ static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt 
     mnistcu_result r;
     float *coef = NULL;
     mnistcu__update_todo(m, &todo);
+    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
     m->upd_last = todo.total < m->num_params;
     m->upd_steps += (uint64_t)m->upd_last;
-    if ((r = mnistcu__cuda_alive(m->ctx))) return r;
     if (o->l2 != 0.0f || o->clip_norm != 0.0f) {
         mnistcu__ranges rg;
         if (!cm->prep && (r = mnistcu__cuda_malloc(m->ctx, &cm->prep, MNISTCU__PREP_BLOCKS * sizeof(double) + 16,

@@ -440,7 +440,7 @@ elif [ "$status" -eq 0 ]; then
     # product; --no-fused-update takes it in the optimizer's pass: the same bits
     run train --limit 1000 --epochs 1 --layers 784-1024-10 --batch 200 --quiet --device cuda --no-fused
     upd_loss=$(json_number train_loss)
-    if [ "$status" -eq 0 ] && json_check 'j["fused_update_steps"] == 5'; then
+    if [ "$status" -eq 0 ] && json_check 'j["fused_update_steps"] == 4'; then
         pass "--device cuda: the optimizer's steps in the weight gradient's product (fused_update_steps)"
     else
         fail "--device cuda: the optimizer's steps in the weight gradient's product ($(tail -n 1 "$TMP/out"))"

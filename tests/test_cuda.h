@@ -1859,15 +1859,16 @@ typedef struct tc_graph_case {
 } tc_graph_case;
 
 typedef struct tc_graph_run {
-    float *p;                 /* parameters, gradients, buffers */
-    size_t np, nb;
+    float *p;                 /* parameters, gradients, buffers; then, with tc_want_state, the optimizer state */
+    size_t np, nb, ns;
     uint64_t steps;
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
     mnistcu_train_result res;
     tc_curve curve;
 } tc_graph_run;
 
-static int tc_upd_off; /* mnistcu_train_desc.no_fused_update of the runs below */
+static int tc_upd_off;    /* mnistcu_train_desc.no_fused_update of the runs below */
+static int tc_want_state; /* tc_graph_train also copies the optimizer state (ns floats after the buffers) */
 
 static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_graph_run *out)
 {
@@ -1920,10 +1921,13 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
         size_t n = m->num_params;
         out->np = n;
         out->nb = m->num_buffers;
-        out->p = (float *)malloc((2 * n + out->nb + 1) * sizeof(float));
+        out->ns = tc_want_state ? m->state_floats : 0;
+        out->p = (float *)malloc((2 * n + out->nb + out->ns + 1) * sizeof(float));
         ok = out->p && mnistcu_model_get_params(m, out->p, n) == MNISTCU_OK &&
              mnistcu_model_get_grads(m, out->p + n, n) == MNISTCU_OK &&
-             cudaMemcpy(out->p + 2 * n, m->buffers, out->nb * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
+             cudaMemcpy(out->p + 2 * n, m->buffers, out->nb * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess &&
+             (!out->ns || cudaMemcpy(out->p + 2 * n + out->nb, m->state, out->ns * sizeof(float),
+                                     cudaMemcpyDeviceToHost) == cudaSuccess);
         out->steps = m->steps;
         for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
     }
@@ -2168,19 +2172,24 @@ TEST cuda_head_step_matches_step_by_step(void)
    Each case trains twice in fresh contexts of the same seed, with the step
    taken in the products and in the optimizer's pass (no_fused_update): the
    same operations on the same values, so the weights, the gradients, the
-   momentum's effect and every report are identical to the bit. The cases hold
-   the weight and bias gradients in one product (the head's steps, where the
-   activation's derivative is applied before) and apart (no head: the derivative
-   in its own pass, the bias stepped by the pass), a weight gradient split over
-   K and one whole, partial last batches, momentum with Nesterov, dampening and
-   weight decay, a per-step rate read from the graph's step values, graphs and
-   launched steps, and a cuBLAS context (whose weight gradients that fuse
-   something are ours); then what it must leave to the pass: Adam, l2,
-   clipping, a product too narrow for the wide kernel. */
+   momentum buffers and every report are identical to the bit. A step takes it
+   once a step of its batch size has completed: every step but the first of
+   each size. The cases hold the weight and bias gradients in one product (the
+   head's steps, where the activation's derivative is applied before) and apart
+   (no head: the derivative in its own pass, the bias stepped by the pass), a
+   weight gradient split over K and one whole, partial last batches, momentum
+   with Nesterov, dampening and weight decay, a per-step rate read from the
+   graph's step values, graphs and launched steps, a layer of 1000 outputs (a
+   last tile partly past the end) whose weights start 8 bytes past a 16-byte
+   boundary (after a convolution's 50 parameters: the step one entry at a
+   time), and a cuBLAS context (whose weight gradients that sum the bias
+   gradient are ours); then what it must leave to the pass: Adam, l2,
+   clipping, a product too narrow for the wide kernel, a cuBLAS context
+   without the head (cuBLAS's weight gradients), TF32. */
 TEST cuda_fused_update_equals_pass_bitwise(void)
 {
-    static tc_graph_case cases[4];
-    int no_head[4], no_graph[4], i, ncases = 0;
+    static tc_graph_case cases[5];
+    int no_head[5], no_graph[5], i, ncases = 0;
     tc_graph_case *c;
     memset(cases, 0, sizeof cases);
     c = &cases[ncases];
@@ -2188,7 +2197,7 @@ TEST cuda_fused_update_equals_pass_bitwise(void)
     c->name = "P3's shape, head, weight and bias gradients in one product";
     c->gemm = MNISTCU_GEMM_OWN;
     c->spec = "784 dense1024 relu dense1024 relu dense10";
-    c->n = 1100; c->B = 512; c->epochs = 1; c->progress_every = 1;
+    c->n = 1100; c->B = 512; c->epochs = 2; c->progress_every = 1;
     c->optim.learning_rate = 0.05f;
     c = &cases[ncases];
     no_head[ncases] = 1, no_graph[ncases++] = 0;
@@ -2208,19 +2217,26 @@ TEST cuda_fused_update_equals_pass_bitwise(void)
     ASSERT_EQ((size_t)2, mnistcu__gemm_wide_split(512, 1024, 256));
     ASSERT_EQ((size_t)2, mnistcu__gemm_wide_split(1024, 512, 256));
     ASSERT_EQ((size_t)1, mnistcu__gemm_wide_split(1024, 512, 88));
+    c = &cases[ncases];
+    no_head[ncases] = 0, no_graph[ncases++] = 0;
+    c->name = "1000 outputs, weights 8 bytes off 16, momentum";
+    c->gemm = MNISTCU_GEMM_OWN;
+    c->spec = "1x28x28 conv3x3x5 relu flatten dense1000 relu dense10";
+    c->n = 250; c->B = 100; c->epochs = 2;
+    c->optim.learning_rate = 0.02f; c->optim.momentum = 0.9f;
 #ifdef MNISTCU_CUBLAS
-    /* with cuBLAS's products, the weight gradients that fuse the bias gradient or the step are ours */
     c = &cases[ncases];
     no_head[ncases] = 0, no_graph[ncases++] = 0;
     c->name = "cuBLAS's products, our weight gradients, momentum";
     c->gemm = MNISTCU_GEMM_CUBLAS;
     c->spec = "784 dense1024 relu dense1024 relu dense10";
-    c->n = 1100; c->B = 512; c->epochs = 1;
+    c->n = 1100; c->B = 512; c->epochs = 2;
     c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
 #endif
+    tc_want_state = 1;
     for (i = 0; i < ncases; ++i) {
         tc_graph_run a, b;
-        size_t steps;
+        size_t steps, sizes;
         c = &cases[i];
         tc_upd_off = 0;
         ASSERTm(c->name, tc_graph_train(c, no_graph[i], no_head[i], &a));
@@ -2228,40 +2244,65 @@ TEST cuda_fused_update_equals_pass_bitwise(void)
         ASSERTm(c->name, tc_graph_train(c, no_graph[i], no_head[i], &b));
         tc_upd_off = 0;
         steps = (c->n + c->B - 1) / c->B * (size_t)c->epochs;
+        sizes = c->n % c->B ? 2 : 1;
         printf("    %-66s %lu of %lu steps fused, loss %.9g / %.9g\n", c->name,
                (unsigned long)a.res.fused_update_steps, (unsigned long)steps, a.res.train_loss, b.res.train_loss);
         ASSERT_EQm(c->name, steps, a.res.steps);
-        ASSERT_EQm(c->name, steps, a.res.fused_update_steps); /* every step took it */
+        ASSERT_EQm(c->name, steps - sizes, a.res.fused_update_steps); /* all but each size's first */
         ASSERT_EQm(c->name, (size_t)0, b.res.fused_update_steps);
         ASSERT_EQm(c->name, a.res.graph_steps, b.res.graph_steps);
         ASSERTm(c->name, no_graph[i] ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
         ASSERT_EQm(c->name, a.np, b.np);
-        ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb);
+        ASSERT_EQm(c->name, a.ns, b.ns);
+        ASSERTm(c->name, c->optim.momentum > 0.0f ? a.ns == a.np : a.ns == 0);
+        ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb + a.ns);
         ASSERT_EQm(c->name, 0, memcmp(&a.res.train_loss, &b.res.train_loss, sizeof(double)));
         ASSERT_EQm(c->name, a.curve.n, b.curve.n);
         ASSERT_EQm(c->name, 0, memcmp(a.curve.loss, b.curve.loss, (size_t)a.curve.n * sizeof(double)));
         free(a.p);
         free(b.p);
     }
-    { /* what needs more than a parameter's own gradient stays in the pass; a narrow model has no wide product */
-        const char *specs[5] = {"784 dense1024 relu dense10", "784 dense1024 relu dense10", "784 dense1024 relu dense10",
-                                "784 dense1024 relu dense10", "784 dense64 relu dense10"};
-        size_t want[5] = {2, 0, 0, 0, 0};
+    tc_want_state = 0;
+    { /* what needs more than a parameter's own gradient stays in the pass; so do products not ours */
+        const char *wide = "784 dense1024 relu dense10";
         tc_graph_case d;
-        for (i = 0; i < 5; ++i) {
+        for (i = 0; i < 7; ++i) {
             tc_graph_run a;
             memset(&d, 0, sizeof d);
-            d.name = specs[i];
-            d.spec = specs[i];
-            d.gemm = MNISTCU_GEMM_OWN;
+            d.name = i == 0 ? "SGD" : i == 1 ? "Adam" : i == 2 ? "l2" : i == 3 ? "clipping" : i == 4 ? "narrow" : i == 5 ? "cuBLAS, no head" : "TF32";
+            d.spec = i == 4 ? "784 dense64 relu dense10" : wide;
+            d.gemm = i == 5 ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
             d.n = 200; d.B = 100; d.epochs = 1;
             d.optim.learning_rate = 0.01f;
             if (i == 1) d.optim.kind = MNISTCU_OPTIM_ADAM;
             if (i == 2) d.optim.l2 = 1e-4f;
             if (i == 3) d.optim.clip_norm = 1.0f;
-            ASSERTm(d.name, tc_graph_train(&d, 0, 0, &a));
-            ASSERT_EQm(d.name, want[i], a.res.fused_update_steps);
-            free(a.p);
+#ifndef MNISTCU_CUBLAS
+            if (i == 5) continue;
+#endif
+            if (i == 6) {
+                mnistcu_ctx *g;
+                mnistcu_dataset *ds;
+                mnistcu_model *m = NULL;
+                mnistcu_train_desc td;
+                if (!tc_has_tensor_cores()) continue;
+                g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32);
+                ds = g ? tc_synthetic(g, d.n, 784, 10, 11) : NULL;
+                memset(&td, 0, sizeof td);
+                td.epochs = 1;
+                td.batch_size = (int)d.B;
+                td.no_fused = 1;
+                td.optim = d.optim;
+                ASSERT(ds != NULL);
+                ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(g, wide, &m));
+                ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &a.res));
+                mnistcu_ctx_destroy(g);
+            } else {
+                ASSERTm(d.name, tc_graph_train(&d, 0, i == 5, &a));
+                free(a.p);
+            }
+            ASSERT_EQm(d.name, (size_t)2, a.res.steps);
+            ASSERT_EQm(d.name, (size_t)(i == 0 ? 1 : 0), a.res.fused_update_steps);
         }
     }
     PASS();
