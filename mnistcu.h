@@ -4028,8 +4028,7 @@ static MNISTCU__HD float mnistcu__sgd_step(const mnistcu__opt *o, float p, float
 
 static MNISTCU__HD void mnistcu__opt_sgd(const mnistcu__opt *o, size_t i, float *w, float g, float *s)
 {
-    if (o->has_momentum) w[i] = mnistcu__sgd_step(o, w[i], g, &s[i]);
-    else w[i] = mnistcu__sgd_step(o, w[i], g, NULL); /* apart: the CPU's loop then vectorises as before */
+    w[i] = mnistcu__sgd_step(o, w[i], g, o->has_momentum ? &s[i] : NULL);
 }
 
 #ifdef __CUDACC__ /* the kernels' form; the CPU chooses per step (below) */
@@ -4079,12 +4078,21 @@ static void mnistcu__cpu_optim(mnistcu_ctx *ctx, const mnistcu__opt *o, float *w
 #endif
         for (i = 0; i < n; ++i) mnistcu__opt_adagrad(&k, (size_t)i, w, MNISTCU__GI, state);
     } break;
-    default: {
+    default:
+        /* with and without momentum apart: one loop for both was vectorised with the momentum buffer's
+           loads masked off, whose addresses (no buffer: from NULL) then cost P7 1.3-1.9x its epoch */
+        if (k.has_momentum) {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(ctx->threads) if (n >= 65536)
 #endif
-        for (i = 0; i < n; ++i) mnistcu__opt_sgd(&k, (size_t)i, w, MNISTCU__GI, state);
-    } break;
+            for (i = 0; i < n; ++i) mnistcu__opt_sgd(&k, (size_t)i, w, MNISTCU__GI, state);
+        } else {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(ctx->threads) if (n >= 65536)
+#endif
+            for (i = 0; i < n; ++i) w[i] = mnistcu__sgd_step(&k, w[i], MNISTCU__GI, NULL);
+        }
+        break;
     }
 }
 #undef MNISTCU__GI
