@@ -13438,13 +13438,15 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
    product that computes a dense layer's weight gradient takes the step of each
    weight as it writes its gradient (and of each bias entry as it writes the
    bias gradient, where that product computes it): FUSE 4 in
-   mnistcu__k_gemm_wide, with mnistcu__opt_sgd on the same values as the pass
-   below, so the same bits, and one read and write of those weights fewer than a
-   pass over them (mnistcu__update_plan decides; the layer's backward pass
-   computes its input gradient first, the last read of the weights in the step;
-   L->upd_done marks what was done). The pass then steps what is left: the
-   ranges of the arena mnistcu__update_todo lists. The gradients are written as
-   before, so the gradient arena holds the same values either way. */
+   mnistcu__k_gemm_wide, with mnistcu__sgd_step on the same values as the pass
+   below, so the same bits, and one kernel and one read of the gradients fewer
+   (mnistcu__update_plan decides; the layer's backward pass computes its input
+   gradient first, the last read of the weights in the step; L->upd_done marks
+   what was done). The pass then steps what is left: the ranges of the arena
+   mnistcu__update_todo lists. The gradients are written as before, so the
+   gradient arena holds the same values either way. Measured on the H100 it is
+   neutral (P3's step 271 -> 270 us, ncu): the pass goes, but the product's one
+   wave ends with the weights' traffic, which nothing overlaps (bench/RESULTS.md). */
 
 /* The arena's ranges not stepped yet, in order; clears the layers' marks. */
 static void mnistcu__update_todo(mnistcu_model *m, mnistcu__segs *todo)
