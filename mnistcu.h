@@ -12283,6 +12283,140 @@ __global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, fl
     }
 }
 
+/* >>cuda_skinny --------------------------------------------------------------------
+   A weight gradient of few outputs, C [M][N] = A^T B with A [K][M] (dy, M at
+   most MNISTCU__SKINNY_M: a classifier's last layer) and B [K][N] (its
+   input): the generic kernels tile M by 16 or 64 and leave most of each tile
+   empty, and cuBLAS's kernel for it took 11.7 us of P3's step (10 x 1024 x
+   512, ncu). Here a block takes MNISTCU__SKINNY_CW columns of C, all M rows,
+   and splits K into MNISTCU__SKINNY_SL slices of ceil(K / SL) rows, a thread
+   per column and slice: each output's chain of fmaf over its slice's rows in
+   order, then the slices' sums added in order from slice 0 (a fixed order, so
+   the same bits every run; K is at most MNISTCU__SKINNY_MAX_K, so a slice's
+   loads are all in flight in a few rounds). db: also each column of A summed
+   over its rows in order from 0.0f, mnistcu__k_bias_grad's sums, in one more
+   block. upd: the optimizer's step of each weight (and bias entry) as its
+   gradient is written, as FUSE 4 of mnistcu__k_gemm_wide (>>cuda_update). */
+#define MNISTCU__SKINNY_M 16
+#define MNISTCU__SKINNY_SL 32
+#define MNISTCU__SKINNY_CW (MNISTCU__THREADS / MNISTCU__SKINNY_SL)
+#define MNISTCU__SKINNY_MAX_K 1024
+#define MNISTCU__SKINNY_UNROLL 8 /* a slice's rows loaded at once */
+
+/* The shapes the skinny kernel takes (its products stay FP32 in every
+   precision: too few outputs for the tensor cores), and the order of their
+   sums, which the fused MLP kernel's W2 gradient follows (>>cuda_fused). */
+static MNISTCU__HD int mnistcu__skinny_shape(size_t M, size_t N, size_t K)
+{
+    return M >= 1 && M <= MNISTCU__SKINNY_M && N >= 32 && N <= (size_t)INT_MAX && K >= 1 &&
+           K <= MNISTCU__SKINNY_MAX_K;
+}
+
+typedef struct mnistcu__skinp {
+    const float *A, *B;
+    float *C, *db;
+    int M, N, K, lda, ldb, ldc;
+    float *w, *s, *bw, *bs; /* upd: the weights, their momentum buffers, the bias and its buffers */
+    const mnistcu__dyn *dyn;
+    mnistcu__opt opt;
+    int upd;
+} mnistcu__skinp;
+
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_gemm_skinny(mnistcu__skinp p)
+{
+    enum { MC = MNISTCU__SKINNY_M, SL = MNISTCU__SKINNY_SL, CW = MNISTCU__SKINNY_CW, U = MNISTCU__SKINNY_UNROLL };
+    /* the slices' sums part [SL][MC][CW + 1]; in the bias gradient's block, rows of A */
+    __shared__ float sbuf[8192];
+    float(*part)[MC][CW + 1] = (float(*)[MC][CW + 1])sbuf;
+    const int t = (int)threadIdx.x, M = p.M;
+    const mnistcu__opt o = p.upd && p.dyn ? p.dyn->opt : p.opt; /* a replayed step's scalars */
+    int c, u;
+    if (p.db && blockIdx.x == gridDim.x - 1) { /* the bias gradient: rows staged, then a chain a column */
+        const int rows_at_once = (int)(sizeof sbuf / sizeof(float)) / M;
+        float sum = 0.0f, bw = 0.0f, bs = 0.0f;
+        int r0, k;
+        if (p.upd && p.bw && t < M) { /* the step's operands, loading while the sums run */
+            bw = p.bw[t];
+            if (o.has_momentum) bs = p.bs[t];
+        }
+        for (r0 = 0; r0 < p.K; r0 += rows_at_once) {
+            const int n = p.K - r0 < rows_at_once ? p.K - r0 : rows_at_once;
+            __syncthreads();
+            for (k = t; k < n * M; k += 8 * MNISTCU__THREADS) { /* 8 loads in flight a thread */
+                float v[8];
+#pragma unroll
+                for (u = 0; u < 8; ++u) {
+                    const int e = k + u * MNISTCU__THREADS, r = e / M;
+                    v[u] = e < n * M ? p.A[(size_t)(r0 + r) * p.lda + (e - r * M)] : 0.0f;
+                }
+#pragma unroll
+                for (u = 0; u < 8; ++u)
+                    if (k + u * MNISTCU__THREADS < n * M) sbuf[k + u * MNISTCU__THREADS] = v[u];
+            }
+            __syncthreads();
+            if (t < M) {
+#pragma unroll 32
+                for (k = 0; k < n; ++k) sum += sbuf[k * M + t];
+            }
+        }
+        if (t < M) {
+            p.db[t] = sum;
+            if (p.upd && p.bw) {
+                p.bw[t] = mnistcu__sgd_step(&o, bw, sum, o.has_momentum ? &bs : NULL);
+                if (o.has_momentum) p.bs[t] = bs;
+            }
+        }
+        return;
+    }
+    {
+        const int col = t % CW, sl = t / CW, n = (int)blockIdx.x * CW + col;
+        const int R = (p.K + SL - 1) / SL, r1 = (sl + 1) * R < p.K ? (sl + 1) * R : p.K;
+        /* thread t < M * CW writes output (t / CW, t % CW) of the block: its weight and buffer, early */
+        const int oc = t / CW, on = (int)blockIdx.x * CW + t % CW, mine = t < M * CW && on < p.N;
+        const size_t oi = (size_t)oc * p.ldc + (size_t)on;
+        float acc[MC], wv = 0.0f, sv = 0.0f;
+        int r;
+        if (p.upd && mine) {
+            wv = p.w[oi];
+            if (o.has_momentum) sv = p.s[oi];
+        }
+#pragma unroll
+        for (c = 0; c < MC; ++c) acc[c] = 0.0f;
+        if (n < p.N)
+            for (r = sl * R; r < r1; r += U) { /* U rows' loads, then their fmaf in row order */
+                float a[U][MC], x[U];
+#pragma unroll
+                for (u = 0; u < U; ++u) {
+                    const int ok = r + u < r1;
+                    x[u] = ok ? p.B[(size_t)(r + u) * p.ldb + n] : 0.0f;
+#pragma unroll
+                    for (c = 0; c < MC; ++c) a[u][c] = ok && c < M ? __ldg(p.A + (size_t)(r + u) * p.lda + c) : 0.0f;
+                }
+#pragma unroll
+                for (u = 0; u < U; ++u)
+                    if (r + u < r1) {
+#pragma unroll
+                        for (c = 0; c < MC; ++c) acc[c] = fmaf(a[u][c], x[u], acc[c]);
+                    }
+            }
+#pragma unroll
+        for (c = 0; c < MC; ++c) part[sl][c][col] = acc[c];
+        __syncthreads();
+        if (mine) {
+            const int slices = (p.K + R - 1) / R, cc = t % CW; /* those with rows */
+            float v = part[0][oc][cc];
+            int s2;
+#pragma unroll 8
+            for (s2 = 1; s2 < slices; ++s2) v += part[s2][oc][cc];
+            p.C[oi] = v;
+            if (p.upd) {
+                p.w[oi] = mnistcu__sgd_step(&o, wv, v, o.has_momentum ? &sv : NULL);
+                if (o.has_momentum) p.s[oi] = sv;
+            }
+        }
+    }
+}
+
 /* The loss and its gradient (mnistcu__loss_row), one thread per sample. */
 __global__ void mnistcu__k_loss(mnistcu__lossp lp, const float *logits, const int32_t *labels, const float *targets,
                                 int B, int C, float grad_scale, float *grad, float *loss, int32_t *pred)
@@ -12487,12 +12621,12 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
                           p.grad_scale, gs[row], &p.loss[r], &p.pred[r]);
     __syncthreads(); /* the row's gradient, to both its warps */
     if (half == 0 && lane < C && live) p.g[(size_t)r * C + lane] = gs[row][lane];
-    if (p.dx && live) /* the input gradient: a lane per input, 2 inputs a warp a pass, weights along their rows */
-        for (k0 = half * 32 + lane; k0 < IN; k0 += 128) {
-            float a[2], y[2], w[2][NC];
+    if (p.dx && live) /* the input gradient: a lane per input, 4 inputs a warp a pass, weights along their rows */
+        for (k0 = half * 32 + lane; k0 < IN; k0 += 256) {
+            float a[4], y[4], w[4][NC];
             int c;
 #pragma unroll
-            for (u = 0; u < 2; ++u) { /* every load of the pass at once */
+            for (u = 0; u < 4; ++u) { /* every load of the pass at once */
                 k = k0 + 64 * u;
                 a[u] = 0.0f;
                 y[u] = p.act != MNISTCU_ACT_IDENTITY && k < IN ? p.x[(size_t)r * IN + k] : 0.0f;
@@ -12504,10 +12638,10 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
                 if (c < C) {
                     float gc = gs[row][c];
 #pragma unroll
-                    for (u = 0; u < 2; ++u) a[u] = fmaf(gc, w[u][c], a[u]); /* each input's chain over c in order */
+                    for (u = 0; u < 4; ++u) a[u] = fmaf(gc, w[u][c], a[u]); /* each input's chain over c in order */
                 }
 #pragma unroll
-            for (u = 0; u < 2; ++u) {
+            for (u = 0; u < 4; ++u) {
                 k = k0 + 64 * u;
                 if (k < IN) {
                     float v = C % 16 ? a[u] + 0.0f : a[u];
@@ -13102,7 +13236,39 @@ static mnistcu_result mnistcu__cuda_gemm_wide(mnistcu_ctx *ctx, int ta, int tb, 
     return MNISTCU_OK;
 }
 
-/* Whether mnistcu__cuda_gemm_x takes this product: its slices of K, or 0.
+/* Whether mnistcu__k_gemm_skinny takes this product (>>cuda_skinny): a weight
+   gradient (TN) of at most MNISTCU__SKINNY_M outputs, at least 32 inputs and
+   at most MNISTCU__SKINNY_MAX_K samples, whatever the context's product path
+   and precision, so that a layer's gradient comes from one kernel whether its
+   bias gradient or optimizer's step goes with it or not. */
+static int mnistcu__gemm_skinny_ok(int ta, int tb, size_t M, size_t N, size_t K)
+{
+    return ta && !tb && mnistcu__skinny_shape(M, N, K);
+}
+
+static mnistcu_result mnistcu__cuda_gemm_skinny(mnistcu_ctx *ctx, size_t M, size_t N, size_t K, const float *A,
+                                                size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
+                                                float *db, const mnistcu__wupd *upd)
+{
+    mnistcu__skinp p;
+    const size_t blocks = (N + MNISTCU__SKINNY_CW - 1) / MNISTCU__SKINNY_CW + (db ? 1 : 0);
+    if (lda > (size_t)INT_MAX || ldb > (size_t)INT_MAX || ldc > (size_t)INT_MAX)
+        return mnistcu__fail(ctx, MNISTCU_ERR_OVERFLOW, "product's row stride too large");
+    memset(&p, 0, sizeof p);
+    p.A = A, p.B = B, p.C = C, p.db = db;
+    p.M = (int)M, p.N = (int)N, p.K = (int)K, p.lda = (int)lda, p.ldb = (int)ldb, p.ldc = (int)ldc;
+    if (upd) {
+        p.upd = 1;
+        p.w = upd->w, p.s = upd->s, p.bw = db ? upd->bw : NULL, p.bs = upd->bs;
+        p.dyn = upd->dyn, p.opt = upd->opt;
+    }
+    mnistcu__k_gemm_skinny<<<(unsigned)blocks, MNISTCU__THREADS, 0, mnistcu__cu(ctx)->stream>>>(p);
+    MNISTCU__LAUNCHED(ctx, "gemm_skinny");
+    return MNISTCU_OK;
+}
+
+/* Whether mnistcu__cuda_gemm_x takes this product: -1 for the skinny kernel
+   (>>cuda_skinny), else the wide-tile kernel's slices of K, or 0.
    With cuBLAS's products too, a weight gradient (TN) that sums the bias
    gradient beside it (db): one kernel where cuBLAS's product and a bias
    gradient pass follow each other (P3: 27.0-27.7 -> 25.5-26.6 ms an epoch,
@@ -13116,6 +13282,8 @@ static int mnistcu__cuda_gemm_x_takes(mnistcu_ctx *ctx, int ta, int tb, size_t M
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     size_t S;
     const int blas = cu->use_cublas && !(ta && !tb && db);
+    if (mnistcu__gemm_skinny_ok(ta, tb, M, N, K)) /* mnistcu__k_gemm_skinny, with more in FP32 contexts only */
+        return cu->precision == MNISTCU_PRECISION_FP32 ? -1 : 0;
     if (M == 0 || N == 0 || blas || cu->precision != MNISTCU_PRECISION_FP32 ||
         !mnistcu__gemm_wide_ok(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) ||
         (S = mnistcu__gemm_wide_split(M, N, K)) == 0 || (db && (S > 1 || !ta || tb)))
@@ -13138,11 +13306,48 @@ static mnistcu_result mnistcu__cuda_gemm_x(mnistcu_ctx *ctx, int ta, int tb, siz
     mnistcu_result r;
     *done = 0;
     if (!S) return MNISTCU_OK;
+    if (S < 0) { /* TN, a weight gradient of few outputs: no y */
+        if ((r = mnistcu__cuda_gemm_skinny(ctx, M, N, K, A, lda, B, ldb, C, ldc, db, upd))) return r;
+        *done = 1;
+        return MNISTCU_OK;
+    }
     if ((r = mnistcu__cuda_gemm_wide(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, NULL, act, y, db, (size_t)S, upd)))
         return r;
     *done = 1;
     return MNISTCU_OK;
 }
+
+#ifdef MNISTCU_CUBLAS
+/* cuBLAS's workspace, made once, before the first product or the first capture. */
+static void mnistcu__cuda_blas_workspace(mnistcu_ctx *ctx)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    if (!cu->blas_ws && cu->blas_ws_bytes) {
+        /* Our own workspace, through the allocation hooks: a product captured in a
+           step graph (>>cuda_graph) then picks the same algorithm with the same
+           workspace as one launched, and capturing never makes cuBLAS allocate.
+           (cublasSetStream would reset it: the stream is set once, before.) Where
+           it cannot be had, cuBLAS keeps its own and the steps run launched. */
+        mnistcu__attempt at;
+        mnistcu_result r;
+        mnistcu__attempt_begin(ctx, &at);
+        r = mnistcu__cuda_malloc(ctx, &cu->blas_ws_raw, cu->blas_ws_bytes + 255, "cuBLAS workspace");
+        mnistcu__attempt_end(ctx);
+        if (r == MNISTCU_OK) {
+            void *al = (void *)(((uintptr_t)cu->blas_ws_raw + 255) & ~(uintptr_t)255); /* cuBLAS asks 256 */
+            if (cublasSetWorkspace(cu->blas, al, cu->blas_ws_bytes) == CUBLAS_STATUS_SUCCESS) cu->blas_ws = al;
+        }
+        if (!cu->blas_ws) {
+            mnistcu__cuda_free(ctx, cu->blas_ws_raw);
+            cu->blas_ws_raw = NULL;
+            mnistcu__attempt_undo(ctx, &at);
+            mnistcu__log(ctx, MNISTCU_LOG_INFO, "no %lu-byte cuBLAS workspace of ours: cuBLAS keeps its own, "
+                         "and training steps are not captured in CUDA graphs", (unsigned long)cu->blas_ws_bytes);
+            cu->blas_ws_bytes = 0;
+        }
+    }
+}
+#endif
 
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
@@ -13150,36 +13355,15 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
 {
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     if (M == 0 || N == 0) return MNISTCU_OK;
+    if (!bias && (act == 0 || act == MNISTCU_ACT_IDENTITY) && mnistcu__gemm_skinny_ok(ta, tb, M, N, K))
+        return mnistcu__cuda_gemm_skinny(ctx, M, N, K, A, lda, B, ldb, C, ldc, NULL, NULL);
 #ifdef MNISTCU_CUBLAS
     if (cu->use_cublas) {
         /* cuBLAS is column-major: a row-major C = op(A) op(B) is, read column-major,
            C^T = op(B)^T op(A)^T, so the operands swap places and keep their flags. */
         const float one = 1.0f, zero = 0.0f;
         const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-        if (!cu->blas_ws && cu->blas_ws_bytes) {
-            /* Our own workspace, through the allocation hooks: a product captured in a
-               step graph (>>cuda_graph) then picks the same algorithm with the same
-               workspace as one launched, and capturing never makes cuBLAS allocate.
-               (cublasSetStream would reset it: the stream is set once, before.) Where
-               it cannot be had, cuBLAS keeps its own and the steps run launched. */
-            mnistcu__attempt at;
-            mnistcu_result r;
-            mnistcu__attempt_begin(ctx, &at);
-            r = mnistcu__cuda_malloc(ctx, &cu->blas_ws_raw, cu->blas_ws_bytes + 255, "cuBLAS workspace");
-            mnistcu__attempt_end(ctx);
-            if (r == MNISTCU_OK) {
-                void *al = (void *)(((uintptr_t)cu->blas_ws_raw + 255) & ~(uintptr_t)255); /* cuBLAS asks 256 */
-                if (cublasSetWorkspace(cu->blas, al, cu->blas_ws_bytes) == CUBLAS_STATUS_SUCCESS) cu->blas_ws = al;
-            }
-            if (!cu->blas_ws) {
-                mnistcu__cuda_free(ctx, cu->blas_ws_raw);
-                cu->blas_ws_raw = NULL;
-                mnistcu__attempt_undo(ctx, &at);
-                mnistcu__log(ctx, MNISTCU_LOG_INFO, "no %lu-byte cuBLAS workspace of ours: cuBLAS keeps its own, "
-                             "and training steps are not captured in CUDA graphs", (unsigned long)cu->blas_ws_bytes);
-                cu->blas_ws_bytes = 0;
-            }
-        }
+        mnistcu__cuda_blas_workspace(ctx);
         const int fuse = bias || (act != 0 && act != MNISTCU_ACT_IDENTITY);
         const size_t S = fuse && !ta && tb && cu->precision == MNISTCU_PRECISION_FP32 ? mnistcu__blas_split(M, N, K)
                                                                                       : 1,
@@ -13383,6 +13567,8 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     mnistcu_result r;
     int i, fold = P && H->need_dx && P->d.kind == MNISTCU_LAYER_DENSE && P->act != MNISTCU_ACT_IDENTITY &&
                   P->out == H->in;
+    /* the bias gradient in the weight gradient's product where the skinny kernel takes it (the same sums) */
+    const int db_later = H->nb && mnistcu__gemm_skinny_ok(1, 0, (size_t)H->oc, (size_t)H->c, B);
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
     for (i = 0; i < h; ++i) {
         mnistcu__layer *L = &m->layers[i];
@@ -13396,7 +13582,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     p.logits = m->logits;
     p.g = m->dbuf[0];
     p.dx = H->need_dx ? m->dbuf[1] : NULL;
-    p.db = H->nb ? m->grads + H->bo : NULL;
+    p.db = H->nb && !db_later ? m->grads + H->bo : NULL;
     p.labels = m->labels;
     p.targets = m->batch_targets ? m->targets : NULL;
     p.loss = m->sample_loss;
@@ -13419,7 +13605,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
         mnistcu__k_head<0><<<(unsigned)((B + MNISTCU__HEAD_ROWS - 1) / MNISTCU__HEAD_ROWS), MNISTCU__THREADS, 0,
                              mnistcu__cu(m->ctx)->stream>>>(p);
     MNISTCU__LAUNCHED(m->ctx, "head");
-    H->db_done = 1; /* its weight gradient only */
+    H->db_done = !db_later; /* its weight gradient only, or with the bias gradient */
     r = mnistcu__kinds[H->d.kind]->backward[m->backend](m, H, B, m->dbuf[0], NULL);
     H->db_done = 0;
     if (r) return r;
@@ -13545,8 +13731,9 @@ static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt 
    Exactness: every value is computed with the operations of the unfused path's
    kernels in their order: each product output one fmaf chain over k from zero
    as in >>cuda's products (which pad k to 16 with zeros: the one fmaf(0, 0, acc)
-   below is what those padded terms do), the bias sums in row order, and the
-   same functions for the activations, the loss row, the statistics tree and the
+   below is what those padded terms do; W2's gradient, where the skinny kernel
+   takes it, in that kernel's slices, >>cuda_skinny), the bias sums in row
+   order, and the same functions for the activations, the loss row, the statistics tree and the
    optimizer. So the weights after any number of steps are the same bits as the
    unfused path's, and the fused path is the default where it applies (the own
    kernels, see mnistcu__fused_plan). The price is a dependent chain of K fmafs
@@ -13942,9 +14129,20 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
             if (e < nu * C) {
                 int ui = e / C, c = e - ui * C, li = nw2 + ui * C + c;
                 size_t gi = a.w2 + (size_t)c * H + (size_t)(j + ui * G);
+                if (mnistcu__skinny_shape((size_t)C, (size_t)H, (size_t)b)) { /* mnistcu__k_gemm_skinny's sums */
+                    const int R = (b + MNISTCU__SKINNY_SL - 1) / MNISTCU__SKINNY_SL;
+                    int r0, r1;
+                    for (r0 = 0; r0 < b; r0 += R) {
+                        float part = 0.0f;
+                        r1 = r0 + R < b ? r0 + R : b;
+                        for (r = r0; r < r1; ++r) part = fmaf(dzs[r * C + c], hs[ui * B + r], part);
+                        acc = r0 ? acc + part : part;
+                    }
+                } else {
 #pragma unroll 4
-                for (r = 0; r < b; ++r) acc = fmaf(dzs[r * C + c], hs[ui * B + r], acc);
-                if (b % 16) acc = fmaf(0.0f, 0.0f, acc);
+                    for (r = 0; r < b; ++r) acc = fmaf(dzs[r * C + c], hs[ui * B + r], acc);
+                    if (b % 16) acc = fmaf(0.0f, 0.0f, acc);
+                }
                 if (!more) Gd[gi] = acc;
                 mnistcu__opt_one(&ol, (size_t)li, loc, acc, lst);
                 P[gi] = loc[li];
@@ -14483,6 +14681,9 @@ static mnistcu_result mnistcu__cuda_capture_begin(mnistcu_model *m)
     cudaStream_t st = mnistcu__cu(m->ctx)->stream;
     cudaError_t e;
 #ifdef MNISTCU_CUBLAS
+    /* made here too: a step may capture before its first cuBLAS product (the skinny kernel takes a model's only
+       weight gradient, cuDNN its convolutions) */
+    if (mnistcu__cu(m->ctx)->use_cublas) mnistcu__cuda_blas_workspace(m->ctx);
     if (mnistcu__cu(m->ctx)->use_cublas && !mnistcu__cu(m->ctx)->blas_ws) /* cuBLAS would allocate, or choose anew */
         return mnistcu__fail(m->ctx, MNISTCU_ERR_CUBLAS, "cuBLAS has no workspace of ours");
 #endif

@@ -107,7 +107,7 @@ static int tc_gemm_all(mnistcu_gemm path, char *msg, size_t msg_size)
     static const size_t dims[][3] = {{1, 1, 1}, {1, 10, 784}, {7, 37, 100}, {33, 100, 784}, {64, 128, 784},
                                      {65, 63, 17}, {128, 784, 64}, {100, 784, 33}, {200, 1024, 300},
                                      {6, 25, 36864}, {128, 576, 7744}, {131, 300, 1000}, {576, 7744, 128},
-                                     {256, 512, 784}, {10, 1024, 512}};
+                                     {256, 512, 784}, {10, 1024, 512}, {16, 33, 1024}, {3, 40, 1}, {1, 300, 5}};
     return tc_gemm_dims(path, dims, sizeof dims / sizeof dims[0], msg, msg_size);
 }
 
@@ -980,6 +980,123 @@ TEST cuda_gemm_wide_agrees_bitwise(void)
     cudaFree(dpart);
     cudaFree(dpart2);
     cudaFree(dflags);
+    mnistcu_ctx_destroy(g);
+    PASS();
+}
+
+/* The skinny weight-gradient kernel (>>cuda_skinny) against its stated order,
+   bit for bit: each output a chain of fmaf over its slice's rows, the slices'
+   sums added in order (computed here on the host with fmaf); its bias
+   gradient against mnistcu__k_bias_grad's; its optimizer's step against the
+   optimizer's pass on the same gradients (weights and momentum buffers). */
+TEST cuda_gemm_skinny_agrees_bitwise(void)
+{
+    /* M, N, K, the output's row stride beyond N */
+    static const int dims[][4] = {{10, 1024, 512, 0}, {16, 33, 1024, 3}, {1, 40, 1, 0}, {7, 100, 37, 0},
+                                  {3, 64, 5, 2}, {10, 84, 64, 0}};
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN);
+    size_t d;
+    ASSERT(g != NULL);
+    for (d = 0; d < sizeof dims / sizeof dims[0]; ++d) {
+        const int M = dims[d][0], N = dims[d][1], K = dims[d][2], ldc = N + dims[d][3];
+        const int R = (K + MNISTCU__SKINNY_SL - 1) / MNISTCU__SKINNY_SL;
+        const size_t nc = (size_t)M * ldc, nw = nc + (size_t)M; /* weights then bias, as a layer's arena */
+        tu_rng rng = tu_rng_make((uint64_t)(d + 77));
+        float *A = tu_random_floats(&rng, (size_t)K * M, -1, 1), *B = tu_random_floats(&rng, (size_t)K * N, -1, 1);
+        float *w0 = tu_random_floats(&rng, nw, -1, 1), *v0 = tu_random_floats(&rng, nw, -1, 1);
+        float *ref = (float *)malloc(nc * sizeof(float)), *dbh = (float *)malloc((size_t)M * sizeof(float));
+        float *dA = tc_up(A, (size_t)K * M), *dB = tc_up(B, (size_t)K * N), *dC, *ddb, *dbr, *h, *h2;
+        float *dw1 = tc_up(w0, nw), *dv1 = tc_up(v0, nw), *dw2 = tc_up(w0, nw), *dv2 = tc_up(v0, nw), *dg;
+        mnistcu_optim_desc od;
+        mnistcu__wupd u;
+        mnistcu__segs todo;
+        int c, n, r, s;
+        size_t i;
+        ASSERT(mnistcu__gemm_skinny_ok(1, 0, (size_t)M, (size_t)N, (size_t)K));
+        for (i = 0; i < nc; ++i) ref[i] = tu_nan(); /* the stride's gap stays poisoned */
+        for (c = 0; c < M; ++c) {
+            float sum = 0.0f;
+            for (r = 0; r < K; ++r) sum += A[(size_t)r * M + c];
+            dbh[c] = sum;
+            for (n = 0; n < N; ++n) {
+                float v = 0.0f;
+                for (s = 0; s * R < K; ++s) {
+                    float a = 0.0f;
+                    for (r = s * R; r < (s + 1) * R && r < K; ++r) a = fmaf(A[(size_t)r * M + c], B[(size_t)r * N + n], a);
+                    v = s ? v + a : a;
+                }
+                ref[(size_t)c * ldc + n] = v;
+            }
+        }
+        /* the product alone, then with the bias gradient, against the host and mnistcu__k_bias_grad */
+        dC = tc_poisoned(nc);
+        ASSERT_EQ(MNISTCU_OK, mnistcu__cuda_gemm(g, 1, 0, (size_t)M, (size_t)N, (size_t)K, dA, (size_t)M, dB, (size_t)N,
+                                                 dC, (size_t)ldc, NULL, 0));
+        h = tc_down(dC, nc);
+        ASSERT_ARRAY_EQ_BITS_F(ref, h, nc);
+        free(h);
+        cudaFree(dC);
+        dC = tc_poisoned(nc), ddb = tc_poisoned((size_t)M), dbr = tc_poisoned((size_t)M);
+        ASSERT_EQ(MNISTCU_OK, mnistcu__cuda_gemm_skinny(g, (size_t)M, (size_t)N, (size_t)K, dA, (size_t)M, dB,
+                                                        (size_t)N, dC, (size_t)ldc, ddb, NULL));
+        mnistcu__k_bias_grad<<<(unsigned)((M + 31) / 32), 256>>>(dA, NULL, MNISTCU_ACT_IDENTITY, K, M, dbr);
+        ASSERT_EQ(cudaSuccess, cudaGetLastError());
+        h = tc_down(dC, nc);
+        ASSERT_ARRAY_EQ_BITS_F(ref, h, nc);
+        free(h);
+        h = tc_down(ddb, (size_t)M), h2 = tc_down(dbr, (size_t)M);
+        ASSERT_ARRAY_EQ_BITS_F(h2, h, (size_t)M);
+        ASSERT_ARRAY_EQ_BITS_F(dbh, h, (size_t)M);
+        free(h); free(h2);
+        /* with the step (momentum, Nesterov, weight decay, not the first step): the pass over the same
+           gradients gives the same weights, bias and buffers */
+        memset(&od, 0, sizeof od);
+        od.kind = MNISTCU_OPTIM_SGD;
+        od.learning_rate = 0.05f, od.momentum = 0.9f, od.nesterov = 1, od.weight_decay = 0.01f;
+        memset(&u, 0, sizeof u);
+        mnistcu__opt_make(&od, 3, nw, &u.opt);
+        u.w = dw1, u.s = dv1, u.bw = dw1 + nc, u.bs = dv1 + nc;
+        cudaFree(ddb);
+        ddb = tc_poisoned((size_t)M);
+        ASSERT_EQ(MNISTCU_OK, mnistcu__cuda_gemm_skinny(g, (size_t)M, (size_t)N, (size_t)K, dA, (size_t)M, dB,
+                                                        (size_t)N, dC, (size_t)ldc, ddb, &u));
+        ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+        h = tc_down(dC, nc), h2 = tc_down(ddb, (size_t)M);
+        for (i = 0; i < nc; ++i)
+            if (h[i] != h[i]) h[i] = 0.0f; /* the stride's gap: no gradient, no step there */
+        {
+            float *gall = (float *)malloc(nw * sizeof(float));
+            memcpy(gall, h, nc * sizeof(float));
+            memcpy(gall + nc, h2, (size_t)M * sizeof(float));
+            dg = tc_up(gall, nw);
+            free(gall);
+        }
+        free(h); free(h2);
+        memset(&todo, 0, sizeof todo);
+        todo.count = 1, todo.total = nw, todo.off[0] = 0, todo.len[0] = nw;
+        if (dims[d][3]) { /* the gap's entries are not weights: the pass leaves them too */
+            size_t at = 0;
+            todo.count = 0;
+            for (c = 0; c < M; ++c) {
+                todo.off[todo.count] = at, todo.len[todo.count++] = (size_t)N;
+                at += (size_t)ldc;
+            }
+            todo.off[todo.count] = nc, todo.len[todo.count++] = (size_t)M;
+            todo.total = (size_t)M * N + (size_t)M;
+            ASSERT(todo.count <= MNISTCU__SEGS);
+        }
+        mnistcu__k_optim<<<mnistcu__blocks(todo.total), MNISTCU__THREADS>>>(u.opt, dw2, dg, dv2, NULL, NULL, todo);
+        ASSERT_EQ(cudaSuccess, cudaGetLastError());
+        h = tc_down(dw1, nw), h2 = tc_down(dw2, nw);
+        ASSERT_ARRAY_EQ_BITS_F(h2, h, nw);
+        free(h); free(h2);
+        h = tc_down(dv1, nw), h2 = tc_down(dv2, nw);
+        ASSERT_ARRAY_EQ_BITS_F(h2, h, nw);
+        free(h); free(h2);
+        free(A); free(B); free(w0); free(v0); free(ref); free(dbh);
+        cudaFree(dA); cudaFree(dB); cudaFree(dC); cudaFree(ddb); cudaFree(dbr);
+        cudaFree(dw1); cudaFree(dv1); cudaFree(dw2); cudaFree(dv2); cudaFree(dg);
+    }
     mnistcu_ctx_destroy(g);
     PASS();
 }
@@ -2270,7 +2387,9 @@ TEST cuda_fused_update_equals_pass_bitwise(void)
             tc_graph_run a;
             memset(&d, 0, sizeof d);
             d.name = i == 0 ? "SGD" : i == 1 ? "Adam" : i == 2 ? "l2" : i == 3 ? "clipping" : i == 4 ? "narrow" : i == 5 ? "cuBLAS, no head" : "TF32";
-            d.spec = i == 4 ? "784 dense64 relu dense10" : wide;
+            /* narrow: no layer the wide kernel takes, nor the skinny kernel (its last layer's 20 inputs);
+               cuBLAS without the head: the same, 1024 -> 20 a product of cuBLAS's */
+            d.spec = i == 4 ? "784 dense20 relu dense10" : i == 5 ? "784 dense1024 relu dense20 relu dense10" : wide;
             d.gemm = i == 5 ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
             d.n = 200; d.B = 100; d.epochs = 1;
             d.optim.learning_rate = 0.01f;
@@ -2316,6 +2435,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_gemm_cublas_matches_cpu);
     RUN_TEST(cuda_gemm_kernels_agree_bitwise);
     RUN_TEST(cuda_gemm_wide_agrees_bitwise);
+    RUN_TEST(cuda_gemm_skinny_agrees_bitwise);
     RUN_TEST(cuda_gemm_reduced_precision_within_bound);
     RUN_TEST(cuda_gemm_reduced_precision_small);
     RUN_TEST(cuda_training_reduced_precision_close_to_fp32);
