@@ -889,8 +889,49 @@ done:
     TU_END();
 }
 
+/* The library's CUDA kernels, read from the header's text (the tests run from the
+   repository's root): every kernel's body begins with MNISTCU__PDL_WAIT() (>>cuda_pdl:
+   launched as a dependent, a kernel that read or wrote memory before it would race
+   with the kernel before), and every launch goes through mnistcu__launch. */
+TEST every_cuda_kernel_waits_first(void)
+{
+    FILE *f = fopen("mnistcu.h", "rb");
+    char *src = NULL, *at;
+    long size;
+    int kernels = 0, waiting = 0;
+    ASSERTm("mnistcu.h not found: run the tests from the repository's root", f != NULL);
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    src = (char *)malloc((size_t)size + 1);
+    ASSERT(src != NULL);
+    ASSERT_EQ((size_t)size, fread(src, 1, (size_t)size, f));
+    fclose(f);
+    src[size] = 0;
+    for (at = strstr(src, "\n__global__ "); at; at = strstr(at + 1, "\n__global__ ")) {
+        char *body = strstr(at, "\n{\n"), *next = strstr(at + 1, "\n__global__ ");
+        ++kernels;
+        if (!body || (next && body > next)) continue;
+        body += 3;
+        while (*body == ' ') ++body;
+        if (!strncmp(body, "MNISTCU__PDL_WAIT();", 20)) ++waiting;
+        else {
+            char name[96];
+            snprintf(name, sizeof name, "%.80s", at + 1);
+            free(src);
+            FAILm(name);
+        }
+    }
+    ASSERT_EQm("a launch not through mnistcu__launch", NULL, strstr(src, "<<<"));
+    free(src);
+    ASSERT_GTE(kernels, 40);
+    ASSERT_EQ(kernels, waiting);
+    PASS();
+}
+
 SUITE(model_suite)
 {
+    RUN_TEST(every_cuda_kernel_waits_first);
     RUN_TEST(mlp_spec_valid);
     RUN_TEST(mlp_spec_invalid);
     RUN_TEST(model_create_desc_info);
