@@ -4310,10 +4310,12 @@ static unsigned mnistcu__blocks(size_t n)
    its dependents early (griddepcontrol.launch_dependents at a kernel's start
    made every step slower: the waiting blocks took the slots of blocks still to
    run, bench/RESULTS.md). Kernels of cuBLAS and cuDNN launch as before. On a
-   GPU before sm_90, or with code built for an older target (the instruction
-   absent), or with -DMNISTCU_NO_PDL, kernels launch plainly: mnistcu__pdl_dev
-   says per device, set where a context is made. The test
-   cuda_every_kernel_waits_first checks that every kernel begins with the wait. */
+   GPU before sm_90, with code built for an older target (the instruction
+   absent), with a driver older than CUDA 12.3 (graphs could not capture the
+   launches), or with -DMNISTCU_NO_PDL (implied by a runtime before 12.3),
+   kernels launch plainly: mnistcu__pdl_dev says per device, set where a
+   context is made. The test every_cuda_kernel_waits_first checks that every
+   kernel begins with the wait and that every launch comes through here. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MNISTCU__PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #else
@@ -4322,11 +4324,18 @@ static unsigned mnistcu__blocks(size_t n)
 #define MNISTCU__PDL_DEVICES 64
 static int mnistcu__pdl_dev[MNISTCU__PDL_DEVICES];
 
+/* programmatic edges in captured graphs: CUDA 12.3; cudaLaunchKernelEx: 11.8 */
+#if !defined(MNISTCU_NO_PDL) && CUDART_VERSION < 12030
+#define MNISTCU_NO_PDL
+#endif
 template <typename T> struct mnistcu__as { typedef T type; }; /* the arguments take the kernel's types (NULL too) */
 template <typename... P>
 static void mnistcu__launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                             typename mnistcu__as<P>::type... a)
 {
+#ifdef MNISTCU_NO_PDL
+    k<<<grid, block, smem, st>>>(a...);
+#else
     cudaLaunchConfig_t c = cudaLaunchConfig_t();
     cudaLaunchAttribute at[1];
     int dev = 0;
@@ -4341,6 +4350,7 @@ static void mnistcu__launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
         c.numAttrs = 1;
     }
     (void)cudaLaunchKernelEx(&c, k, a...); /* a failure is the last error, which MNISTCU__LAUNCHED reads */
+#endif
 }
 
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
@@ -5016,7 +5026,7 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
             MNISTCU__LAUNCHED(ctx, "act_backward");
         }
         if ((act != MNISTCU_ACT_IDENTITY && B <= MNISTCU__BG_ROWS) || db) {
-            mnistcu__launch(mnistcu__k_bias_grad, (unsigned)((out + 31) / 32), 256, 0, st, 
+            mnistcu__launch(mnistcu__k_bias_grad, (unsigned)((out + 31) / 32), 256, 0, st,
                 dy, L->out, B <= MNISTCU__BG_ROWS ? act : (int)MNISTCU_ACT_IDENTITY, (int)B, (int)out, db);
             MNISTCU__LAUNCHED(ctx, "bias_grad");
         }
@@ -5680,7 +5690,7 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
     }
     MNISTCU__LAUNCHED(ctx, "conv_direct_dw");
 sum:
-    mnistcu__launch(mnistcu__k_conv_direct_dw_sum, mnistcu__blocks(nw + (size_t)L->oc), MNISTCU__THREADS, 0, st, 
+    mnistcu__launch(mnistcu__k_conv_direct_dw_sum, mnistcu__blocks(nw + (size_t)L->oc), MNISTCU__THREADS, 0, st,
         part, part + (size_t)Z * nw, Z, nw, L->oc, m->grads + L->wo, L->nb ? m->grads + L->bo : NULL);
     MNISTCU__LAUNCHED(ctx, "conv_direct_dw_sum");
     if (dx) {
@@ -5735,7 +5745,7 @@ static mnistcu_result mnistcu__conv_dnn(mnistcu_model *m, mnistcu__layer *L, siz
                                     L->out);
         if ((r = mnistcu__dnn_check(ctx, s, "convolution forward"))) return r;
         if (L->nb || L->act != MNISTCU_ACT_IDENTITY) {
-            mnistcu__launch(mnistcu__k_chan_bias_act, mnistcu__blocks(n), MNISTCU__THREADS, 0, st, 
+            mnistcu__launch(mnistcu__k_chan_bias_act, mnistcu__blocks(n), MNISTCU__THREADS, 0, st,
                 L->out, L->nb ? m->params + L->bo : NULL, n, L->oc, (int)P, (int)L->act);
             MNISTCU__LAUNCHED(ctx, "chan_bias_act");
         }
@@ -5777,7 +5787,7 @@ static mnistcu_result mnistcu__conv_cuda_forward(mnistcu_model *m, mnistcu__laye
     m->scratch_layer = L->index + 1; /* the backward pass may find its columns still there */
     m->scratch_batch = B;
     if ((r = mnistcu__cuda_gemm(ctx, 0, 0, OC, BP, K, m->params + L->wo, K, col, BP, prod, BP, NULL, 0))) return r;
-    mnistcu__launch(mnistcu__k_conv_out, mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st, 
+    mnistcu__launch(mnistcu__k_conv_out, mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st,
         prod, L->nb ? m->params + L->bo : NULL, (int)L->act, (int)B, (int)OC, (int)P, L->out);
     MNISTCU__LAUNCHED(ctx, "conv_out");
     return MNISTCU_OK;
@@ -6472,7 +6482,7 @@ static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer 
                                                                    L->aux);
             MNISTCU__LAUNCHED(m->ctx, "batchnorm_stats");
         }
-        mnistcu__launch(mnistcu__k_bn_apply, grid, MNISTCU__THREADS, 0, st, 
+        mnistcu__launch(mnistcu__k_bn_apply, grid, MNISTCU__THREADS, 0, st,
             L->in, L->out, (int)B, (int)C, (int)S, (int)chunk, pieces, m->params + L->wo, m->params + L->bo,
             m->buffers + L->buf, m->buffers + L->buf + C, L->aux, L->trained, L->d.eps, L->d.momentum);
         MNISTCU__LAUNCHED(m->ctx, "batchnorm_forward");
@@ -6729,7 +6739,7 @@ __global__ void mnistcu__k_elt_backward(const float *dy, const float *x, const f
 static mnistcu_result mnistcu__elt_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
     size_t n = B * L->in_size;
-    mnistcu__launch(mnistcu__k_elt_forward, mnistcu__blocks(n), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx), 
+    mnistcu__launch(mnistcu__k_elt_forward, mnistcu__blocks(n), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx),
         L->in, L->out, n, L->d.kind == MNISTCU_LAYER_LEAKY_RELU, (int)mnistcu__kind_act(L->d.kind), L->d.slope);
     MNISTCU__LAUNCHED(m->ctx, "activation_forward");
     return MNISTCU_OK;
@@ -6738,7 +6748,7 @@ static mnistcu_result mnistcu__elt_cuda_backward(mnistcu_model *m, mnistcu__laye
 {
     size_t n = B * L->in_size;
     if (!dx) return MNISTCU_OK;
-    mnistcu__launch(mnistcu__k_elt_backward, mnistcu__blocks(n), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx), 
+    mnistcu__launch(mnistcu__k_elt_backward, mnistcu__blocks(n), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx),
         dy, L->in, L->out, dx, n, L->d.kind == MNISTCU_LAYER_LEAKY_RELU, (int)mnistcu__kind_act(L->d.kind), L->d.slope);
     MNISTCU__LAUNCHED(m->ctx, "activation_backward");
     return MNISTCU_OK;
@@ -6819,7 +6829,7 @@ __global__ void mnistcu__k_softmax_layer(const float *x, const float *y_in, floa
 static mnistcu_result mnistcu__softmax_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
     size_t rows = B * (size_t)L->h * L->w;
-    mnistcu__launch(mnistcu__k_softmax_layer, mnistcu__blocks(rows), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx), 
+    mnistcu__launch(mnistcu__k_softmax_layer, mnistcu__blocks(rows), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx),
         L->in, NULL, L->out, rows, L->c, (size_t)L->h * L->w, L->in_size, 0);
     MNISTCU__LAUNCHED(m->ctx, "softmax_forward");
     return MNISTCU_OK;
@@ -6828,7 +6838,7 @@ static mnistcu_result mnistcu__softmax_cuda_backward(mnistcu_model *m, mnistcu__
 {
     size_t rows = B * (size_t)L->h * L->w;
     if (!dx) return MNISTCU_OK;
-    mnistcu__launch(mnistcu__k_softmax_layer, mnistcu__blocks(rows), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx), 
+    mnistcu__launch(mnistcu__k_softmax_layer, mnistcu__blocks(rows), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx),
         dy, L->out, dx, rows, L->c, (size_t)L->h * L->w, L->in_size, 1);
     MNISTCU__LAUNCHED(m->ctx, "softmax_backward");
     return MNISTCU_OK;
@@ -12380,13 +12390,18 @@ __global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, fl
 #define MNISTCU__SKINNY_CW (MNISTCU__THREADS / MNISTCU__SKINNY_SL)
 #define MNISTCU__SKINNY_MAX_K 1024
 #define MNISTCU__SKINNY_UNROLL 8 /* a slice's rows loaded at once */
+#define MNISTCU__SKINNY_SMEM 8192 /* floats of shared memory a block */
+#define MNISTCU__SKINNY_MAX_N 16384 /* wider (im2col's input gradients of 1-channel 3x3 kernels): the tiled kernels */
+static_assert(MNISTCU__THREADS % MNISTCU__SKINNY_SL == 0 && MNISTCU__SKINNY_M * MNISTCU__SKINNY_CW <= MNISTCU__THREADS &&
+                  MNISTCU__SKINNY_SL * MNISTCU__SKINNY_M * (MNISTCU__SKINNY_CW + 1) <= MNISTCU__SKINNY_SMEM,
+              "the skinny kernel's block shape and shared memory");
 
 /* The shapes the skinny kernel takes (its products stay FP32 in every
    precision: too few outputs for the tensor cores), and the order of their
    sums, which the fused MLP kernel's W2 gradient follows (>>cuda_fused). */
 static MNISTCU__HD int mnistcu__skinny_shape(size_t M, size_t N, size_t K)
 {
-    return M >= 1 && M <= MNISTCU__SKINNY_M && N >= 32 && N <= (size_t)INT_MAX && K >= 1 &&
+    return M >= 1 && M <= MNISTCU__SKINNY_M && N >= 32 && N <= MNISTCU__SKINNY_MAX_N && K >= 1 &&
            K <= MNISTCU__SKINNY_MAX_K;
 }
 
@@ -12405,7 +12420,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_gemm_skinny(mnist
     MNISTCU__PDL_WAIT();
     enum { MC = MNISTCU__SKINNY_M, SL = MNISTCU__SKINNY_SL, CW = MNISTCU__SKINNY_CW, U = MNISTCU__SKINNY_UNROLL };
     /* the slices' sums part [SL][MC][CW + 1]; in the bias gradient's block, rows of A */
-    __shared__ float sbuf[8192];
+    __shared__ float sbuf[MNISTCU__SKINNY_SMEM];
     float(*part)[MC][CW + 1] = (float(*)[MC][CW + 1])sbuf;
     const int t = (int)threadIdx.x, M = p.M;
     const mnistcu__opt o = p.upd && p.dyn ? p.dyn->opt : p.opt; /* a replayed step's scalars */
@@ -12879,6 +12894,38 @@ __global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int
     }
 }
 
+/* mnistcu__k_gather for bytes without targets and F a multiple of 4, the rows
+   and the batch 4- and 16-byte aligned: four features a thread, one 4-byte load
+   and one 16-byte store, each value the same fmaf (P3's gather 5.4 us with one
+   feature a thread, ncu). */
+__global__ void mnistcu__k_gather4(const uint8_t *u8, const int32_t *src_labels, const uint32_t *idx, size_t offset,
+                                   int B, int F, float scale, float shift, float *x, int32_t *labels,
+                                   const mnistcu__dyn *dyn)
+{
+    MNISTCU__PDL_WAIT();
+    const size_t F4 = (size_t)F / 4, n4 = (size_t)B * F4;
+    size_t e;
+    if (dyn) offset = (size_t)dyn->offset; /* a step replayed from a graph */
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n4; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = mnistcu__div(e, F4), j4 = e - i * F4;
+        const size_t s = idx ? (size_t)idx[offset + i] : offset + i;
+        const uchar4 v = ((const uchar4 *)(u8 + s * (size_t)F))[j4];
+        float4 o;
+        o.x = fmaf((float)v.x, scale, shift);
+        o.y = fmaf((float)v.y, scale, shift);
+        o.z = fmaf((float)v.z, scale, shift);
+        o.w = fmaf((float)v.w, scale, shift);
+        ((float4 *)x)[e] = o;
+        if (j4 == 0) labels[i] = src_labels[s];
+    }
+}
+
+/* Whether mnistcu__k_gather4 takes a batch. */
+static int mnistcu__gather4_ok(const uint8_t *u8, const float *targets, size_t F, const float *x)
+{
+    return u8 && !targets && F % 4 == 0 && ((uintptr_t)u8 & 3) == 0 && ((uintptr_t)x & 15) == 0;
+}
+
 /* Divergence check (see >>train): partial[b] = 1 when block b's share of p[n]
    holds a value that is not finite, else 0; then one block ORs the partial
    flags into *flag. A fixed grid and fixed-order trees: no atomics. */
@@ -12945,7 +12992,11 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
     }
 #ifndef MNISTCU_NO_PDL
     /* >>cuda_pdl: a Hopper or newer GPU running code built for it (ptxVersion: the target the code came from) */
-    if (want < MNISTCU__PDL_DEVICES) mnistcu__pdl_dev[want] = prop.major >= 9 && fa.ptxVersion >= 90;
+    {
+        int drv = 0;
+        if (cudaDriverGetVersion(&drv) != cudaSuccess) drv = 0;
+        if (want < MNISTCU__PDL_DEVICES) mnistcu__pdl_dev[want] = prop.major >= 9 && fa.ptxVersion >= 90 && drv >= 12030;
+    }
 #endif
     cu = (mnistcu__cuda *)mnistcu__calloc(ctx, sizeof *cu);
     if (!cu) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory");
@@ -13333,7 +13384,7 @@ static mnistcu_result mnistcu__cuda_gemm_wide(mnistcu_ctx *ctx, int ta, int tb, 
 }
 
 /* Whether mnistcu__k_gemm_skinny takes this product (>>cuda_skinny): a weight
-   gradient (TN) of at most MNISTCU__SKINNY_M outputs, at least 32 inputs and
+   gradient (TN) of at most MNISTCU__SKINNY_M outputs, 32 to MNISTCU__SKINNY_MAX_N inputs and
    at most MNISTCU__SKINNY_MAX_K samples, whatever the context's product path
    and precision, so that a layer's gradient comes from one kernel whether its
    bias gradient or optimizer's step goes with it or not. */
@@ -13489,7 +13540,7 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
             return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cuBLAS product %lux%lux%lu: %s", (unsigned long)M,
                                  (unsigned long)N, (unsigned long)K, cublasGetStatusString(s));
         if (S > 1) { /* the parts added in order, with the bias and the activation */
-            mnistcu__launch(mnistcu__k_splitk_sum, mnistcu__blocks(M * N), MNISTCU__THREADS, 0, cu->stream, 
+            mnistcu__launch(mnistcu__k_splitk_sum, mnistcu__blocks(M * N), MNISTCU__THREADS, 0, cu->stream,
                 out, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, 1, NULL);
             MNISTCU__LAUNCHED(ctx, "splitk_sum");
         } else if (fuse) {
@@ -13604,7 +13655,7 @@ static mnistcu_result mnistcu__cuda_loss(mnistcu_model *m, size_t B, int with_gr
 {
     mnistcu_result r;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
-    mnistcu__launch(mnistcu__k_loss, mnistcu__blocks(B), MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream, 
+    mnistcu__launch(mnistcu__k_loss, mnistcu__blocks(B), MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream,
         m->lossp, m->logits, m->labels, m->batch_targets ? m->targets : NULL, (int)B, (int)m->classes,
         m->lossp.sum ? 1.0f : 1.0f / (float)B, with_grad ? m->dbuf[0] : NULL, m->sample_loss, m->pred);
     MNISTCU__LAUNCHED(m->ctx, "loss");
@@ -13619,7 +13670,7 @@ static mnistcu_result mnistcu__cuda_loss_stats(mnistcu_model *m, size_t B, size_
     mnistcu_result r;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
     if (dyn) step = 0; /* the kernel adds the step's slot */
-    mnistcu__launch(mnistcu__k_loss_stats, 1, MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream, 
+    mnistcu__launch(mnistcu__k_loss_stats, 1, MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream,
         m->lossp, m->logits, m->labels, m->batch_targets ? m->targets : NULL, (int)B, (int)m->classes,
         m->lossp.sum ? 1.0f : 1.0f / (float)B, m->dbuf[0], m->sample_loss, m->pred, cm->stats + step,
         cm->stats + cm->stats_cap + step, dyn);
@@ -14584,13 +14635,20 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
     if (!cm->streaming) {
         const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
         if (aug) {
-            mnistcu__launch(mnistcu__k_gather_augment, (unsigned)B, MNISTCU__THREADS, aug->elastic ? 16 * F : 0, cu->stream, 
+            mnistcu__launch(mnistcu__k_gather_augment, (unsigned)B, MNISTCU__THREADS, aug->elastic ? 16 * F : 0, cu->stream,
                 *aug, dc->u8, dc->labels, dc->targets, (int)ds->target_dim, cm->idx, offset, ds->rows, ds->cols,
                 m->steps, scale, shift, m->input, m->labels, m->targets, mnistcu__cuda_dyn(m));
             MNISTCU__LAUNCHED(ctx, "gather_augment");
             return MNISTCU_OK;
         }
-        mnistcu__launch(mnistcu__k_gather, mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream, 
+        if (mnistcu__gather4_ok(dc->u8, dc->targets, F, m->input)) {
+            mnistcu__launch(mnistcu__k_gather4, mnistcu__blocks(n / 4), MNISTCU__THREADS, 0, cu->stream, dc->u8,
+                            dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->input, m->labels,
+                            mnistcu__cuda_dyn(m));
+            MNISTCU__LAUNCHED(ctx, "gather");
+            return MNISTCU_OK;
+        }
+        mnistcu__launch(mnistcu__k_gather, mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream,
             dc->u8, dc->f32, dc->labels, dc->targets, (int)ds->target_dim, cm->idx, offset, (int)B, (int)F, scale, shift,
             m->input, m->labels, m->targets, mnistcu__cuda_dyn(m));
         MNISTCU__LAUNCHED(ctx, "gather");
@@ -14620,12 +14678,12 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
         {
             const unsigned char *dev = (const unsigned char *)cm->staged[s];
             if (aug) {
-                mnistcu__launch(mnistcu__k_gather_augment, (unsigned)B, MNISTCU__THREADS, aug->elastic ? 16 * F : 0, cu->stream, 
+                mnistcu__launch(mnistcu__k_gather_augment, (unsigned)B, MNISTCU__THREADS, aug->elastic ? 16 * F : 0, cu->stream,
                     *aug, dev, (const int32_t *)(dev + lab_off), T ? (const float *)(dev + tgt_off) : NULL, (int)T, NULL,
                     0, ds->rows, ds->cols, m->steps, scale, shift, m->input, m->labels, m->targets, NULL);
                 MNISTCU__LAUNCHED(ctx, "gather_augment (streamed)");
             } else {
-                mnistcu__launch(mnistcu__k_gather, mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream, 
+                mnistcu__launch(mnistcu__k_gather, mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream,
                     ds->u8 ? dev : NULL, ds->u8 ? NULL : (const float *)dev, (const int32_t *)(dev + lab_off),
                     T ? (const float *)(dev + tgt_off) : NULL, (int)T, NULL, 0, (int)B, (int)F, scale, shift, m->input,
                     m->labels, m->targets, NULL);
@@ -14644,7 +14702,7 @@ static mnistcu_result mnistcu__cuda_step_stats(mnistcu_model *m, size_t B, size_
     mnistcu_result r;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
     if (dyn) step = 0; /* the kernel adds the step's slot */
-    mnistcu__launch(mnistcu__k_step_stats, 1, MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream, 
+    mnistcu__launch(mnistcu__k_step_stats, 1, MNISTCU__THREADS, 0, mnistcu__cu(m->ctx)->stream,
         m->sample_loss, m->pred, m->labels, (int)B, cm->stats + step, cm->stats + cm->stats_cap + step, dyn);
     MNISTCU__LAUNCHED(m->ctx, "step_stats");
     return MNISTCU_OK;
