@@ -108,6 +108,9 @@
                                -lcudnn); mnistcu_ctx_desc.cnn chooses per context
      MNISTCU_DEBUG_SYNC        nvcc builds: synchronise after every launch so an
                                error names the kernel that caused it
+     MNISTCU_NO_PDL            nvcc builds: launch kernels plainly, without
+                               programmatic dependent launch (>>cuda_pdl;
+                               implied before CUDA 12.3)
 
    MEMORY & OWNERSHIP
      Every object (dataset, model) belongs to the context that made it and is
@@ -4518,7 +4521,8 @@ typedef struct mnistcu__layer {
     int passthrough;           /* the output is the input: flatten, or an activation done by the layer before */
     int need_dx;               /* backward computes the input gradient: a layer before has parameters */
     int trained;               /* the last forward ran in TRAIN mode (batch norm, dropout) */
-    int dy_done;               /* dense, CUDA: this step's output gradient has act' applied already (the head) */
+    int dy_done;               /* dense and conv, CUDA: this step's output gradient has act' applied already (the
+                                  head, or the pooling layer after, in a head step) */
     int db_done;               /* dense, CUDA: this step's bias gradient is computed already (the head) */
     int upd_done;              /* dense, CUDA: this step's optimizer step of the weights (2: and of the bias) was
                                   taken in the weight gradient's product (>>cuda_update) */
@@ -5641,7 +5645,7 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
     size_t nw = L->nw, n = B * L->out_size;
     float *part;
     mnistcu_result r;
-    if (L->act != MNISTCU_ACT_IDENTITY) {
+    if (L->act != MNISTCU_ACT_IDENTITY && !L->dy_done) { /* dy_done: the pooling after applied it */
         mnistcu__launch(mnistcu__k_act_backward, mnistcu__blocks(n), MNISTCU__THREADS, 0, st, dy, L->out, n, (int)L->act);
         MNISTCU__LAUNCHED(ctx, "act_backward");
     }
@@ -5751,7 +5755,7 @@ static mnistcu_result mnistcu__conv_dnn(mnistcu_model *m, mnistcu__layer *L, siz
         }
         return MNISTCU_OK;
     }
-    if (L->act != MNISTCU_ACT_IDENTITY) {
+    if (L->act != MNISTCU_ACT_IDENTITY && !L->dy_done) {
         mnistcu__launch(mnistcu__k_act_backward, mnistcu__blocks(n), MNISTCU__THREADS, 0, st, dy, L->out, n, (int)L->act);
         MNISTCU__LAUNCHED(ctx, "act_backward");
     }
@@ -5805,7 +5809,8 @@ static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__lay
     size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, BP = B * P, OC = (size_t)L->oc;
     float *col = m->scratch, *dprod = m->scratch + K * BP;
     mnistcu_result r;
-    mnistcu__launch(mnistcu__k_conv_dout, mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st, dy, L->out, (int)L->act, (int)B,
+    mnistcu__launch(mnistcu__k_conv_dout, mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st, dy, L->out,
+                    L->dy_done ? (int)MNISTCU_ACT_IDENTITY : (int)L->act, (int)B,
                                                                                 (int)OC, (int)P, dprod);
     MNISTCU__LAUNCHED(ctx, "conv_dout");
     if (m->scratch_layer != L->index + 1 || m->scratch_batch != B) { /* another conv used the scratch since */
@@ -6036,15 +6041,20 @@ __global__ void mnistcu__k_pool_forward(const float *x, mnistcu__geom g, size_t 
     }
 }
 
+/* y_in (act_in not IDENTITY): the pooling's input, the output of a convolution
+   with that activation, whose derivative dx then takes here (see
+   mnistcu__cuda_pool_backward). */
 __global__ void mnistcu__k_pool_backward(const float *dy, const int32_t *arg, const float *y, mnistcu__geom g,
-                                         size_t planes, float *dx)
+                                         size_t planes, float *dx, int act_in, const float *y_in)
 {
     MNISTCU__PDL_WAIT();
     size_t P = (size_t)g.oh * g.ow, S = (size_t)g.h * g.w, n = planes * S, e;
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t pl = mnistcu__div(e, S), i = e - pl * S, iy = mnistcu__div(i, (size_t)g.w);
-        dx[e] = mnistcu__pool_back_at(dy + pl * P, arg ? arg + pl * P : NULL, y ? y + pl * P : NULL, g,
-                                      (int)iy, (int)(i - iy * g.w));
+        float v = mnistcu__pool_back_at(dy + pl * P, arg ? arg + pl * P : NULL, y ? y + pl * P : NULL, g, (int)iy,
+                                        (int)(i - iy * g.w));
+        if (act_in != MNISTCU_ACT_IDENTITY) v = mnistcu__act_backward_one((mnistcu_act)act_in, v, y_in[e]);
+        dx[e] = v;
     }
 }
 
@@ -6092,15 +6102,26 @@ static mnistcu_result mnistcu__cuda_pool_backward(mnistcu_model *m, mnistcu__lay
                                                   float *dx, int is_max)
 {
     size_t planes = B * (size_t)L->c;
+    mnistcu__layer *C;
     if (!dx) return MNISTCU_OK;
 #ifdef MNISTCU_CUDNN
     if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, dy, dx);
 #endif
+    /* in a head step (m->head_step: a training step's backward pass, never a layer's pass alone), the
+       convolution before takes its activation's derivative here, the same operation on the same values
+       as its own pass (mnistcu__k_act_backward, or the columns path's k_conv_dout), and skips that pass
+       (dy_done, cleared with the head's): one kernel less. LeNet-5 with our kernels 109.2-109.6 ->
+       105.3-107.6 ms an epoch on the H100 (bench/RESULTS.md); cuda_head_step_matches_step_by_step
+       compares its bits with the step by step path's */
+    C = m->head_step ? mnistcu__layer_before(m, (int)(L - m->layers)) : NULL;
+    if (C && (C->d.kind != MNISTCU_LAYER_CONV2D || C->act == MNISTCU_ACT_IDENTITY || C->out != L->in || C->dy_done))
+        C = NULL;
     mnistcu__launch(mnistcu__k_pool_backward, mnistcu__blocks(planes * L->h * L->w), MNISTCU__THREADS, 0,
-                               mnistcu__cuda_stream(m->ctx), dy, is_max ? (const int32_t *)L->aux : NULL,
-                                                               L->act == MNISTCU_ACT_RELU ? L->out : NULL,
-                                                               mnistcu__geom_of(L), planes, dx);
+                    mnistcu__cuda_stream(m->ctx), dy, is_max ? (const int32_t *)L->aux : NULL,
+                    L->act == MNISTCU_ACT_RELU ? L->out : NULL, mnistcu__geom_of(L), planes, dx,
+                    C ? (int)C->act : (int)MNISTCU_ACT_IDENTITY, C ? (const float *)L->in : NULL);
     MNISTCU__LAUNCHED(m->ctx, "pool_backward");
+    if (C) C->dy_done = 1;
     return MNISTCU_OK;
 }
 static mnistcu_result mnistcu__maxpool_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
