@@ -12392,6 +12392,57 @@ __global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, fl
     }
 }
 
+/* mnistcu__k_splitk_sum four outputs a thread (16-byte loads of the parts,
+   16-byte stores): N and ldc multiples of 4, part, C and y 16-byte aligned
+   (mnistcu__splitk_sum decides). Each output's sums and epilogue are the same
+   operations in the same order, so the same bits. */
+__global__ void mnistcu__k_splitk_sum4(const float *part, int S, int M, int N, float *C, int ldc, const float *bias,
+                                       int act, int fuse, const float *y)
+{
+    MNISTCU__PDL_WAIT();
+    const size_t n4 = (size_t)M * N / 4, N4 = (size_t)N / 4;
+    const float4 *p4 = (const float4 *)part;
+    size_t e;
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n4; e += (size_t)gridDim.x * blockDim.x) {
+        float4 acc = p4[e];
+        const size_t row = mnistcu__div(e, N4), col = (e - row * N4) * 4, at = row * (size_t)ldc + col;
+        float v[4];
+        int s2, q;
+        for (s2 = 1; s2 < S; ++s2) {
+            const float4 b = p4[(size_t)s2 * n4 + e];
+            acc.x += b.x, acc.y += b.y, acc.z += b.z, acc.w += b.w;
+        }
+        v[0] = acc.x, v[1] = acc.y, v[2] = acc.z, v[3] = acc.w;
+        if (fuse == 1)
+            for (q = 0; q < 4; ++q) v[q] = mnistcu__act_f((mnistcu_act)act, bias ? v[q] + bias[col + q] : v[q]);
+        if (fuse == 2) {
+            const float4 yy = *(const float4 *)(y + at);
+            const float y4[4] = {yy.x, yy.y, yy.z, yy.w};
+            for (q = 0; q < 4; ++q) v[q] = mnistcu__act_backward_one((mnistcu_act)act, v[q], y4[q]);
+        }
+        *(float4 *)(C + at) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+}
+
+/* The split product's parts added (mnistcu__k_splitk_sum), four outputs a
+   thread where the shapes and addresses allow. Measured on the H100: P3 with
+   cuBLAS's products 24.6 -> 23.6 ms an epoch (means of six alternated runs),
+   though ncu with flushed caches times each sum slower (7.4-7.8 -> 9.4-10.0
+   us): in the step the parts are still in L2. Loading up to four parts at
+   once measured slower again (24.1 ms), bench/RESULTS.md. */
+static void mnistcu__splitk_sum(cudaStream_t st, const float *part, int S, int M, int N, float *C, int ldc,
+                                const float *bias, int act, int fuse, const float *y)
+{
+    const size_t n = (size_t)M * N;
+    if (N % 4 == 0 && ldc % 4 == 0 && ((uintptr_t)part & 15) == 0 && ((uintptr_t)C & 15) == 0 &&
+        (fuse != 2 || ((uintptr_t)y & 15) == 0))
+        mnistcu__launch(mnistcu__k_splitk_sum4, mnistcu__blocks(n / 4), MNISTCU__THREADS, 0, st, part, S, M, N, C, ldc,
+                        bias, act, fuse, y);
+    else
+        mnistcu__launch(mnistcu__k_splitk_sum, mnistcu__blocks(n), MNISTCU__THREADS, 0, st, part, S, M, N, C, ldc,
+                        bias, act, fuse, y);
+}
+
 /* >>cuda_skinny --------------------------------------------------------------------
    A weight gradient of few outputs, C [M][N] = A^T B with A [K][M] (dy, M at
    most MNISTCU__SKINNY_M: a classifier's last layer) and B [K][N] (its
@@ -13561,8 +13612,7 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
             return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cuBLAS product %lux%lux%lu: %s", (unsigned long)M,
                                  (unsigned long)N, (unsigned long)K, cublasGetStatusString(s));
         if (S > 1) { /* the parts added in order, with the bias and the activation */
-            mnistcu__launch(mnistcu__k_splitk_sum, mnistcu__blocks(M * N), MNISTCU__THREADS, 0, cu->stream,
-                out, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, 1, NULL);
+            mnistcu__splitk_sum(cu->stream, out, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, 1, NULL);
             MNISTCU__LAUNCHED(ctx, "splitk_sum");
         } else if (fuse) {
             size_t n = M * N;
@@ -13627,8 +13677,7 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
 #undef MNISTCU__GEMM_LAUNCH
         MNISTCU__LAUNCHED(ctx, "gemm");
         if (S > 1) {
-            mnistcu__launch(mnistcu__k_splitk_sum, mnistcu__blocks(M * N), MNISTCU__THREADS, 0, st, out, (int)S, m_, n_, C, (int)ldc,
-                                                                                     bias, act, fuse, NULL);
+            mnistcu__splitk_sum(st, out, (int)S, m_, n_, C, (int)ldc, bias, act, fuse, NULL);
             MNISTCU__LAUNCHED(ctx, "splitk_sum");
         }
     }
@@ -13663,8 +13712,7 @@ static mnistcu_result mnistcu__cuda_dx_act(mnistcu_ctx *ctx, size_t M, size_t N,
     if (s != CUBLAS_STATUS_SUCCESS)
         return mnistcu__fail(ctx, MNISTCU_ERR_CUBLAS, "cuBLAS product %lux%lux%lu: %s", (unsigned long)M,
                              (unsigned long)N, (unsigned long)K, cublasGetStatusString(s));
-    mnistcu__launch(mnistcu__k_splitk_sum, mnistcu__blocks(M * N), MNISTCU__THREADS, 0, cu->stream, out, (int)S, (int)M, (int)N, C,
-                                                                                      (int)N, NULL, act, 2, y);
+    mnistcu__splitk_sum(cu->stream, out, (int)S, (int)M, (int)N, C, (int)N, NULL, act, 2, y);
     MNISTCU__LAUNCHED(ctx, "splitk_sum");
     *done = 1;
     return MNISTCU_OK;

@@ -1142,6 +1142,37 @@ TEST cuda_gemm_skinny_agrees_bitwise(void)
     PASS();
 }
 
+/* The split product's sum four outputs a thread against one a thread: the same bits for every epilogue
+   (plain, bias and activation, the derivative from y), 1 to 4 parts, a row stride wider than N. */
+TEST cuda_splitk_sum4_agrees_bitwise(void)
+{
+    static const int dims[][3] = {{3, 8, 8}, {512, 1024, 1024}, {5, 12, 16}, {7, 4, 4}};
+    size_t d;
+    int S, fuse;
+    for (d = 0; d < sizeof dims / sizeof dims[0]; ++d)
+        for (S = 1; S <= 4; ++S)
+            for (fuse = 0; fuse < 3; ++fuse) {
+                const int M = dims[d][0], N = dims[d][1], ldc = dims[d][2];
+                const size_t np = (size_t)S * M * N, nc = (size_t)M * ldc;
+                const int act = fuse == 1 ? MNISTCU_ACT_TANH : MNISTCU_ACT_RELU;
+                tu_rng rng = tu_rng_make((uint64_t)(d * 100 + (size_t)S * 10 + (size_t)fuse));
+                float *part = tu_random_floats(&rng, np, -1, 1), *bias = tu_random_floats(&rng, (size_t)N, -1, 1);
+                float *y = tu_random_floats(&rng, nc, -1, 1);
+                float *dp = tc_up(part, np), *db = tc_up(bias, (size_t)N), *dy = tc_up(y, nc);
+                float *c1 = tc_poisoned(nc), *c4 = tc_poisoned(nc), *h1, *h4;
+                mnistcu__k_splitk_sum<<<mnistcu__blocks((size_t)M * N), MNISTCU__THREADS>>>(dp, S, M, N, c1, ldc, db, act,
+                                                                                           fuse, dy);
+                mnistcu__k_splitk_sum4<<<mnistcu__blocks((size_t)M * N / 4), MNISTCU__THREADS>>>(dp, S, M, N, c4, ldc, db,
+                                                                                               act, fuse, dy);
+                ASSERT_EQ(cudaSuccess, cudaGetLastError());
+                h1 = tc_down(c1, nc), h4 = tc_down(c4, nc);
+                ASSERT_ARRAY_EQ_BITS_F(h1, h4, nc); /* the stride's gap stays poisoned on both */
+                free(h1); free(h4); free(part); free(bias); free(y);
+                cudaFree(dp); cudaFree(db); cudaFree(dy); cudaFree(c1); cudaFree(c4);
+            }
+    PASS();
+}
+
 /* A model meets a uint8 dataset and then a float one in streaming mode: the
    slots sized for the first must grow for the second (4 bytes a feature). */
 TEST cuda_streaming_mixed_storage(void)
@@ -2478,6 +2509,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_gemm_kernels_agree_bitwise);
     RUN_TEST(cuda_gemm_wide_agrees_bitwise);
     RUN_TEST(cuda_gemm_skinny_agrees_bitwise);
+    RUN_TEST(cuda_splitk_sum4_agrees_bitwise);
     RUN_TEST(cuda_gemm_reduced_precision_within_bound);
     RUN_TEST(cuda_gemm_reduced_precision_small);
     RUN_TEST(cuda_training_reduced_precision_close_to_fp32);
