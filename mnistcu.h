@@ -13987,7 +13987,9 @@ typedef struct mnistcu__fused_args {
      hs    [nu][B]        its units' activations
      dh    [B][nu4]       their gradients (nu4: nu rounded up to 4)
      dz    [B][C]         the loss gradient; zs [B][C] the logits
-     stg   [per][sh]      phase 2: a row of h at 0 and a row of W2 at ldw2
+     stg   [per][sh]      phase 2: a row of h at 0 and a row of W2 at ldw2;
+                          in phase 4, where the skinny kernel's order applies,
+                          the W2 gradient's slice sums [nu][C][SL + 1]
      gs    [nu][ldw]      the gradients of its W1 rows, before their update
      ls    [B]            losses; then the int32 predictions [B], and labels
                           and sample indices [2][B] each (this step's, the next's) */
@@ -14016,7 +14018,9 @@ static MNISTCU__HD void mnistcu__fused_layout_make(int B, int D, int H, int C, i
     l->dh = o; o += (size_t)B * (size_t)l->nu4;
     l->dz = o; o += mnistcu__r4((size_t)B * (size_t)C);
     l->zs = o; o += mnistcu__r4((size_t)B * (size_t)C);
-    l->stg = o; o += (size_t)per * (size_t)l->sh;
+    l->stg = o; o += MNISTCU__MAX((size_t)per * (size_t)l->sh,
+                                  mnistcu__skinny_shape((size_t)C, (size_t)H, 1)
+                                      ? mnistcu__r4((size_t)nu * (size_t)C * (MNISTCU__SKINNY_SL + 1)) : 0);
     l->gs = o; o += (size_t)nu * (size_t)l->ldw;
     l->ls = o; o += mnistcu__r4((size_t)B);
     l->ints = o; o += 5 * (size_t)B;
@@ -14052,35 +14056,55 @@ static __device__ void mnistcu__fused_stage_x(const mnistcu__fused_args *a, cons
 }
 
 /* The prefetching path (bytes, D a multiple of 16): the batch of rows srow as
-   16-byte loads into v, the thread's loads e = t, t + T, ...; then into xs. */
+   16-byte loads into v, the thread's loads e = t, t + T, ...; (row, word)
+   stepped without a division. */
 static __device__ void mnistcu__fused_load_x(const mnistcu__fused_args *a, const uint32_t *srow, int b,
                                              uint4 v[MNISTCU__FUSED_PV])
 {
-    const int t = (int)threadIdx.x, T = (int)blockDim.x, V = a->D / 16, n = b * V;
-    int u;
+    const int t = (int)threadIdx.x, T = (int)blockDim.x, V = a->D / 16, n = b * V, dq = T / V, dr = T - dq * V;
+    int u, r = t / V, c = t - r * V;
 #pragma unroll
     for (u = 0; u < MNISTCU__FUSED_PV; ++u) {
-        int e = t + u * T, r = e / V;
-        if (e < n) v[u] = ((const uint4 *)(a->u8 + (size_t)srow[r] * (size_t)a->D))[e - r * V];
+        if (t + u * T >= n) break;
+        v[u] = ((const uint4 *)(a->u8 + (size_t)srow[r] * (size_t)a->D))[c];
+        r += dq;
+        c += dr;
+        if (c >= V) {
+            c -= V;
+            ++r;
+        }
     }
 }
 
+/* Then into xs: a load's sixteen floats are four float4 stores 16 bytes
+   apart, which thread t makes in the order q = (t / 2) % 4, ... (a rotation),
+   so that the warp's 32 stores of each round meet in no bank (in order, the
+   even threads' stores would all fall in the same four banks). */
 static __device__ void mnistcu__fused_store_x(const mnistcu__fused_args *a, int b, int ldx,
                                               const uint4 v[MNISTCU__FUSED_PV], float *xs)
 {
-    const int t = (int)threadIdx.x, T = (int)blockDim.x, V = a->D / 16, n = b * V;
+    const int t = (int)threadIdx.x, T = (int)blockDim.x, V = a->D / 16, n = b * V, dq = T / V, dr = T - dq * V;
+    const int rot = (t >> 1) & 3;
     const float sc = a->scale, sh = a->shift;
-    int u, q;
+    int u, q, r = t / V, c = t - r * V;
 #pragma unroll
     for (u = 0; u < MNISTCU__FUSED_PV; ++u) {
-        int e = t + u * T, r = e / V;
-        const unsigned w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-        float4 *x = (float4 *)(xs + r * ldx + 16 * (e - r * V));
-        if (e >= n) continue;
+        float *x = xs + r * ldx + 16 * c;
+        if (t + u * T >= n) break;
 #pragma unroll
-        for (q = 0; q < 4; ++q)
-            x[q] = make_float4(fmaf((float)(w[q] & 255u), sc, sh), fmaf((float)((w[q] >> 8) & 255u), sc, sh),
-                               fmaf((float)((w[q] >> 16) & 255u), sc, sh), fmaf((float)(w[q] >> 24), sc, sh));
+        for (q = 0; q < 4; ++q) {
+            const int qq = (q + rot) & 3;
+            const unsigned w = (qq & 2) ? ((qq & 1) ? v[u].w : v[u].z) : ((qq & 1) ? v[u].y : v[u].x);
+            *(float4 *)(x + 4 * qq) =
+                make_float4(fmaf((float)(w & 255u), sc, sh), fmaf((float)((w >> 8) & 255u), sc, sh),
+                            fmaf((float)((w >> 16) & 255u), sc, sh), fmaf((float)(w >> 24), sc, sh));
+        }
+        r += dq;
+        c += dr;
+        if (c >= V) {
+            c -= V;
+            ++r;
+        }
     }
 }
 
@@ -14174,6 +14198,106 @@ static __device__ float mnistcu__dot_chain(const float4 *a, const float4 *b, int
     return acc;
 }
 
+/* Two chains of mnistcu__dot_chain's order at once, a[] against b0[] and b1[]
+   from 0.0f into acc[0] and acc[1], a loaded once for both. */
+static __device__ void mnistcu__dot_chain2(const float4 *a, const float4 *b0, const float4 *b1, int n, float acc[2])
+{
+    float s0 = 0.0f, s1 = 0.0f;
+    int k = 0, u;
+    if (n >= 4) {
+        float4 av[4], bv[4], cv[4];
+#pragma unroll
+        for (u = 0; u < 4; ++u) {
+            av[u] = a[u];
+            bv[u] = b0[u];
+            cv[u] = b1[u];
+        }
+        for (k = 4; k + 4 <= n; k += 4) {
+            float4 an[4], bn[4], cn[4];
+#pragma unroll
+            for (u = 0; u < 4; ++u) {
+                an[u] = a[k + u];
+                bn[u] = b0[k + u];
+                cn[u] = b1[k + u];
+            }
+            s0 = mnistcu__fma16(av, bv, s0);
+            s1 = mnistcu__fma16(av, cv, s1);
+#pragma unroll
+            for (u = 0; u < 4; ++u) {
+                av[u] = an[u];
+                bv[u] = bn[u];
+                cv[u] = cn[u];
+            }
+        }
+        s0 = mnistcu__fma16(av, bv, s0);
+        s1 = mnistcu__fma16(av, cv, s1);
+    }
+    for (; k < n; ++k) {
+        float4 av = a[k], bv = b0[k], cv = b1[k];
+        s0 = fmaf(av.x, bv.x, s0);
+        s0 = fmaf(av.y, bv.y, s0);
+        s0 = fmaf(av.z, bv.z, s0);
+        s0 = fmaf(av.w, bv.w, s0);
+        s1 = fmaf(av.x, cv.x, s1);
+        s1 = fmaf(av.y, cv.y, s1);
+        s1 = fmaf(av.z, cv.z, s1);
+        s1 = fmaf(av.w, cv.w, s1);
+    }
+    acc[0] = s0;
+    acc[1] = s1;
+}
+
+/* The W1 gradient of a block's nu units into gs: tiles of TU units x 4 inputs
+   a thread (a row's four x and TU dh in one load each), every output one fmaf
+   chain over the rows in order, as the unfused product makes it. TU 1 where
+   a block has one unit (P2's shape), else 4. */
+template <int TU>
+static __device__ void mnistcu__fused_dw1(const float *xs, const float *dhs, float *gs, int D, int nu, int b, int ldx,
+                                          int ldw, int nu4)
+{
+    const int t = (int)threadIdx.x, T = (int)blockDim.x;
+    const int ntk = (D + 3) / 4, ntiles = ntk * ((nu + TU - 1) / TU);
+    int e;
+    for (e = t; e < ntiles; e += T) {
+        const int k0 = 4 * (e % ntk), u0 = TU * (e / ntk);
+        float acc[TU][4];
+        int r, uu, kk;
+#pragma unroll
+        for (uu = 0; uu < TU; ++uu)
+#pragma unroll
+            for (kk = 0; kk < 4; ++kk) acc[uu][kk] = 0.0f;
+#pragma unroll 2
+        for (r = 0; r < b; ++r) {
+            const float4 xv = *(const float4 *)(xs + r * ldx + k0);
+            const float x4[4] = {xv.x, xv.y, xv.z, xv.w};
+            float d4[TU];
+            if (TU == 4) {
+                const float4 dv = *(const float4 *)(dhs + r * nu4 + u0);
+                d4[0] = dv.x;
+                d4[TU > 1 ? 1 : 0] = dv.y;
+                d4[TU > 2 ? 2 : 0] = dv.z;
+                d4[TU > 3 ? 3 : 0] = dv.w;
+            } else {
+                d4[0] = dhs[r * nu4 + u0];
+            }
+#pragma unroll
+            for (uu = 0; uu < TU; ++uu)
+#pragma unroll
+                for (kk = 0; kk < 4; ++kk) acc[uu][kk] = fmaf(d4[uu], x4[kk], acc[uu][kk]);
+        }
+#pragma unroll
+        for (uu = 0; uu < TU; ++uu)
+#pragma unroll
+            for (kk = 0; kk < 4; ++kk) {
+                const int ui = u0 + uu, k = k0 + kk;
+                float g = acc[uu][kk];
+                if (ui >= nu || k >= D) continue;
+                if (b % 16) g = fmaf(0.0f, 0.0f, g);
+                gs[ui * ldw + k] = g;
+            }
+    }
+}
+
 /* bench/fused_phases.cu defines MNISTCU_FUSED_PROFILE: block 0 then sums the
    clock cycles its thread 0 spends in each phase over all steps. */
 #ifdef MNISTCU_FUSED_PROFILE
@@ -14248,6 +14372,11 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         const mnistcu__opt o = a.opt[q];
         mnistcu__opt ol = o; /* the same step over the block's own arena */
         const float gscale = a.lp.sum ? 1.0f : 1.0f / (float)b;
+        /* the W2 gradient in mnistcu__k_gemm_skinny's order where it applies:
+           S slices of R rows, their parts in stg (free after phase 2) */
+        const int skin = mnistcu__skinny_shape((size_t)C, (size_t)H, (size_t)b);
+        const int R = (b + MNISTCU__SKINNY_SL - 1) / MNISTCU__SKINNY_SL, S = (b + R - 1) / R;
+        float *parts = stg;
         int e, per, i0, cnt, e0, u;
         /* the next batch's first T sample indices, loaded now and stored after
            phase 1, so that their latency hides behind it */
@@ -14260,15 +14389,29 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         else mnistcu__fused_stage_x(&a, srow, b, ldx, xs);
         __syncthreads();
         MNISTCU__FPROF(1);
-        for (e = t; e < nu * b; e += T) { /* consecutive threads: consecutive rows, one unit */
-            int ui = e / b, r = e - ui * b, u1 = j + ui * G, k;
-            float acc = mnistcu__dot_chain((const float4 *)(xs + r * ldx), (const float4 *)(loc + ui * ldw), D4 / 4,
-                                           0.0f);
-            for (k = D4; k < D; ++k) acc = fmaf(xs[r * ldx + k], loc[ui * ldw + k], acc);
-            if (D % 16) acc = fmaf(0.0f, 0.0f, acc);
-            acc = mnistcu__act_f((mnistcu_act)a.act1, a.has_b1 ? acc + loc[nb1 + ui] : acc);
-            a.h[(size_t)r * H + u1] = acc;
-            hs[ui * B + r] = acc;
+        /* consecutive threads: consecutive rows of two units (one where the
+           block has one, or the last of an odd count), a chain each, x loaded
+           once for both */
+        for (e = t; e < (nu + 1) / 2 * b; e += T) {
+            const int pi = e / b, r = e - pi * b, ua = 2 * pi, ub = ua + 1 < nu ? ua + 1 : ua;
+            const float *xr = xs + r * ldx;
+            float acc[2];
+            int k, w;
+            if (nu == 1) acc[0] = mnistcu__dot_chain((const float4 *)xr, (const float4 *)loc, D4 / 4, 0.0f);
+            else
+                mnistcu__dot_chain2((const float4 *)xr, (const float4 *)(loc + ua * ldw),
+                                    (const float4 *)(loc + ub * ldw), D4 / 4, acc);
+#pragma unroll
+            for (w = 0; w < 2; ++w) {
+                const int ui = w ? ub : ua;
+                float v = acc[w];
+                if (w && ub == ua) break;
+                for (k = D4; k < D; ++k) v = fmaf(xr[k], loc[ui * ldw + k], v);
+                if (D % 16) v = fmaf(0.0f, 0.0f, v);
+                v = mnistcu__act_f((mnistcu_act)a.act1, a.has_b1 ? v + loc[nb1 + ui] : v);
+                a.h[(size_t)r * H + (j + ui * G)] = v;
+                hs[ui * B + r] = v;
+            }
         }
         if (t < bn) srow_next[t] = nidx;
         for (e = t + T; e < bn; e += T) srow_next[e] = a.idx[off + (size_t)B + (size_t)e]; /* batches above T */
@@ -14283,22 +14426,33 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         per = (b * C + G - 1) / G;
         i0 = j * per;
         cnt = MNISTCU__MIN(per, b * C - i0);
-        for (e0 = t; e0 < cnt * H; e0 += 8 * T) {
-            float hv[8], wv[8];
+        {   /* sixteen loads of each in flight a thread; element e of the staging is
+               entry k of logit qi, i = i0 + qi = r C + c, stepped without a division */
+            const int n2 = cnt * H, dq = T / H, dr = T - dq * H;
+            int qi = t / H, k = t - qi * H, r = (i0 + qi) / C, c = i0 + qi - r * C;
+            for (e0 = t; e0 < n2; e0 += 16 * T) {
+                float hv[16], wv[16];
+                int so[16];
 #pragma unroll
-            for (u = 0; u < 8; ++u) {
-                int e1 = e0 + u * T, qi = e1 / H, k = e1 - qi * H, i = i0 + qi, r = i / C;
-                if (e1 < cnt * H) {
+                for (u = 0; u < 16; ++u) {
+                    int d = dq;
+                    if (e0 + u * T >= n2) break;
+                    so[u] = qi * l.sh + k;
                     hv[u] = a.h[(size_t)r * H + k];
-                    wv[u] = P[a.w2 + (size_t)(i - r * C) * H + (size_t)k];
+                    wv[u] = P[a.w2 + (size_t)c * H + (size_t)k];
+                    k += dr;
+                    if (k >= H) {
+                        k -= H;
+                        ++d;
+                    }
+                    qi += d;
+                    for (c += d; c >= C; c -= C) ++r;
                 }
-            }
 #pragma unroll
-            for (u = 0; u < 8; ++u) {
-                int e1 = e0 + u * T, qi = e1 / H, k = e1 - qi * H;
-                if (e1 < cnt * H) {
-                    stg[qi * l.sh + k] = hv[u];
-                    stg[qi * l.sh + l.ldw2 + k] = wv[u];
+                for (u = 0; u < 16; ++u) {
+                    if (e0 + u * T >= n2) break;
+                    stg[so[u]] = hv[u];
+                    stg[so[u] + l.ldw2] = wv[u];
                 }
             }
         }
@@ -14316,7 +14470,15 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         grid.sync();
         MNISTCU__FPROF(6);
         /* 3. the loss and its gradient for every row; the statistics */
-        for (e = t; e < b * C; e += T) zs[e] = a.z[e];
+        for (e = t; e < b * C; e += 4 * T) { /* four loads in flight a thread */
+            float zv[4];
+#pragma unroll
+            for (u = 0; u < 4; ++u)
+                if (e + u * T < b * C) zv[u] = a.z[e + u * T];
+#pragma unroll
+            for (u = 0; u < 4; ++u)
+                if (e + u * T < b * C) zs[e + u * T] = zv[u];
+        }
         __syncthreads();
         for (e = t; e < b; e += T) {
             int c;
@@ -14329,7 +14491,9 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         MNISTCU__FPROF(7);
         if (j == 0) mnistcu__stats_block(ls, prs, labs, b, sl, sc, a.stats + step, a.stats + a.stats_cap + step);
         MNISTCU__FPROF(8);
-        /* 4. this block's units: dh with the old W2 columns, then every update */
+        /* 4. this block's units: dh with the old W2 columns; where the skinny
+           kernel takes the W2 gradient, its slice sums (a thread each); then
+           every update */
         for (e = t; e < nu * b; e += T) {
             int ui = e / b, r = e - ui * b, c;
             float acc = 0.0f;
@@ -14337,24 +14501,39 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
             if (C % 16) acc = fmaf(0.0f, 0.0f, acc);
             dhs[r * nu4 + ui] = mnistcu__act_backward_one((mnistcu_act)a.act1, acc, hs[ui * B + r]);
         }
+        if (skin) { /* parts [ui][c][si], rows si R .. of unit ui and logit c; stepped without a division */
+            const int dq = T / S, dr = T - dq * S;
+            int oc = t / S, si = t - oc * S, ui = oc / C, c = oc - ui * C;
+            for (e = t; e < nu * C * S; e += T) {
+                const int r0 = si * R, r1 = r0 + R < b ? r0 + R : b;
+                float part = 0.0f;
+                int r, d = dq;
+                for (r = r0; r < r1; ++r) part = fmaf(dzs[r * C + c], hs[ui * B + r], part);
+                parts[oc * (MNISTCU__SKINNY_SL + 1) + si] = part;
+                si += dr;
+                if (si >= S) {
+                    si -= S;
+                    ++d;
+                }
+                oc += d;
+                for (c += d; c >= C; c -= C) ++ui;
+            }
+        }
         __syncthreads();
         MNISTCU__FPROF(9);
-        /* W2 [c][u] (written through: other blocks read it), b1 [u], and in block 0 b2 [c]: one thread each */
-        for (e = t; e < nu * C + nu + (j == 0 ? C : 0); e += T) {
+        /* W2 [c][u] (written through: other blocks read it), b1 [u], and in the
+           last block (block 0 has the statistics) b2 [c]: one thread each */
+        for (e = t; e < nu * C + nu + (j == G - 1 ? C : 0); e += T) {
             int r;
             float acc = 0.0f;
             if (e < nu * C) {
                 int ui = e / C, c = e - ui * C, li = nw2 + ui * C + c;
                 size_t gi = a.w2 + (size_t)c * H + (size_t)(j + ui * G);
-                if (mnistcu__skinny_shape((size_t)C, (size_t)H, (size_t)b)) { /* mnistcu__k_gemm_skinny's sums */
-                    const int R = (b + MNISTCU__SKINNY_SL - 1) / MNISTCU__SKINNY_SL;
-                    int r0, r1;
-                    for (r0 = 0; r0 < b; r0 += R) {
-                        float part = 0.0f;
-                        r1 = r0 + R < b ? r0 + R : b;
-                        for (r = r0; r < r1; ++r) part = fmaf(dzs[r * C + c], hs[ui * B + r], part);
-                        acc = r0 ? acc + part : part;
-                    }
+                if (skin) { /* mnistcu__k_gemm_skinny's sums: the slices' parts in order */
+                    const float *pp = parts + (ui * C + c) * (MNISTCU__SKINNY_SL + 1);
+                    acc = pp[0];
+#pragma unroll 8
+                    for (r = 1; r < S; ++r) acc += pp[r];
                 } else {
 #pragma unroll 4
                     for (r = 0; r < b; ++r) acc = fmaf(dzs[r * C + c], hs[ui * B + r], acc);
@@ -14380,52 +14559,75 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
             }
         }
         MNISTCU__FPROF(10);
-        /* W1 [u][k], in tiles of 4 units x 4 inputs per thread: a row's four x
-           and four dh come in one load each */
-        {
-            const int ntk = (D + 3) / 4, ntiles = ntk * ((nu + 3) / 4);
-            for (e = t; e < ntiles; e += T) {
-                const int k0 = 4 * (e % ntk), u0 = 4 * (e / ntk);
-                float acc[4][4];
-                int r, uu, kk;
-#pragma unroll
-                for (uu = 0; uu < 4; ++uu)
-#pragma unroll
-                    for (kk = 0; kk < 4; ++kk) acc[uu][kk] = 0.0f;
-#pragma unroll 2
-                for (r = 0; r < b; ++r) {
-                    const float4 xv = *(const float4 *)(xs + r * ldx + k0);
-                    const float4 dv = *(const float4 *)(dhs + r * nu4 + u0);
-                    const float x4[4] = {xv.x, xv.y, xv.z, xv.w}, d4[4] = {dv.x, dv.y, dv.z, dv.w};
-#pragma unroll
-                    for (uu = 0; uu < 4; ++uu)
-#pragma unroll
-                        for (kk = 0; kk < 4; ++kk) acc[uu][kk] = fmaf(d4[uu], x4[kk], acc[uu][kk]);
-                }
-#pragma unroll
-                for (uu = 0; uu < 4; ++uu)
-#pragma unroll
-                    for (kk = 0; kk < 4; ++kk) {
-                        float g = acc[uu][kk];
-                        if (u0 + uu >= nu || k0 + kk >= D) continue;
-                        if (b % 16) g = fmaf(0.0f, 0.0f, g);
-                        gs[(u0 + uu) * ldw + k0 + kk] = g;
-                    }
-            }
-        }
+        /* W1 [u][k]: the gradient in register tiles, then each weight's step */
+        if (nu == 1) mnistcu__fused_dw1<1>(xs, dhs, gs, D, nu, b, ldx, ldw, nu4);
+        else mnistcu__fused_dw1<4>(xs, dhs, gs, D, nu, b, ldx, ldw, nu4);
         __syncthreads();
+        MNISTCU__FPROF(11);
         {   /* consecutive threads, consecutive k; (ui, k) stepped without a division */
             int ui = t / D, k = t - ui * D;
-            for (e = t; e < nu * D; e += T) {
-                float g = gs[ui * ldw + k];
-                if (!more) Gd[a.w1 + (size_t)(j + ui * G) * D + (size_t)k] = g;
-                mnistcu__opt_one(&ol, (size_t)(ui * ldw + k), loc, g, lst);
-                for (k += T; k >= D; k -= D) ++ui;
+            const int sgd = ol.kind != MNISTCU_OPTIM_ADAM && ol.kind != MNISTCU_OPTIM_ADAMW &&
+                            ol.kind != MNISTCU_OPTIM_RMSPROP && ol.kind != MNISTCU_OPTIM_ADAGRAD; /* opt_one's default */
+            if (sgd && ldw == D) { /* rows without padding: the block's W1 is one run of nu D, four weights a float4 */
+                const int mom = ol.has_momentum;
+                for (e = 4 * t; e < nu * D; e += 4 * T) {
+                    const float4 g4 = *(const float4 *)(gs + e), p4 = *(const float4 *)(loc + e);
+                    const float g[4] = {g4.x, g4.y, g4.z, g4.w};
+                    float p[4] = {p4.x, p4.y, p4.z, p4.w}, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    if (mom) {
+                        const float4 v4 = *(const float4 *)(lst + e);
+                        v[0] = v4.x;
+                        v[1] = v4.y;
+                        v[2] = v4.z;
+                        v[3] = v4.w;
+                    }
+#pragma unroll
+                    for (u = 0; u < 4; ++u) p[u] = mnistcu__sgd_step(&ol, p[u], g[u], &v[u]); /* v unread without momentum */
+                    *(float4 *)(loc + e) = make_float4(p[0], p[1], p[2], p[3]);
+                    if (mom) *(float4 *)(lst + e) = make_float4(v[0], v[1], v[2], v[3]);
+                    if (!more) {
+                        const int ui4 = e / D, k4 = e - ui4 * D;
+#pragma unroll
+                        for (u = 0; u < 4; ++u) Gd[a.w1 + (size_t)(j + ui4 * G) * D + (size_t)(k4 + u)] = g[u];
+                    }
+                }
+            } else if (sgd) { /* four weights' loads at once */
+                const int mom = ol.has_momentum;
+                for (e = t; e < nu * D; e += 4 * T) {
+                    float g[4], p[4], v[4];
+                    int li[4], wi[4];
+#pragma unroll
+                    for (u = 0; u < 4; ++u) {
+                        li[u] = ui * ldw + k;
+                        wi[u] = (j + ui * G) * D + k;
+                        if (e + u * T < nu * D) {
+                            g[u] = gs[li[u]];
+                            p[u] = loc[li[u]];
+                            v[u] = mom ? lst[li[u]] : 0.0f;
+                        }
+                        for (k += T; k >= D; k -= D) ++ui;
+                    }
+#pragma unroll
+                    for (u = 0; u < 4; ++u)
+                        if (e + u * T < nu * D) {
+                            float vu = v[u];
+                            if (!more) Gd[a.w1 + (size_t)wi[u]] = g[u];
+                            loc[li[u]] = mnistcu__sgd_step(&ol, p[u], g[u], &vu); /* vu unread without momentum */
+                            if (mom) lst[li[u]] = vu;
+                        }
+                }
+            } else {
+                for (e = t; e < nu * D; e += T) {
+                    float g = gs[ui * ldw + k];
+                    if (!more) Gd[a.w1 + (size_t)(j + ui * G) * D + (size_t)k] = g;
+                    mnistcu__opt_one(&ol, (size_t)(ui * ldw + k), loc, g, lst);
+                    for (k += T; k >= D; k -= D) ++ui;
+                }
             }
         }
         if (t < bn) labs_next[t] = nlab;
         for (e = t + T; e < bn; e += T) labs_next[e] = a.labels[srow_next[e]];
-        MNISTCU__FPROF(11);
+        MNISTCU__FPROF(12);
         __syncthreads(); /* the next step overwrites xs, hs and the sample rows */
         {
             uint32_t *sw = srow;
@@ -14437,10 +14639,10 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         }
     }
     mnistcu__fused_own(&a, &l, nu, loc, lst, 1);
-    MNISTCU__FPROF(12);
+    MNISTCU__FPROF(13);
 #ifdef MNISTCU_FUSED_PROFILE
     if (j == 0 && t == 0)
-        for (q = 0; q < 13; ++q) mnistcu__fused_prof[q] += prof_acc[q];
+        for (q = 0; q < 14; ++q) mnistcu__fused_prof[q] += prof_acc[q];
 #endif
 }
 

@@ -13,11 +13,12 @@
 #include <stdio.h>
 #include <string.h>
 
-#define NPHASES 13 /* the kernel's MNISTCU__FPROF(0) .. (12) */
+#define NPHASES 14 /* the kernel's MNISTCU__FPROF(0) .. (13) */
 static const char *const names[NPHASES] = {
     "own params, first batch (chunk)", "batch x into shared memory", "phase 1: h = act(x W1^T + b1)",
     "grid barrier 1", "next batch's loads; stage h, W2", "phase 2: logits", "grid barrier 2", "loss rows",
-    "statistics (block 0)", "dh", "W2, b2, b1 updates", "dW1 and W1 update", "store own params (chunk)"};
+    "statistics (block 0)", "dh; W2 gradient slice sums", "W2, b2, b1 updates", "dW1 tiles", "W1 update",
+    "store own params (chunk)"};
 
 static int run(const char *dir, const char *cfg, const char *spec, int batch, float lr, size_t limit, int no_shuffle)
 {

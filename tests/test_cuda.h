@@ -1913,7 +1913,7 @@ static float *tc_fused_train(const tc_fused_case *c, int no_fused, size_t *np, m
 
 TEST cuda_fused_mlp_equals_unfused_bitwise(void)
 {
-    static tc_fused_case cases[8];
+    static tc_fused_case cases[9];
     int i, ncases = 0;
     tc_fused_case *c;
     memset(cases, 0, sizeof cases);
@@ -1961,12 +1961,18 @@ TEST cuda_fused_mlp_equals_unfused_bitwise(void)
     c->D = 25; c->H = 64; c->C = 6; c->B = 100; c->n = 250; c->epochs = 2;
     c->hidden = MNISTCU_LAYER_RELU; c->loss = MNISTCU_LOSS_BCE;
     c->optim.kind = MNISTCU_OPTIM_ADAMW; c->optim.learning_rate = 1e-3f; c->optim.weight_decay = 0.01f;
-    /* bytes loaded 16 at a time for a width other than 784, no biases, dampening */
+    /* bytes for a width other than 784, no biases, dampening */
     c = &cases[ncases++];
     c->name = "64-32-10 sigmoid, u8, no biases, SGD dampening";
     c->D = 64; c->H = 32; c->C = 10; c->B = 20; c->n = 90; c->epochs = 2;
     c->hidden = MNISTCU_LAYER_SIGMOID; c->u8 = 1; c->no_bias1 = 1; c->no_bias2 = 1;
     c->optim.learning_rate = 0.1f; c->optim.momentum = 0.9f; c->optim.dampening = 0.3f;
+    /* bytes of a width that is 4 mod 16 (the batch loads are 4 bytes each), a partial last batch */
+    c = &cases[ncases++];
+    c->name = "52-48-10 relu, u8, batch 40, momentum";
+    c->D = 52; c->H = 48; c->C = 10; c->B = 40; c->n = 150; c->epochs = 2;
+    c->hidden = MNISTCU_LAYER_RELU; c->u8 = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
     for (i = 0; i < ncases; ++i) {
         mnistcu_train_result ra, rb;
         size_t na = 0, nb = 0, steps;
