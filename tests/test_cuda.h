@@ -1440,6 +1440,9 @@ static const tc_layer_case tc_layer_cases[] = {
        samples (the last of 1); at 5x5 (one output channel a unit) */
     {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x16:p=1 relu flatten dense5", 201},
     {MNISTCU_LAYER_CONV2D, "8x12x12 conv1x1x8 conv5x5x32:p=2 flatten dense5", 20},
+    /* the columns path (more than 16 input channels): stride 2 with padding, and stride 1 with padding (the
+       columns a kernel row a thread, the input gradient a position a thread) */
+    {MNISTCU_LAYER_CONV2D, "18x9x9 conv3x3x6:s=2:p=1 relu conv3x3x20:p=1 relu conv3x3x4:p=1 flatten dense5", 3},
     {MNISTCU_LAYER_CONV2D, "lenet5", 3},
     {MNISTCU_LAYER_CONV2D, "fashion-cnn", 2},
     {MNISTCU_LAYER_DENSE, "784-128-10", 1},
