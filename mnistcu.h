@@ -14388,7 +14388,8 @@ static __device__ void mnistcu__dot_chain2(const float4 *a, const float4 *b0, co
 /* The W1 gradient of a block's nu units into gs: tiles of TU units x 4 inputs
    a thread (a row's four x and TU dh in one load each), every output one fmaf
    chain over the rows in order, as the unfused product makes it. TU 1 where
-   a block has one unit (P2's shape), else 4. */
+   a block has one unit (P2's shape), 8 where it has a multiple of 8 (P1's:
+   one tile a thread, 196 of them, where 4 made 392 in two rounds), else 4. */
 template <int TU>
 static __device__ void mnistcu__fused_dw1(const float *xs, const float *dhs, float *gs, int D, int nu, int b, int ldx,
                                           int ldw, int nu4)
@@ -14409,12 +14410,15 @@ static __device__ void mnistcu__fused_dw1(const float *xs, const float *dhs, flo
             const float4 xv = *(const float4 *)(xs + r * ldx + k0);
             const float x4[4] = {xv.x, xv.y, xv.z, xv.w};
             float d4[TU];
-            if (TU == 4) {
-                const float4 dv = *(const float4 *)(dhs + r * nu4 + u0);
-                d4[0] = dv.x;
-                d4[TU > 1 ? 1 : 0] = dv.y;
-                d4[TU > 2 ? 2 : 0] = dv.z;
-                d4[TU > 3 ? 3 : 0] = dv.w;
+            if (TU >= 4) {
+#pragma unroll
+                for (uu = 0; uu < TU; uu += 4) {
+                    const float4 dv = *(const float4 *)(dhs + r * nu4 + u0 + uu);
+                    d4[uu] = dv.x;
+                    d4[TU > 1 ? uu + 1 : 0] = dv.y;
+                    d4[TU > 2 ? uu + 2 : 0] = dv.z;
+                    d4[TU > 3 ? uu + 3 : 0] = dv.w;
+                }
             } else {
                 d4[0] = dhs[r * nu4 + u0];
             }
@@ -14699,6 +14703,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         MNISTCU__FPROF(10);
         /* W1 [u][k]: the gradient in register tiles, then each weight's step */
         if (nu == 1) mnistcu__fused_dw1<1>(xs, dhs, gs, D, nu, b, ldx, ldw, nu4);
+        else if (nu % 8 == 0) mnistcu__fused_dw1<8>(xs, dhs, gs, D, nu, b, ldx, ldw, nu4);
         else mnistcu__fused_dw1<4>(xs, dhs, gs, D, nu, b, ldx, ldw, nu4);
         __syncthreads();
         MNISTCU__FPROF(11);
