@@ -5742,10 +5742,19 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
             goto sum;
         }
     }
-    /* about 264 blocks (two per H100 multiprocessor) over pairs x batch slices */
+    /* about 264 blocks (two per H100 multiprocessor) over pairs x batch slices; fewer samples a slice
+       (more blocks) where that lets a slice's inputs and output gradients sit in shared memory (the
+       Fashion CNN's conv1: 5 slices of 13 samples read from global memory, 33.6 us; 11 of 6, staged,
+       31.2 us; bench/RESULTS.md) */
     Z = (264 + pairs - 1) / pairs;
     if (Z > (int)B) Z = (int)B;
     bper = ((int)B + Z - 1) / Z;
+    {
+        const size_t red = (size_t)(KK + 1) * MNISTCU__THREADS * sizeof(float);
+        const size_t one = (size_t)(g.h * g.w + g.oh * g.ow) * sizeof(float);
+        if (red + (size_t)bper * one > MNISTCU__CONV_STAGE_BYTES && red + one <= MNISTCU__CONV_STAGE_BYTES)
+            bper = (int)((MNISTCU__CONV_STAGE_BYTES - red) / one);
+    }
     Z = ((int)B + bper - 1) / bper;
     if ((r = mnistcu__cuda_partials(ctx, (size_t)Z * (nw + (size_t)L->oc), &part))) return r;
     {

@@ -1424,13 +1424,17 @@ static const tc_layer_case tc_layer_cases[] = {
     /* the direct kernels (<= 16 input channels, 3x3 or 5x5) with stride, padding, no bias, a fold */
     {MNISTCU_LAYER_CONV2D, "3x11x9 conv1x1x3 conv5x5x8:s=2:p=2:bias=0 relu conv3x3x7:p=1 sigmoid flatten dense5", 4},
     /* too large to stage in shared memory (weights and sample over 48 KB): the direct kernels that read
-       their inputs from global memory. 3x3: forward, input gradient and (7 samples a slice) weight
-       gradient; 3x3, stride 2, 64 channels: forward and input gradient; 5x5: forward and input
-       gradient; the last, 5x5 with 10 samples a slice: the weight gradient */
+       their inputs from global memory. 3x3: forward and input gradient (the weight gradient now takes
+       slices of 6 samples, which fit); 3x3, stride 2, 64 channels: forward and input gradient; 5x5: forward and input
+       gradient */
     {MNISTCU_LAYER_CONV2D, "16x28x28 conv1x1x16 conv3x3x16 flatten dense5", 14},
     {MNISTCU_LAYER_CONV2D, "16x28x28 conv1x1x16 conv3x3x64:s=2 flatten dense5", 2},
     {MNISTCU_LAYER_CONV2D, "16x28x28 conv1x1x16 conv5x5x16 flatten dense5", 2},
     {MNISTCU_LAYER_CONV2D, "16x20x20 conv5x5x16 relu conv3x3x2 flatten dense5", 20},
+    /* weight gradients whose one sample (a 72x72 plane and its 70x70 or 68x68 output gradient) does not
+       fit in shared memory beside the sums: read from global memory */
+    {MNISTCU_LAYER_CONV2D, "1x72x72 conv3x3x2 flatten dense5", 2},
+    {MNISTCU_LAYER_CONV2D, "1x72x72 conv5x5x2 flatten dense5", 2},
     /* four channels a thread (enough threads): 6 and 10 channels (a last group of 2), staged and not; 32
        output channels over 16 inputs at batch 128 (512 pairs: the weight gradient a batch slice a block) */
     {MNISTCU_LAYER_CONV2D, "1x28x28 conv3x3x6:p=1 relu conv3x3x10:p=1 flatten dense5", 64},
