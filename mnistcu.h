@@ -4127,6 +4127,7 @@ typedef struct mnistcu__cuda {
     int use_cublas;
     int use_cudnn;
     int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32 or BF16 */
+    size_t smem_optin;         /* the most shared memory a block may ask for */
     float *splitk;             /* partial sums of split-K products, grown on demand */
     size_t splitk_floats;
     int *wide_flags;           /* the wide-tile product's arrival counters, one a tile, zero between products */
@@ -5495,6 +5496,406 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dx(const float *__
         if (R == 1 || c + j < CIG) dx[((size_t)b * g.c + c0 + c + j) * S + (size_t)iy * g.w + ix] = acc[j];
 }
 
+/* An index i = (a * n1 + b) * n0 + c walked in steps of d without a division a step: the three
+   parts move by those of d, each carrying into the next (the staging loops of the tiles below). */
+typedef struct mnistcu__walk3 { int c, b, a, dc, db, da; } mnistcu__walk3;
+static __device__ __forceinline__ mnistcu__walk3 mnistcu__walk3_at(int i, int d, int n0, int n1)
+{
+    mnistcu__walk3 w;
+    w.c = i % n0; w.b = i / n0 % n1; w.a = i / n0 / n1;
+    w.dc = d % n0; w.db = d / n0 % n1; w.da = d / n0 / n1;
+    return w;
+}
+static __device__ __forceinline__ void mnistcu__walk3_next(mnistcu__walk3 *w, int n0, int n1)
+{
+    w->c += w->dc;
+    w->b += w->db;
+    w->a += w->da;
+    if (w->c >= n0) {
+        w->c -= n0;
+        ++w->b;
+    }
+    if (w->b >= n1) {
+        w->b -= n1;
+        ++w->a;
+    }
+}
+
+/* Fills shared memory with n values, eight loads in flight a thread (a loop that stored each value
+   as it arrived waited for every load in turn: 40% of the tiles' time, ncu). f.load(k, i, &at)
+   reads value i, whose parts k walks as above with sizes n0 and n1, and says where it goes. */
+template <typename F>
+static __device__ __forceinline__ void mnistcu__stage8(int n, int n0, int n1, float *dst, F f)
+{
+    const int bd = (int)blockDim.x;
+    mnistcu__walk3 k = mnistcu__walk3_at((int)threadIdx.x, bd, n0, n1);
+    int i, u;
+    for (i = (int)threadIdx.x; i < n; i += 8 * bd) {
+        float v[8];
+        int at[8];
+#pragma unroll
+        for (u = 0; u < 8; ++u) {
+            at[u] = -1;
+            v[u] = 0.0f;
+            if (i + u * bd < n) v[u] = f.load(k, i + u * bd, &at[u]);
+            mnistcu__walk3_next(&k, n0, n1);
+        }
+#pragma unroll
+        for (u = 0; u < 8; ++u)
+            if (at[u] >= 0) dst[at[u]] = v[u];
+    }
+}
+
+/* Planes [a][n1 rows][n0 columns] with a border of pad zeros on each side, from src [a][ih][iw]. */
+struct mnistcu__stage_planes {
+    const float *src;
+    int off, pad, ih, iw;
+    __device__ float load(const mnistcu__walk3 &k, int i, int *at) const
+    {
+        const int iy = k.b - pad, ix = k.c - pad;
+        *at = off + i;
+        return iy >= 0 && iy < ih && ix >= 0 && ix < iw ? __ldg(src + ((size_t)k.a * ih + iy) * iw + ix) : 0.0f;
+    }
+};
+
+/* Register tiles for stride 1. The forward pass and the input gradient are both a correlation of a
+   stack of planes with KS x KS windows: forward, of the sample's input with the weights; input
+   gradient, of its output gradient with the weights turned round (REV: weight (r, s) meets the
+   window's row KS-1-r and column KS-1-s), so that every sum still runs over (channel, r, s) in
+   ascending order, as in the kernels above. The block copies its sample's planes into shared
+   memory with a border of zeros (pad wide on each side: forward the layer's padding, input gradient
+   KS-1 less it), and its weights as [in channel][r][s][out channel]. A thread then makes R
+   consecutive output channels at QY rows of one column: for each input channel it holds the
+   (QY+KS-1) x KS window in registers and reads R weights at once, 27 shared loads for 144 fmas at
+   3x3, R = QY = 4, where the kernels above make one load (or five for four) a fma. The border's
+   fmas add w x 0: for finite weights that leaves the sum's bits as they were (the sum is never -0,
+   starting at +0), so the result is the same as the kernels above, bit for bit. */
+typedef struct mnistcu__tgeom {
+    int ic, ih, iw; /* the correlation's input planes a sample (forward x's, input gradient dy's) */
+    int oc, oh, ow; /* its output planes a sample (forward y's, input gradient dx's) */
+    int pad;        /* the border */
+    int cg;         /* output channels a block, blockIdx.y their group */
+    int sh, sw;     /* the staged planes: ceil(oh / QY) * QY + KS - 1 rows of ow + KS - 1 */
+    int sc;         /* a staged weight row: cg rounded up to 4 modulo 8 (stores without bank conflicts) */
+    int wcc, wci;   /* the weights of (out c, in i) start at (c * wcc + i * wci) * KS * KS */
+} mnistcu__tgeom;
+
+/* The weights as [in channel][r][s][out channel] rows of sc, read in their own order: forward
+   (c, cc, rs) with n1 = in channels, input gradient (cc, c, rs) with n1 = the block's channels. */
+struct mnistcu__stage_tile_w {
+    const float *w;
+    int g0, wcc, wci, sc, kk, rev;
+    __device__ float load(const mnistcu__walk3 &k, int i, int *at) const
+    {
+        const int c = rev ? k.b : k.a, cc = rev ? k.a : k.b;
+        (void)i;
+        *at = (cc * kk + k.c) * sc + c;
+        return __ldg(w + ((size_t)(g0 + c) * wcc + (size_t)cc * wci) * kk + k.c);
+    }
+};
+
+template <int KS, int R, int QY, int REV>
+__global__ void __launch_bounds__(256) mnistcu__k_conv_tile(const float *__restrict__ in, const float *__restrict__ w,
+                                                             const float *__restrict__ bias, float *__restrict__ out,
+                                                             mnistcu__tgeom t, int act)
+{
+    MNISTCU__PDL_WAIT();
+    extern __shared__ float4 mnistcu__tile_sm4[];
+    const int KK = KS * KS, b = (int)blockIdx.z, g0 = (int)blockIdx.y * t.cg, NG = t.cg / R;
+    float *ws = (float *)mnistcu__tile_sm4, *xs = ws + (size_t)t.ic * KK * t.sc;
+    const float *inb = in + (size_t)b * t.ic * t.ih * t.iw;
+    float acc[QY][R];
+    int ci, r, s, q, j;
+    {
+        const mnistcu__stage_tile_w fw = {w, g0, t.wcc, t.wci, t.sc, KK, REV};
+        const mnistcu__stage_planes fx = {inb, 0, t.pad, t.ih, t.iw};
+        mnistcu__stage8(t.cg * t.ic * KK, KK, REV ? t.cg : t.ic, ws, fw);
+        mnistcu__stage8(t.ic * t.sh * t.sw, t.sw, t.sh, xs, fx);
+    }
+    __syncthreads();
+    {
+        const int idx = (int)(blockIdx.x * blockDim.x + threadIdx.x), QT = (t.oh + QY - 1) / QY;
+        if (idx >= NG * QT * t.ow) return;
+        const int ox = idx % t.ow, rest = idx / t.ow, cl = rest % NG * R, y0 = rest / NG * QY;
+#pragma unroll
+        for (q = 0; q < QY; ++q)
+#pragma unroll
+            for (j = 0; j < R; ++j) acc[q][j] = 0.0f;
+        for (ci = 0; ci < t.ic; ++ci) {
+            const float *xc = xs + ((size_t)ci * t.sh + y0) * t.sw + ox, *wc = ws + (size_t)ci * KK * t.sc + cl;
+            float xv[QY + KS - 1][KS];
+#pragma unroll
+            for (r = 0; r < QY + KS - 1; ++r)
+#pragma unroll
+                for (s = 0; s < KS; ++s) xv[r][s] = xc[r * t.sw + s];
+#pragma unroll
+            for (r = 0; r < KS; ++r) {
+#pragma unroll
+                for (s = 0; s < KS; ++s) {
+                    const float *wp = wc + (r * KS + s) * t.sc;
+                    float wv[R];
+                    if (R == 4) {
+                        const float4 v = *(const float4 *)wp;
+                        wv[0] = v.x; wv[1 % R] = v.y; wv[2 % R] = v.z; wv[3 % R] = v.w;
+                    } else if (R == 2) {
+                        const float2 v = *(const float2 *)wp;
+                        wv[0] = v.x; wv[1 % R] = v.y;
+                    } else {
+#pragma unroll
+                        for (j = 0; j < R; ++j) wv[j] = wp[j];
+                    }
+#pragma unroll
+                    for (q = 0; q < QY; ++q)
+#pragma unroll
+                        for (j = 0; j < R; ++j)
+                            acc[q][j] = fmaf(wv[j], xv[q + (REV ? KS - 1 - r : r)][REV ? KS - 1 - s : s], acc[q][j]);
+                }
+            }
+        }
+#pragma unroll
+        for (q = 0; q < QY; ++q) {
+            if (y0 + q >= t.oh) break;
+#pragma unroll
+            for (j = 0; j < R; ++j) {
+                const int c = g0 + cl + j;
+                out[(((size_t)b * t.oc + c) * t.oh + y0 + q) * t.ow + ox] =
+                    mnistcu__act_f((mnistcu_act)act, bias ? acc[q][j] + bias[c] : acc[q][j]);
+            }
+        }
+    }
+}
+
+/* The register tiles where they fit: stride 1, output channels a multiple of 2 (R = 4 where a
+   multiple of 4), the most of them a block whose weights and the staged planes fit in
+   MNISTCU__CONV_TILE_BYTES (64 KB, or what the GPU gives a block if less: P6's second convolution's
+   input gradient stages 32 planes of 18 x 16 and the weights of 16 channels, 60 KB), and enough
+   threads to fill the GPU (MNISTCU__CONV_TILE_THREADS; below it the kernels above, a thread an
+   output, keep more threads in flight). Fills *t and returns R, or 0 where the tiles do not apply. */
+#define MNISTCU__CONV_TILE_QY 4
+#define MNISTCU__CONV_TILE_BYTES 65536
+#ifndef MNISTCU__CONV_TILE_THREADS
+#define MNISTCU__CONV_TILE_THREADS 16384
+#endif
+static int mnistcu__conv_tile_plan(const mnistcu_ctx *ctx, mnistcu__tgeom *t, int ks, size_t B)
+{
+    const size_t limit = mnistcu__cu(ctx)->smem_optin < MNISTCU__CONV_TILE_BYTES ? mnistcu__cu(ctx)->smem_optin
+                                                                                   : MNISTCU__CONV_TILE_BYTES;
+    const int QY = MNISTCU__CONV_TILE_QY, R = t->oc % 4 == 0 ? 4 : t->oc % 2 == 0 ? 2 : 0;
+    size_t xs, need;
+    int cg;
+    if (!R || t->pad < 0 || t->pad > ks - 1) return 0;
+    t->sh = (t->oh + QY - 1) / QY * QY + ks - 1;
+    t->sw = t->ow + ks - 1;
+    if ((size_t)(t->oc / R) * (size_t)((t->oh + QY - 1) / QY) * (size_t)t->ow * B < MNISTCU__CONV_TILE_THREADS) return 0;
+    xs = (size_t)t->ic * t->sh * t->sw;
+    for (cg = t->oc; cg >= R; cg -= R) {
+        if (t->oc % cg || cg % R) continue;
+        t->sc = (cg + 3) / 8 * 8 + 4;
+        need = ((size_t)t->ic * ks * ks * t->sc + xs) * sizeof(float);
+        if (need <= limit || need <= MNISTCU__CONV_STAGE_BYTES) {
+            t->cg = cg;
+            return R;
+        }
+    }
+    return 0;
+}
+
+static void mnistcu__conv_tile_launch(cudaStream_t st, int ks, int R, int rev, const mnistcu__tgeom *t, size_t B,
+                                      const float *in, const float *w, const float *bias, float *out, int act)
+{
+    const int QY = MNISTCU__CONV_TILE_QY;
+    const size_t sm = ((size_t)t->ic * ks * ks * t->sc + (size_t)t->ic * t->sh * t->sw) * sizeof(float);
+    dim3 grid((unsigned)(((size_t)(t->cg / R) * ((t->oh + QY - 1) / QY) * t->ow + 255) / 256), (unsigned)(t->oc / t->cg),
+              (unsigned)B);
+#define MNISTCU__TILE(KS_, R_, REV_)                                                                                 \
+    do {                                                                                                             \
+        if (sm > MNISTCU__CONV_STAGE_BYTES) /* above the 48 KB every GPU gives: asked for (the plan saw it fit) */ \
+            (void)cudaFuncSetAttribute(mnistcu__k_conv_tile<KS_, R_, MNISTCU__CONV_TILE_QY, REV_>,                  \
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);                        \
+        mnistcu__launch(mnistcu__k_conv_tile<KS_, R_, MNISTCU__CONV_TILE_QY, REV_>, grid, 256, sm, st, in, w, bias, \
+                        out, *t, act);                                                                               \
+    } while (0)
+    if (ks == 5) {
+        if (R == 4) { if (rev) MNISTCU__TILE(5, 4, 1); else MNISTCU__TILE(5, 4, 0); }
+        else { if (rev) MNISTCU__TILE(5, 2, 1); else MNISTCU__TILE(5, 2, 0); }
+    } else {
+        if (R == 4) { if (rev) MNISTCU__TILE(3, 4, 1); else MNISTCU__TILE(3, 4, 0); }
+        else { if (rev) MNISTCU__TILE(3, 2, 1); else MNISTCU__TILE(3, 2, 0); }
+    }
+#undef MNISTCU__TILE
+}
+
+/* The weight gradient in register tiles, stride 1: a unit is G output channels x H input
+   channels, ps warps a unit (phases of the positions: lane l of phase ph takes positions
+   32 ph + l, then every 32 ps, of each sample of the block's batch slice in order), the slice's
+   input planes staged with a border of zeros and its output gradients for the block's units
+   beside them. Each position's G output gradients and H x KS x KS inputs feed G x H x KS x KS
+   fmas (72 for 22 loads at 3x3, G = 4, H = 2), where the kernels above make one or two loads a
+   fma. At the end each warp's 32 lanes are added in a fixed butterfly (every lane gets the same
+   bits), the phases in order, into the slice's row of part [Z][OC*C][KK] (partb [Z][OC] from the
+   units of input group 0), which mnistcu__k_conv_direct_dw_sum adds over slices in order. */
+typedef struct mnistcu__dwgeom {
+    mnistcu__geom g;
+    int oc, B, bper, cb;     /* a block's slice of bper samples, staged cb at a time */
+    int ub, ps;              /* ub units a block, each ps warps (phases of the positions) */
+    int sh, sw;          /* the staged input planes: h + 2 pad rows of w + 2 pad */
+} mnistcu__dwgeom;
+
+/* Output gradients [a][n1 channels from co_lo][n0 positions] of the samples from b0. */
+struct mnistcu__stage_dy {
+    const float *dy;
+    int off, b0, oc, co_lo, p;
+    __device__ float load(const mnistcu__walk3 &k, int i, int *at) const
+    {
+        *at = off + i;
+        return __ldg(dy + ((size_t)(b0 + k.a) * oc + co_lo + k.b) * p + k.c);
+    }
+};
+
+template <int KS, int G, int H>
+__global__ void __launch_bounds__(256) mnistcu__k_conv_dw_tile(const float *__restrict__ x, const float *__restrict__ dy,
+                                                                float *__restrict__ part, float *__restrict__ partb,
+                                                                mnistcu__dwgeom d)
+{
+    MNISTCU__PDL_WAIT();
+    extern __shared__ float4 mnistcu__dwt_sm4[];
+    const int KK = KS * KS, NV = G * H * KK + G, C = d.g.c, P = d.g.oh * d.g.ow, OW = d.g.ow, NCI = C / H;
+    const int U = d.oc / G * NCI, u0 = (int)blockIdx.x * d.ub, ulast = u0 + d.ub - 1 < U - 1 ? u0 + d.ub - 1 : U - 1;
+    const int co_lo = u0 / NCI * G, nco = (ulast / NCI + 1) * G - co_lo, z = (int)blockIdx.y;
+    const int b0 = z * d.bper, nb = b0 + d.bper < d.B ? d.bper : d.B - b0, XS = C * d.sh * d.sw;
+    const int lane = (int)threadIdx.x & 31, wi = (int)threadIdx.x >> 5, ul = wi % d.ub, ph = wi / d.ub, u = u0 + ul;
+    float *sm = (float *)mnistcu__dwt_sm4;
+    float acc[G][H][KS * KS], accb[G];
+    int i, j, h, r, s, bi, c0;
+#pragma unroll
+    for (j = 0; j < G; ++j) {
+        accb[j] = 0.0f;
+#pragma unroll
+        for (h = 0; h < H; ++h)
+#pragma unroll
+            for (i = 0; i < KK; ++i) acc[j][h][i] = 0.0f;
+    }
+    for (c0 = 0; c0 < nb; c0 += d.cb) {
+        const int cn = nb - c0 < d.cb ? nb - c0 : d.cb;
+        if (c0) __syncthreads(); /* the last chunk's reads are done */
+        { /* the chunk's input planes [cn][C][sh][sw] with their border, then its output gradients [cn][nco][P] */
+            const mnistcu__stage_planes fx = {x + (size_t)(b0 + c0) * C * d.g.h * d.g.w, 0, d.g.pad, d.g.h, d.g.w};
+            const mnistcu__stage_dy fg = {dy, cn * XS, b0 + c0, d.oc, co_lo, P};
+            mnistcu__stage8(cn * XS, d.sw, d.sh, sm, fx);
+            mnistcu__stage8(cn * nco * P, P, nco, sm, fg);
+        }
+        __syncthreads();
+        if (u > ulast) continue;
+        { /* lane l of phase ph: positions ph * 32 + l, then every 32 * ps */
+            const int co0 = u / NCI * G, ci0 = u % NCI * H, step = 32 * d.ps, dq = step / OW, dr = step % OW;
+            for (bi = 0; bi < cn; ++bi) {
+                const float *xb = sm + (size_t)bi * XS + (size_t)ci0 * d.sh * d.sw;
+                const float *gb = sm + (size_t)cn * XS + ((size_t)bi * nco + (co0 - co_lo)) * P;
+                int p = ph * 32 + lane, oy = p / OW, ox = p % OW;
+                for (; p < P; p += step) {
+                    const float *xp = xb + oy * d.sw + ox;
+                    float gv[G];
+#pragma unroll
+                    for (j = 0; j < G; ++j) {
+                        gv[j] = gb[j * P + p];
+                        accb[j] += gv[j];
+                    }
+#pragma unroll
+                    for (h = 0; h < H; ++h)
+#pragma unroll
+                        for (r = 0; r < KS; ++r)
+#pragma unroll
+                            for (s = 0; s < KS; ++s) {
+                                const float xv = xp[(h * d.sh + r) * d.sw + s];
+#pragma unroll
+                                for (j = 0; j < G; ++j) acc[j][h][r * KS + s] = fmaf(gv[j], xv, acc[j][h][r * KS + s]);
+                            }
+                    ox += dr;
+                    oy += dq;
+                    if (ox >= OW) {
+                        ox -= OW;
+                        ++oy;
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads(); /* the stage is free: each warp's sums go there, [ph][ul][NV] */
+    /* the lanes' sums in a fixed butterfly (every lane gets the same bits); lane l stores values l, l + 32, ... */
+#pragma unroll
+    for (j = 0; j < G; ++j) {
+#pragma unroll
+        for (h = 0; h < H; ++h)
+#pragma unroll
+            for (i = 0; i < KK; ++i) {
+                float v = acc[j][h][i];
+                int m;
+                for (m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+                if (lane == (((j * H + h) * KK + i) & 31)) sm[(size_t)wi * NV + (j * H + h) * KK + i] = v;
+            }
+        {
+            float v = accb[j];
+            int m;
+            for (m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+            if (lane == j) sm[(size_t)wi * NV + G * H * KK + j] = v;
+        }
+    }
+    __syncthreads();
+    for (i = (int)threadIdx.x; i < d.ub * NV; i += (int)blockDim.x) { /* the phases' sums added in order */
+        const int uu = u0 + i / NV, k = i % NV, co0 = uu / NCI * G, ci0 = uu % NCI * H;
+        float v = 0.0f;
+        int q;
+        if (uu > ulast) continue;
+        for (q = 0; q < d.ps; ++q) v += sm[((size_t)q * d.ub + i / NV) * NV + k];
+        if (k < G * H * KK)
+            part[((size_t)z * d.oc * C + (size_t)(co0 + k / (H * KK)) * C + ci0 + k / KK % H) * KK + k % KK] = v;
+        else if (ci0 == 0)
+            partb[(size_t)z * d.oc + co0 + (k - G * H * KK)] = v;
+    }
+}
+
+/* Plans the tiles of the weight gradient: stride 1; 3x3 with G = 4 (output channels a multiple of
+   4), 5x5 with G = 2 (a multiple of 2), H = 2 where the input channels are even, else 1; up to 8
+   units a block, fewer where one sample's stage would not fit MNISTCU__CONV_TILE_BYTES; slices that
+   make about two blocks a multiprocessor of an H100 (P6's second convolution: 4 samples, 256
+   blocks), staged as many samples at a time as fit.
+   Returns G, or 0 where the tiles do not apply. */
+static int mnistcu__conv_dw_tile_plan(const mnistcu_ctx *ctx, mnistcu__dwgeom *d, size_t *smem, int *Z)
+{
+    const mnistcu__geom g = d->g;
+    const size_t limit = mnistcu__cu(ctx)->smem_optin < MNISTCU__CONV_TILE_BYTES ? mnistcu__cu(ctx)->smem_optin
+                                                                                   : MNISTCU__CONV_TILE_BYTES;
+    const int G = g.kh == 3 ? 4 : 2, H = g.c % 2 ? 1 : 2, P = g.oh * g.ow;
+    int U, ub, nblk, fit, want;
+    size_t per = 0, xs;
+    if (g.sh != 1 || g.sw != 1 || d->oc % G) return 0;
+    U = d->oc / G * (g.c / H);
+    d->sh = g.h + 2 * g.pad;
+    d->sw = g.w + 2 * g.pad;
+    xs = (size_t)g.c * d->sh * d->sw;
+    for (ub = U < 8 ? U : 8; ub >= 1; --ub) { /* ub units span at most ceil((ub - 1) / NCI) + 1 output groups */
+        const int nco = ((ub - 1 + g.c / H - 1) / (g.c / H) + 1) * G;
+        per = (xs + (size_t)(nco < d->oc ? nco : d->oc) * P) * sizeof(float);
+        if (per <= limit) break;
+    }
+    if (ub < 1) return 0;
+    nblk = (U + ub - 1) / ub;
+    d->ps = 8 / ub < (P + 31) / 32 ? 8 / ub : (P + 31) / 32;
+    if (d->ps < 1) d->ps = 1;
+    fit = (int)(limit / per);
+    want = (int)(((size_t)d->B * nblk + 263) / 264);
+    d->bper = want < 1 ? 1 : want;
+    d->cb = d->bper < fit ? d->bper : fit;
+    d->ub = ub;
+    *Z = (d->B + d->bper - 1) / d->bper;
+    *smem = per * (size_t)d->cb;
+    { /* the warps' sums reuse the stage at the end */
+        const size_t red = (size_t)ub * d->ps * (size_t)(G * H * g.kh * g.kw + G) * sizeof(float);
+        if (*smem < red) *smem = red;
+    }
+    return G;
+}
+
 /* Slice z of the batch, (out, in) channel pair blockIdx.x: part [Z][OC*C][KK], partb [Z][OC].
    STAGE: the slice's input planes of channel ci and output gradient planes of channel co first
    copied into shared memory at once (see the forward kernel). */
@@ -5650,22 +6051,30 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_dw_slice(const float *__r
     }
 }
 
-/* dW[i] = sum over slices, in order, of part[z][i]; db likewise from partb (when given). */
-__global__ void mnistcu__k_conv_direct_dw_sum(const float *part, const float *partb, int Z, size_t nw, int OC, float *dw,
-                                              float *db)
+/* dW[i] = the sum over slices of part[z][i]: warp w adds slices w, w + 8, ... in order, then the
+   eight warps' sums are added in order (with at most 8 slices: the order z = 0, 1, ...); db likewise
+   from partb (when given). A block takes 32 neighbouring outputs, each warp reading them at once.
+   (One thread adding all slices of an output took 15 us for the 128 slices of P6's first
+   convolution, ncu.) */
+#define MNISTCU__DW_SUM_OUTPUTS 32
+__global__ void __launch_bounds__(256) mnistcu__k_conv_direct_dw_sum(const float *part, const float *partb, int Z, size_t nw,
+                                                                      int OC, float *dw, float *db)
 {
     MNISTCU__PDL_WAIT();
-    size_t i, n = nw + (db ? (size_t)OC : 0);
-    for (i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float acc = 0.0f;
-        int z;
-        if (i < nw) {
-            for (z = 0; z < Z; ++z) acc += part[(size_t)z * nw + i];
-            dw[i] = acc;
-        } else {
-            for (z = 0; z < Z; ++z) acc += partb[(size_t)z * OC + (i - nw)];
-            db[i - nw] = acc;
-        }
+    __shared__ float ps[8][MNISTCU__DW_SUM_OUTPUTS];
+    const int lane = (int)threadIdx.x & 31, w = (int)threadIdx.x >> 5;
+    const size_t n = nw + (db ? (size_t)OC : 0), i = (size_t)blockIdx.x * MNISTCU__DW_SUM_OUTPUTS + (size_t)lane;
+    float acc = 0.0f;
+    int z;
+    if (i < n)
+        for (z = w; z < Z; z += 8) acc += i < nw ? part[(size_t)z * nw + i] : partb[(size_t)z * OC + (i - nw)];
+    ps[w][lane] = acc;
+    __syncthreads();
+    if (w == 0 && i < n) {
+        float sum = ps[0][lane];
+        for (z = 1; z < 8; ++z) sum += ps[z][lane];
+        if (i < nw) dw[i] = sum;
+        else db[i - nw] = sum;
     }
 }
 
@@ -5687,6 +6096,18 @@ static mnistcu_result mnistcu__conv_direct_forward(mnistcu_model *m, mnistcu__la
     const float *bias = L->nb ? m->params + L->bo : NULL, *w = m->params + L->wo;
     cudaStream_t st = mnistcu__cuda_stream(m->ctx);
     int stage = sm + xin <= MNISTCU__CONV_STAGE_BYTES;
+    if (g.sh == 1 && g.sw == 1) {
+        mnistcu__tgeom t;
+        t.ic = g.c; t.ih = g.h; t.iw = g.w;
+        t.oc = L->oc; t.oh = g.oh; t.ow = g.ow;
+        t.pad = g.pad; t.wcc = g.c; t.wci = 1;
+        const int tr = mnistcu__conv_tile_plan(m->ctx, &t, g.kh, B);
+        if (tr) {
+            mnistcu__conv_tile_launch(st, g.kh, tr, 0, &t, B, L->in, w, bias, L->out, (int)L->act);
+            MNISTCU__LAUNCHED(m->ctx, "conv_tile_forward");
+            return MNISTCU_OK;
+        }
+    }
     if (stage) sm += xin;
 #define MNISTCU__FWD(KS_, STAGE_)                                                                                  \
     do {                                                                                                           \
@@ -5718,6 +6139,32 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
     if (L->act != MNISTCU_ACT_IDENTITY && !L->dy_done) { /* dy_done: the pooling after applied it */
         mnistcu__launch(mnistcu__k_act_backward, mnistcu__blocks(n), MNISTCU__THREADS, 0, st, dy, L->out, n, (int)L->act);
         MNISTCU__LAUNCHED(ctx, "act_backward");
+    }
+    {
+        mnistcu__dwgeom d;
+        size_t sm;
+        int G;
+        d.g = g;
+        d.oc = L->oc;
+        d.B = (int)B;
+        if ((G = mnistcu__conv_dw_tile_plan(ctx, &d, &sm, &Z))) {
+            const int H = g.c % 2 ? 1 : 2, U = L->oc / G * (g.c / H);
+            dim3 grid((unsigned)((U + d.ub - 1) / d.ub), (unsigned)Z);
+            if ((r = mnistcu__cuda_partials(ctx, (size_t)Z * (nw + (size_t)L->oc), &part))) return r;
+#define MNISTCU__DWT(KS_, G_, H_)                                                                                      \
+    do {                                                                                                             \
+        if (sm > MNISTCU__CONV_STAGE_BYTES)                                                                          \
+            (void)cudaFuncSetAttribute(mnistcu__k_conv_dw_tile<KS_, G_, H_>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                       (int)sm);                                                                     \
+        mnistcu__launch(mnistcu__k_conv_dw_tile<KS_, G_, H_>, grid, (unsigned)(32 * d.ub * d.ps), sm, st, L->in, dy, part,   \
+                        part + (size_t)Z * nw, d);                                                                   \
+    } while (0)
+            if (KK == 9) { if (H == 2) MNISTCU__DWT(3, 4, 2); else MNISTCU__DWT(3, 4, 1); }
+            else { if (H == 2) MNISTCU__DWT(5, 2, 2); else MNISTCU__DWT(5, 2, 1); }
+#undef MNISTCU__DWT
+            MNISTCU__LAUNCHED(ctx, "conv_dw_tile");
+            goto sum;
+        }
     }
     /* the slice kernel where a sample fits (both sides) and the units fit a block: G = 2 output channels a
        unit at 3x3 (an even count of them), 1 at 5x5 */
@@ -5773,9 +6220,22 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
     }
     MNISTCU__LAUNCHED(ctx, "conv_direct_dw");
 sum:
-    mnistcu__launch(mnistcu__k_conv_direct_dw_sum, mnistcu__blocks(nw + (size_t)L->oc), MNISTCU__THREADS, 0, st,
+    mnistcu__launch(mnistcu__k_conv_direct_dw_sum,
+                    (unsigned)((nw + (size_t)L->oc + MNISTCU__DW_SUM_OUTPUTS - 1) / MNISTCU__DW_SUM_OUTPUTS), 256, 0, st,
         part, part + (size_t)Z * nw, Z, nw, L->oc, m->grads + L->wo, L->nb ? m->grads + L->bo : NULL);
     MNISTCU__LAUNCHED(ctx, "conv_direct_dw_sum");
+    if (dx && g.sh == 1 && g.sw == 1) {
+        mnistcu__tgeom t;
+        int R;
+        t.ic = L->oc; t.ih = g.oh; t.iw = g.ow;
+        t.oc = g.c; t.oh = g.h; t.ow = g.w;
+        t.pad = g.kh - 1 - g.pad; t.wcc = 1; t.wci = g.c;
+        if ((R = mnistcu__conv_tile_plan(ctx, &t, g.kh, B))) {
+            mnistcu__conv_tile_launch(st, g.kh, R, 1, &t, B, dy, m->params + L->wo, NULL, dx, (int)MNISTCU_ACT_IDENTITY);
+            MNISTCU__LAUNCHED(ctx, "conv_tile_dx");
+            return MNISTCU_OK;
+        }
+    }
     if (dx) {
         int cig = mnistcu__divisor_below(g.c, 8192 / (L->oc * KK));
         int R = (size_t)((cig + 3) / 4) * g.h * g.w * (g.c / cig) * B >= MNISTCU__CONV_R4_THREADS ? 4 : 1;
@@ -13220,6 +13680,7 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
     cu = (mnistcu__cuda *)mnistcu__calloc(ctx, sizeof *cu);
     if (!cu) return mnistcu__fail(ctx, MNISTCU_ERR_OUT_OF_MEMORY, "out of memory");
     cu->device = want;
+    cu->smem_optin = prop.sharedMemPerBlockOptin;
     ctx->cuda = cu;
     if ((e = cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&cu->copy_stream, cudaStreamNonBlocking)) != cudaSuccess) {

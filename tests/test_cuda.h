@@ -1173,6 +1173,87 @@ TEST cuda_splitk_sum4_agrees_bitwise(void)
     PASS();
 }
 
+/* The register-tiled convolution kernels against the kernels of one output a thread, bit for bit:
+   the same sums in the same order, the tiles' border of zeros adding nothing. Forward with a bias
+   and an activation, or neither; the input gradient; 3x3 and 5x5, padded or not, 2 and 4 channels a
+   thread, channel groups a block, and stages past 48 KB of shared memory. The last two columns are
+   the R the plan must pick for the forward pass and the input gradient (0: not the tiles). */
+template <int KS>
+static void tc_conv_direct_ref(int dir, mnistcu__geom g, int oc, int B, const float *x, const float *w,
+                               const float *bias, int act, float *y)
+{
+    const int K = g.c * KS * KS, P = g.oh * g.ow, HW = g.h * g.w;
+    if (dir == 0) {
+        const int cg = mnistcu__divisor_below(oc, 8192 / K);
+        dim3 grid((unsigned)((cg * P + 255) / 256), (unsigned)(oc / cg), (unsigned)B);
+        mnistcu__k_conv_direct_fwd<KS, 1, 0><<<grid, 256, (size_t)cg * K * sizeof(float)>>>(x, w, bias, y, g, oc, cg, act);
+    } else {
+        const int cig = mnistcu__divisor_below(g.c, 8192 / (oc * KS * KS));
+        dim3 grid((unsigned)((cig * HW + 255) / 256), (unsigned)(g.c / cig), (unsigned)B);
+        mnistcu__k_conv_direct_dx<KS, 1, 1, 0><<<grid, 256, (size_t)oc * cig * KS * KS * sizeof(float)>>>(x, w, y, g, oc, cig);
+    }
+}
+
+TEST cuda_conv_tile_equals_direct_bitwise(void)
+{
+    /* c, h, w, out channels, kernel, padding, batch, R forward, R input gradient */
+    static const int cs[][9] = {
+        {1, 28, 28, 6, 5, 0, 64, 2, 0},    {6, 12, 12, 16, 5, 0, 300, 4, 2}, {16, 14, 14, 32, 3, 1, 128, 4, 4},
+        {1, 28, 28, 64, 3, 0, 64, 4, 0},   {16, 12, 12, 64, 5, 2, 32, 4, 0}, {3, 13, 11, 10, 3, 1, 200, 2, 0},
+        {16, 20, 17, 12, 5, 2, 80, 4, 4},  {6, 28, 28, 10, 3, 1, 64, 2, 2},  {6, 12, 12, 16, 5, 0, 8, 0, 0}};
+    mnistcu_ctx *g = tc_ctx(MNISTCU_GEMM_OWN);
+    char msg[160];
+    size_t k;
+    int dir;
+    ASSERT(g != NULL);
+    for (k = 0; k < sizeof cs / sizeof cs[0]; ++k)
+        for (dir = 0; dir < 2; ++dir) {
+            const int *c = cs[k], ks = c[4], B = c[6], act = k % 2 ? MNISTCU_ACT_TANH : MNISTCU_ACT_RELU;
+            mnistcu__geom ge;
+            mnistcu__tgeom t;
+            size_t nx, nw = (size_t)c[3] * c[0] * ks * ks, ny;
+            tu_rng rng = tu_rng_make(500 + k * 2 + (size_t)dir);
+            float *hx, *hw, *hb, *dxp, *dwp, *dbp, *y1, *y2, *h1, *h2;
+            int R;
+            ge.c = c[0]; ge.h = c[1]; ge.w = c[2]; ge.kh = ge.kw = ks; ge.sh = ge.sw = 1; ge.pad = c[5];
+            ge.oh = c[1] + 2 * c[5] - ks + 1; ge.ow = c[2] + 2 * c[5] - ks + 1;
+            if (dir == 0) {
+                t.ic = ge.c; t.ih = ge.h; t.iw = ge.w; t.oc = c[3]; t.oh = ge.oh; t.ow = ge.ow;
+                t.pad = ge.pad; t.wcc = ge.c; t.wci = 1;
+            } else {
+                t.ic = c[3]; t.ih = ge.oh; t.iw = ge.ow; t.oc = ge.c; t.oh = ge.h; t.ow = ge.w;
+                t.pad = ks - 1 - ge.pad; t.wcc = 1; t.wci = ge.c;
+            }
+            R = mnistcu__conv_tile_plan(g, &t, ks, (size_t)B);
+            if (R != c[7 + dir]) {
+                snprintf(msg, sizeof msg, "case %d %s: the plan picked R = %d, not %d", (int)k, dir ? "dx" : "forward", R,
+                         c[7 + dir]);
+                FAILm(msg);
+            }
+            if (!R) continue;
+            nx = (size_t)B * t.ic * t.ih * t.iw;
+            ny = (size_t)B * t.oc * t.oh * t.ow;
+            hx = tu_random_floats(&rng, nx, -1, 1);
+            hw = tu_random_floats(&rng, nw, -1, 1);
+            hb = tu_random_floats(&rng, (size_t)c[3], -1, 1);
+            dxp = tc_up(hx, nx); dwp = tc_up(hw, nw); dbp = k % 3 == 2 || dir ? NULL : tc_up(hb, (size_t)c[3]);
+            y1 = tc_poisoned(ny); y2 = tc_poisoned(ny);
+            mnistcu__conv_tile_launch(mnistcu__cuda_stream(g), ks, R, dir, &t, (size_t)B, dxp, dwp, dbp, y1,
+                                      dir ? (int)MNISTCU_ACT_IDENTITY : act);
+            ASSERT_EQ(cudaSuccess, cudaGetLastError());
+            ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+            if (ks == 5) tc_conv_direct_ref<5>(dir, ge, c[3], B, dxp, dwp, dbp, act, y2);
+            else tc_conv_direct_ref<3>(dir, ge, c[3], B, dxp, dwp, dbp, act, y2);
+            ASSERT_EQ(cudaSuccess, cudaGetLastError());
+            h1 = tc_down(y1, ny); h2 = tc_down(y2, ny);
+            ASSERT_ARRAY_EQ_BITS_F(h2, h1, ny);
+            free(hx); free(hw); free(hb); free(h1); free(h2);
+            cudaFree(dxp); cudaFree(dwp); if (dbp) cudaFree(dbp); cudaFree(y1); cudaFree(y2);
+        }
+    mnistcu_ctx_destroy(g);
+    PASS();
+}
+
 /* A model meets a uint8 dataset and then a float one in streaming mode: the
    slots sized for the first must grow for the second (4 bytes a feature). */
 TEST cuda_streaming_mixed_storage(void)
@@ -1434,7 +1515,7 @@ static const tc_layer_case tc_layer_cases[] = {
     /* weight gradients whose one sample (a 72x72 plane and its 70x70 or 68x68 output gradient) does not
        fit in shared memory beside the sums: read from global memory */
     {MNISTCU_LAYER_CONV2D, "1x72x72 conv3x3x2 flatten dense5", 2},
-    {MNISTCU_LAYER_CONV2D, "1x72x72 conv5x5x2 flatten dense5", 2},
+    {MNISTCU_LAYER_CONV2D, "1x72x72 conv5x5x3 flatten dense5", 2},
     /* four channels a thread (enough threads): 6 and 10 channels (a last group of 2), staged and not; 32
        output channels over 16 inputs at batch 128 (512 pairs: the weight gradient a batch slice a block) */
     {MNISTCU_LAYER_CONV2D, "1x28x28 conv3x3x6:p=1 relu conv3x3x10:p=1 flatten dense5", 64},
@@ -1444,6 +1525,14 @@ static const tc_layer_case tc_layer_cases[] = {
        samples (the last of 1); at 5x5 (one output channel a unit) */
     {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x16:p=1 relu flatten dense5", 201},
     {MNISTCU_LAYER_CONV2D, "8x12x12 conv1x1x8 conv5x5x32:p=2 flatten dense5", 20},
+    /* the slice kernel where the weight gradient's tiles do not apply: 3x3 over 18 output channels (not a
+       multiple of 4), 5x5 at stride 2 */
+    {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x18:p=1 relu flatten dense5", 133},
+    {MNISTCU_LAYER_CONV2D, "8x12x12 conv1x1x8 conv5x5x32:s=2:p=2 flatten dense5", 20},
+    /* register tiles (stride 1, enough threads): 5x5 with 2 channels a thread, padded and not; 5x5 with 4,
+       12 output channels over 16 inputs, odd width, a 60 KB stage in the input gradient */
+    {MNISTCU_LAYER_CONV2D, "1x28x28 conv5x5x6 relu conv5x5x10:p=1 flatten dense5", 64},
+    {MNISTCU_LAYER_CONV2D, "16x20x17 conv1x1x16 conv5x5x12:p=2 relu flatten dense5", 80},
     /* the columns path (more than 16 input channels): stride 2 with padding, and stride 1 with padding (the
        columns a kernel row a thread, the input gradient a position a thread) */
     {MNISTCU_LAYER_CONV2D, "18x9x9 conv3x3x6:s=2:p=1 relu conv3x3x20:p=1 relu conv3x3x4:p=1 flatten dense5", 3},
@@ -2523,6 +2612,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_gemm_wide_agrees_bitwise);
     RUN_TEST(cuda_gemm_skinny_agrees_bitwise);
     RUN_TEST(cuda_splitk_sum4_agrees_bitwise);
+    RUN_TEST(cuda_conv_tile_equals_direct_bitwise);
     RUN_TEST(cuda_gemm_reduced_precision_within_bound);
     RUN_TEST(cuda_gemm_reduced_precision_small);
     RUN_TEST(cuda_training_reduced_precision_close_to_fp32);
