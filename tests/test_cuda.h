@@ -1516,13 +1516,13 @@ static const tc_layer_case tc_layer_cases[] = {
        fit in shared memory beside the sums: read from global memory */
     {MNISTCU_LAYER_CONV2D, "1x72x72 conv3x3x2 flatten dense5", 2},
     {MNISTCU_LAYER_CONV2D, "1x72x72 conv5x5x3 flatten dense5", 2},
-    /* four channels a thread (enough threads): 6 and 10 channels (a last group of 2), staged and not; 32
-       output channels over 16 inputs at batch 128 (512 pairs: the weight gradient a batch slice a block) */
+    /* enough threads for the register tiles: 6 and 10 channels (2 a thread); 32 output channels over 16
+       inputs at batch 128 (P6's second convolution: a 60 KB stage in the input gradient, the weight
+       gradient's tiles of 4 x 2 channels) */
     {MNISTCU_LAYER_CONV2D, "1x28x28 conv3x3x6:p=1 relu conv3x3x10:p=1 flatten dense5", 64},
     {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x32:p=1 relu flatten dense5", 128},
     {MNISTCU_LAYER_CONV2D, "1x28x28 conv3x3x16:p=1 relu conv3x3x16:p=1 flatten dense5", 32},
-    /* the weight gradient a batch slice a block: 256 pairs with two threads a unit and slices of 2
-       samples (the last of 1); at 5x5 (one output channel a unit) */
+    /* the weight gradient's tiles over uneven batch slices (201 samples), and at 5x5 with padding */
     {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x16:p=1 relu flatten dense5", 201},
     {MNISTCU_LAYER_CONV2D, "8x12x12 conv1x1x8 conv5x5x32:p=2 flatten dense5", 20},
     /* the slice kernel where the weight gradient's tiles do not apply: 3x3 over 18 output channels (not a
