@@ -5564,7 +5564,7 @@ struct mnistcu__stage_planes {
    window's row KS-1-r and column KS-1-s), so that every sum still runs over (channel, r, s) in
    ascending order, as in the kernels above. The block copies its sample's planes into shared
    memory with a border of zeros (pad wide on each side: forward the layer's padding, input gradient
-   KS-1 less it), and its weights as [in channel][r][s][out channel]. A thread then makes R
+   KS-1 less it), and its weights as [in channel][out group of R][r][s][R]. A thread then makes R
    consecutive output channels at QY rows of one column: for each input channel it holds the
    (QY+KS-1) x KS window in registers and reads R weights at once, 27 shared loads for 144 fmas at
    3x3, R = QY = 4, where the kernels above make one load (or five for four) a fma. The border's
@@ -5576,20 +5576,21 @@ typedef struct mnistcu__tgeom {
     int pad;        /* the border */
     int cg;         /* output channels a block, blockIdx.y their group */
     int sh, sw;     /* the staged planes: ceil(oh / QY) * QY + KS - 1 rows of ow + KS - 1 */
-    int sc;         /* a staged weight row: cg rounded up to 4 modulo 8 (stores without bank conflicts) */
     int wcc, wci;   /* the weights of (out c, in i) start at (c * wcc + i * wci) * KS * KS */
 } mnistcu__tgeom;
 
-/* The weights as [in channel][r][s][out channel] rows of sc, read in their own order: forward
-   (c, cc, rs) with n1 = in channels, input gradient (cc, c, rs) with n1 = the block's channels. */
+/* The weights as [in channel][group of R out channels][r][s][R], so that a thread's R weights of
+   each (r, s) sit at a fixed offset from one base an input channel; read in their own order:
+   forward (c, cc, rs) with n1 = in channels, input gradient (cc, c, rs) with n1 = the block's
+   channels. rsh = log2 R. */
 struct mnistcu__stage_tile_w {
     const float *w;
-    int g0, wcc, wci, sc, kk, rev;
+    int g0, wcc, wci, ng, kk, rev, rsh;
     __device__ float load(const mnistcu__walk3 &k, int i, int *at) const
     {
         const int c = rev ? k.b : k.a, cc = rev ? k.a : k.b;
         (void)i;
-        *at = (cc * kk + k.c) * sc + c;
+        *at = (((cc * ng + (c >> rsh)) * kk + k.c) << rsh) + (c & ((1 << rsh) - 1));
         return __ldg(w + ((size_t)(g0 + c) * wcc + (size_t)cc * wci) * kk + k.c);
     }
 };
@@ -5602,12 +5603,12 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_tile(const float *__restr
     MNISTCU__PDL_WAIT();
     extern __shared__ float4 mnistcu__tile_sm4[];
     const int KK = KS * KS, b = (int)blockIdx.z, g0 = (int)blockIdx.y * t.cg, NG = t.cg / R;
-    float *ws = (float *)mnistcu__tile_sm4, *xs = ws + (size_t)t.ic * KK * t.sc;
+    float *ws = (float *)mnistcu__tile_sm4, *xs = ws + (size_t)t.ic * KK * t.cg;
     const float *inb = in + (size_t)b * t.ic * t.ih * t.iw;
     float acc[QY][R];
     int ci, r, s, q, j;
     {
-        const mnistcu__stage_tile_w fw = {w, g0, t.wcc, t.wci, t.sc, KK, REV};
+        const mnistcu__stage_tile_w fw = {w, g0, t.wcc, t.wci, NG, KK, REV, R == 4 ? 2 : R == 2 ? 1 : 0};
         const mnistcu__stage_planes fx = {inb, 0, t.pad, t.ih, t.iw};
         mnistcu__stage8(t.cg * t.ic * KK, KK, REV ? t.cg : t.ic, ws, fw);
         mnistcu__stage8(t.ic * t.sh * t.sw, t.sw, t.sh, xs, fx);
@@ -5616,13 +5617,13 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_tile(const float *__restr
     {
         const int idx = (int)(blockIdx.x * blockDim.x + threadIdx.x), QT = (t.oh + QY - 1) / QY;
         if (idx >= NG * QT * t.ow) return;
-        const int ox = idx % t.ow, rest = idx / t.ow, cl = rest % NG * R, y0 = rest / NG * QY;
+        const int ox = idx % t.ow, rest = idx / t.ow, gi = rest % NG, cl = gi * R, y0 = rest / NG * QY;
 #pragma unroll
         for (q = 0; q < QY; ++q)
 #pragma unroll
             for (j = 0; j < R; ++j) acc[q][j] = 0.0f;
         for (ci = 0; ci < t.ic; ++ci) {
-            const float *xc = xs + ((size_t)ci * t.sh + y0) * t.sw + ox, *wc = ws + (size_t)ci * KK * t.sc + cl;
+            const float *xc = xs + ((size_t)ci * t.sh + y0) * t.sw + ox, *wc = ws + ((size_t)ci * NG + gi) * KK * R;
             float xv[QY + KS - 1][KS];
 #pragma unroll
             for (r = 0; r < QY + KS - 1; ++r)
@@ -5632,7 +5633,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_tile(const float *__restr
             for (r = 0; r < KS; ++r) {
 #pragma unroll
                 for (s = 0; s < KS; ++s) {
-                    const float *wp = wc + (r * KS + s) * t.sc;
+                    const float *wp = wc + (r * KS + s) * R;
                     float wv[R];
                     if (R == 4) {
                         const float4 v = *(const float4 *)wp;
@@ -5668,7 +5669,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_tile(const float *__restr
 /* The register tiles where they fit: stride 1, output channels a multiple of 2 (R = 4 where a
    multiple of 4), the most of them a block whose weights and the staged planes fit in
    MNISTCU__CONV_TILE_BYTES (64 KB, or what the GPU gives a block if less: P6's second convolution's
-   input gradient stages 32 planes of 18 x 16 and the weights of 16 channels, 60 KB), and enough
+   input gradient stages 32 planes of 18 x 16 and the weights of 16 channels, 55 KB), and enough
    threads to fill the GPU (MNISTCU__CONV_TILE_THREADS; below it the kernels above, a thread an
    output, keep more threads in flight). Fills *t and returns R, or 0 where the tiles do not apply. */
 #define MNISTCU__CONV_TILE_QY 4
@@ -5690,8 +5691,7 @@ static int mnistcu__conv_tile_plan(const mnistcu_ctx *ctx, mnistcu__tgeom *t, in
     xs = (size_t)t->ic * t->sh * t->sw;
     for (cg = t->oc; cg >= R; cg -= R) {
         if (t->oc % cg || cg % R) continue;
-        t->sc = (cg + 3) / 8 * 8 + 4;
-        need = ((size_t)t->ic * ks * ks * t->sc + xs) * sizeof(float);
+        need = ((size_t)t->ic * ks * ks * cg + xs) * sizeof(float);
         if (need <= limit || need <= MNISTCU__CONV_STAGE_BYTES) {
             t->cg = cg;
             return R;
@@ -5704,7 +5704,7 @@ static void mnistcu__conv_tile_launch(cudaStream_t st, int ks, int R, int rev, c
                                       const float *in, const float *w, const float *bias, float *out, int act)
 {
     const int QY = MNISTCU__CONV_TILE_QY;
-    const size_t sm = ((size_t)t->ic * ks * ks * t->sc + (size_t)t->ic * t->sh * t->sw) * sizeof(float);
+    const size_t sm = ((size_t)t->ic * ks * ks * t->cg + (size_t)t->ic * t->sh * t->sw) * sizeof(float);
     dim3 grid((unsigned)(((size_t)(t->cg / R) * ((t->oh + QY - 1) / QY) * t->ow + 255) / 256), (unsigned)(t->oc / t->cg),
               (unsigned)B);
 #define MNISTCU__TILE(KS_, R_, REV_)                                                                                 \

@@ -1517,7 +1517,7 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_CONV2D, "1x72x72 conv3x3x2 flatten dense5", 2},
     {MNISTCU_LAYER_CONV2D, "1x72x72 conv5x5x3 flatten dense5", 2},
     /* enough threads for the register tiles: 6 and 10 channels (2 a thread); 32 output channels over 16
-       inputs at batch 128 (P6's second convolution: a 60 KB stage in the input gradient, the weight
+       inputs at batch 128 (P6's second convolution: a 55 KB stage in the input gradient, the weight
        gradient's tiles of 4 x 2 channels) */
     {MNISTCU_LAYER_CONV2D, "1x28x28 conv3x3x6:p=1 relu conv3x3x10:p=1 flatten dense5", 64},
     {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x32:p=1 relu flatten dense5", 128},
@@ -1530,7 +1530,7 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_CONV2D, "16x14x14 conv1x1x16 conv3x3x18:p=1 relu flatten dense5", 133},
     {MNISTCU_LAYER_CONV2D, "8x12x12 conv1x1x8 conv5x5x32:s=2:p=2 flatten dense5", 20},
     /* register tiles (stride 1, enough threads): 5x5 with 2 channels a thread, padded and not; 5x5 with 4,
-       12 output channels over 16 inputs, odd width, a 60 KB stage in the input gradient */
+       12 output channels over 16 inputs, odd width */
     {MNISTCU_LAYER_CONV2D, "1x28x28 conv5x5x6 relu conv5x5x10:p=1 flatten dense5", 64},
     {MNISTCU_LAYER_CONV2D, "16x20x17 conv1x1x16 conv5x5x12:p=2 relu flatten dense5", 80},
     /* the columns path (more than 16 input channels): stride 2 with padding, and stride 1 with padding (the
