@@ -5677,10 +5677,17 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_tile(const float *__restr
 #ifndef MNISTCU__CONV_TILE_THREADS
 #define MNISTCU__CONV_TILE_THREADS 16384
 #endif
+/* The shared memory a tile kernel's block may stage: MNISTCU__CONV_TILE_BYTES, or less where the GPU
+   gives less. */
+static size_t mnistcu__conv_tile_bytes(const mnistcu_ctx *ctx)
+{
+    const size_t optin = mnistcu__cu(ctx)->smem_optin;
+    return optin < MNISTCU__CONV_TILE_BYTES ? optin : MNISTCU__CONV_TILE_BYTES;
+}
+
 static int mnistcu__conv_tile_plan(const mnistcu_ctx *ctx, mnistcu__tgeom *t, int ks, size_t B)
 {
-    const size_t limit = mnistcu__cu(ctx)->smem_optin < MNISTCU__CONV_TILE_BYTES ? mnistcu__cu(ctx)->smem_optin
-                                                                                   : MNISTCU__CONV_TILE_BYTES;
+    const size_t limit = mnistcu__conv_tile_bytes(ctx);
     const int QY = MNISTCU__CONV_TILE_QY, R = t->oc % 4 == 0 ? 4 : t->oc % 2 == 0 ? 2 : 0;
     size_t xs, need;
     int cg;
@@ -5863,8 +5870,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_dw_tile(const float *__re
 static int mnistcu__conv_dw_tile_plan(const mnistcu_ctx *ctx, mnistcu__dwgeom *d, size_t *smem, int *Z)
 {
     const mnistcu__geom g = d->g;
-    const size_t limit = mnistcu__cu(ctx)->smem_optin < MNISTCU__CONV_TILE_BYTES ? mnistcu__cu(ctx)->smem_optin
-                                                                                   : MNISTCU__CONV_TILE_BYTES;
+    const size_t limit = mnistcu__conv_tile_bytes(ctx);
     const int G = g.kh == 3 ? 4 : 2, H = g.c % 2 ? 1 : 2, P = g.oh * g.ow;
     int U, ub, nblk, fit, want;
     size_t per = 0, xs;
