@@ -4525,6 +4525,10 @@ typedef struct mnistcu__layer {
     int dy_done;               /* dense and conv, CUDA: this step's output gradient has act' applied already (the
                                   head, or the pooling layer after, in a head step) */
     int db_done;               /* dense, CUDA: this step's bias gradient is computed already (the head) */
+    int fwd_done;              /* max pool, CUDA: this step's output was made by the batch norm before it, in a head
+                                  step (mnistcu__bn_pool_after) */
+    int dy_pool;               /* batch norm, CUDA: this step's output gradient is the max pool's after it, which
+                                  that pool's backward pass left as it was for ours to route (a head step) */
     int upd_done;              /* dense, CUDA: this step's optimizer step of the weights (2: and of the bias) was
                                   taken in the weight gradient's product (>>cuda_update) */
     uint64_t step;             /* dropout: the step its last mask was drawn for */
@@ -4559,6 +4563,10 @@ struct mnistcu_model {
     mnistcu_mode mode;
     int head_off;            /* mnistcu_train_desc.no_head of the training running */
     int head_step;           /* 1 while a head step's backward pass runs (>>cuda_head) */
+    int fwd_fuse;            /* 1 while a head step's forward pass runs: a batch norm may take the max pool after it */
+    int dy_kept;             /* set by a layer's backward pass that left its output gradient as it was, to be the
+                                layer before's (mnistcu__backward_from) */
+    uint64_t bn_pool_steps;  /* passes in which a batch norm took the max pool after it (forward and backward each) */
     int upd_off;             /* mnistcu_train_desc.no_fused_update of the training running */
     int upd_on;              /* 1 while a training step's backward pass may take the optimizer's step in the
                                 weight gradients' products (mnistcu__update_plan): upd_opt holds its scalars */
@@ -4974,6 +4982,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(float *dz, const flo
 }
 
 static mnistcu__layer *mnistcu__layer_before(const mnistcu_model *m, int i);
+static mnistcu__layer *mnistcu__bn_pool_after(mnistcu_model *m, const mnistcu__layer *L);
 
 static mnistcu_result mnistcu__dense_cuda_forward(mnistcu_model *m, mnistcu__layer *L, size_t B)
 {
@@ -6681,6 +6690,10 @@ static mnistcu_result mnistcu__pool_dnn(mnistcu_model *m, mnistcu__layer *L, siz
 
 static mnistcu_result mnistcu__cuda_pool_forward(mnistcu_model *m, mnistcu__layer *L, size_t B, int is_max)
 {
+    if (L->fwd_done) { /* the batch norm before made this step's output (mnistcu__bn_pool_after) */
+        L->fwd_done = 0;
+        return MNISTCU_OK;
+    }
 #ifdef MNISTCU_CUDNN
     if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, NULL, NULL);
 #endif
@@ -6712,6 +6725,11 @@ static mnistcu_result mnistcu__cuda_pool_backward(mnistcu_model *m, mnistcu__lay
        105.3-107.6 ms an epoch on the H100 (bench/RESULTS.md); cuda_head_step_matches_step_by_step
        compares its bits with the step by step path's */
     C = m->head_step ? mnistcu__layer_before(m, (int)(L - m->layers)) : NULL;
+    if (C && is_max && C->trained && mnistcu__bn_pool_after(m, C) == L) { /* the batch norm before routes dy */
+        C->dy_pool = 1;
+        m->dy_kept = 1; /* and gets our dy as its own (mnistcu__backward_from) */
+        return MNISTCU_OK;
+    }
     if (C && (C->d.kind != MNISTCU_LAYER_CONV2D || C->act == MNISTCU_ACT_IDENTITY || C->out != L->in || C->dy_done))
         C = NULL;
     {
@@ -6907,7 +6925,9 @@ static __device__ double mnistcu__block_sum(double v, double *part)
    a pass (not one block per channel); *chunk may be NULL. The count is at most
    min(64, B) but does not grow with B everywhere (B = 128 at 28 x 28 gives 22,
    B = 115 gives 23), so the aux buffer is sized for min(64, B). */
+#ifndef MNISTCU__BN_PIECE
 #define MNISTCU__BN_PIECE 4096
+#endif
 static int mnistcu__bn_pieces(size_t B, size_t S, size_t *chunk)
 {
     size_t p = (B * S + MNISTCU__BN_PIECE - 1) / MNISTCU__BN_PIECE, c;
@@ -6927,17 +6947,25 @@ static __device__ double *mnistcu__bn_parts(float *aux, int C)
 
 /* Block (c, p) visits the values of channel c in samples [p chunk, (p+1) chunk):
    thread t takes its i-th value (i counted over those samples' maps, in order)
-   for i = t, t + THREADS, ... */
-#define MNISTCU__BN_VISIT(i_, at_, body_)                                                               \
+   for i = t, t + THREADS, ...: sample b0 + q_, position s_ of its map, at
+   at_ in the batch tensor. */
+#define MNISTCU__BN_VISIT(q_, s_, at_, body_)                                                           \
     do {                                                                                                \
         size_t b0_ = (size_t)blockIdx.y * (size_t)chunk;                                                \
         unsigned nv_ = (unsigned)(MNISTCU__MIN((size_t)chunk, (size_t)B - b0_) * (size_t)S), i_;        \
         for (i_ = threadIdx.x; i_ < nv_; i_ += MNISTCU__THREADS) {                                      \
-            unsigned q_ = i_ / (unsigned)S;                                                             \
-            size_t at_ = ((b0_ + q_) * (size_t)C + (size_t)blockIdx.x) * (size_t)S + (i_ - q_ * (unsigned)S); \
+            unsigned q_ = i_ / (unsigned)S, s_ = i_ - q_ * (unsigned)S;                                 \
+            size_t at_ = ((b0_ + q_) * (size_t)C + (size_t)blockIdx.x) * (size_t)S + s_;                 \
+            (void)s_;                                                                                   \
             body_;                                                                                      \
         }                                                                                               \
     } while (0)
+
+/* One normalised value: the same expression in every kernel that makes one. */
+static __device__ __forceinline__ float mnistcu__bn_y(float x, float mf, float inv, float g, float bt)
+{
+    return (x - mf) * inv * g + bt;
+}
 
 /* TRAIN statistics, pass 1: piece p of channel c writes its sum and the sum of squared
    deviations from its own mean (Chan et al.'s pairwise form, exact to combine). */
@@ -6949,10 +6977,10 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_stats(const fl
     double s = 0.0, q = 0.0, sum, mean, n;
     double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.x * pieces + blockIdx.y);
     n = (double)(MNISTCU__MIN((size_t)chunk, (size_t)B - (size_t)blockIdx.y * chunk) * (size_t)S);
-    MNISTCU__BN_VISIT(i, e, s += (double)x[e]);
+    MNISTCU__BN_VISIT(qi, si, e, s += (double)x[e]);
     sum = mnistcu__block_sum(s, red);
     mean = sum / n;
-    MNISTCU__BN_VISIT(i, e, {
+    MNISTCU__BN_VISIT(qi, si, e, {
         double d = (double)x[e] - mean;
         q += d * d;
     });
@@ -6987,16 +7015,13 @@ static __device__ void mnistcu__bn_combine(const double *part, int pieces, int B
     *b = __shfl_sync(0xffffffffu, sb, 0);
 }
 
-/* y over the blocks of the statistics pass. TRAIN: each block first combines its channel's pieces (block
-   (c, 0) keeps mean and invstd in aux and moves the running estimates); EVAL: the running estimates. */
-__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply(
-    const float *x, float *y, int B, int C, int S, int chunk, int pieces, const float *gamma, const float *beta,
-    float *rmean, float *rvar, float *aux, int train, float eps, float mom)
+/* The mean and invstd that block (c, p) normalises with, into mi[0] and mi[1] for the whole block. TRAIN:
+   warp 0 combines the channel's pieces (block (c, 0) keeps mean and invstd in aux and moves the running
+   estimates); EVAL: the running estimates. */
+static __device__ void mnistcu__bn_coeffs(int B, int C, int S, int chunk, int pieces, float *rmean, float *rvar,
+                                          float *aux, int train, float eps, float mom, float *mi)
 {
-    MNISTCU__PDL_WAIT();
-    __shared__ float mi[2];
     int c = (int)blockIdx.x;
-    float mf, inv, g = gamma[c], bt = beta[c];
     if (threadIdx.x < 32) {
         double mean, var;
         if (train) {
@@ -7019,24 +7044,140 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply(
         }
     }
     __syncthreads();
-    mf = mi[0];
-    inv = mi[1];
-    MNISTCU__BN_VISIT(i, e, y[e] = (x[e] - mf) * inv * g + bt);
 }
 
-/* Backward, pass 1: piece p of channel c writes its sums of dy and dy (x - mean). */
-__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dsums(const float *x, const float *dy, int B, int C,
-                                                                          int S, int chunk, int pieces, float *aux)
+/* y over the blocks of the statistics pass. */
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply(
+    const float *x, float *y, int B, int C, int S, int chunk, int pieces, const float *gamma, const float *beta,
+    float *rmean, float *rvar, float *aux, int train, float eps, float mom)
+{
+    MNISTCU__PDL_WAIT();
+    __shared__ float mi[2];
+    const float g = gamma[blockIdx.x], bt = beta[blockIdx.x];
+    float mf, inv;
+    mnistcu__bn_coeffs(B, C, S, chunk, pieces, rmean, rvar, aux, train, eps, mom, mi);
+    mf = mi[0];
+    inv = mi[1];
+    MNISTCU__BN_VISIT(qi, si, e, y[e] = mnistcu__bn_y(x[e], mf, inv, g, bt));
+}
+
+/* TRAIN, with the max pool of 2x2 windows and stride 2 after it (mnistcu__bn_pool_after): the pool's
+   output and argmax straight from x, over the same blocks, the batch norm's own output not written. Each
+   window's four values are normalised as mnistcu__k_bn_apply makes them and compared in
+   mnistcu__pool_at's order, with the ReLU folded into the pool (act): the same bits as the two passes. */
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply_pool(
+    const float *x, int B, int C, int H, int W, int OH, int OW, int chunk, int pieces, const float *gamma,
+    const float *beta, float *rmean, float *rvar, float *aux, float eps, float mom, int act, float *py, int32_t *parg)
+{
+    MNISTCU__PDL_WAIT();
+    __shared__ float mi[2];
+    const unsigned S = (unsigned)(H * W), P = (unsigned)(OH * OW);
+    const float g = gamma[blockIdx.x], bt = beta[blockIdx.x];
+    const size_t b0 = (size_t)blockIdx.y * (size_t)chunk;
+    const unsigned n = (unsigned)(MNISTCU__MIN((size_t)chunk, (size_t)B - b0) * (size_t)P);
+    unsigned i;
+    float mf, inv;
+    mnistcu__bn_coeffs(B, C, (int)S, chunk, pieces, rmean, rvar, aux, 1, eps, mom, mi);
+    mf = mi[0];
+    inv = mi[1];
+    for (i = threadIdx.x; i < n; i += MNISTCU__THREADS) {
+        const unsigned q = i / P, o = i - q * P, oy = o / (unsigned)OW, ox = o - oy * (unsigned)OW;
+        const size_t pl = (b0 + q) * (size_t)C + blockIdx.x;
+        const float *xp = x + pl * S;
+        float best = -INFINITY;
+        int32_t bi = (int32_t)(2 * oy * (unsigned)W + 2 * ox);
+        int r, t;
+        for (r = 0; r < 2; ++r)
+            for (t = 0; t < 2; ++t) {
+                const int32_t at = (int32_t)((2 * oy + (unsigned)r) * (unsigned)W + 2 * ox + (unsigned)t);
+                const float v = mnistcu__bn_y(xp[at], mf, inv, g, bt);
+                if (v > best || v != v) {
+                    best = v;
+                    bi = at;
+                }
+            }
+        py[pl * P + o] = mnistcu__act_f((mnistcu_act)act, best);
+        parg[pl * P + o] = bi;
+    }
+}
+
+/* Where a max pool of 2x2 windows and stride 2 follows (mnistcu__bn_pool_after), the backward passes
+   visit a map by cells of 2x2 values, the pool's windows (cells past its last row or column hold the
+   map's last row or column: 1 or 2 values): thread t of block (c, p) takes cells t, t + THREADS, ... of
+   channel c in samples [p chunk, (p+1) chunk), and a cell's values in row order. In a head step the pool
+   leaves its output gradient as it is and these passes route it (POOL), each cell's window read once: the
+   value the pool's backward pass (mnistcu__k_pool_backward_y<1>) would have written, the same operations
+   in the same order whichever path, so the same bits. */
+typedef struct mnistcu__bn_dyp {
+    const float *dy;    /* POOL: the pool's output gradient [B][C][OH][OW]; else the batch norm's [B][C][H][W] */
+    const int32_t *arg; /* POOL: the pool's argmax */
+    const float *y;     /* POOL: the pool's output where a ReLU is folded into it, else NULL */
+    int h, w, oh, ow;   /* the map; the pool's output */
+} mnistcu__bn_dyp;
+
+/* Thread t's cells: plane pl_ (channel c of sample b0 + q_), cell (cy_, cx_); body_ without commas outside
+   parentheses. */
+#define MNISTCU__BN_CELLS(p_, pl_, cy_, cx_, body_)                                                     \
+    do {                                                                                                \
+        const unsigned cw_ = ((unsigned)(p_).w + 1) / 2, nc_ = ((unsigned)(p_).h + 1) / 2 * cw_;        \
+        const size_t b0_ = (size_t)blockIdx.y * (size_t)chunk;                                          \
+        const unsigned n_ = (unsigned)(MNISTCU__MIN((size_t)chunk, (size_t)B - b0_) * (size_t)nc_);     \
+        unsigned j_;                                                                                    \
+        for (j_ = threadIdx.x; j_ < n_; j_ += MNISTCU__THREADS) {                                       \
+            const unsigned q_ = j_ / nc_, cc_ = j_ - q_ * nc_, cy_ = cc_ / cw_, cx_ = cc_ - cy_ * cw_;   \
+            const size_t pl_ = (b0_ + q_) * (size_t)C + blockIdx.x;                                     \
+            body_;                                                                                      \
+        }                                                                                               \
+    } while (0)
+
+/* The routed gradient of cell (cy, cx) of plane pl: *am the index in the plane that takes it (-1: none),
+   the value returned. */
+static __device__ __forceinline__ float mnistcu__bn_route(const mnistcu__bn_dyp &p, size_t pl, unsigned cy,
+                                                          unsigned cx, int32_t *am)
+{
+    size_t po;
+    *am = -1;
+    if (cy >= (unsigned)p.oh || cx >= (unsigned)p.ow) return 0.0f;
+    po = pl * (size_t)(p.oh * p.ow) + (size_t)(cy * (unsigned)p.ow + cx);
+    if (p.y && !(p.y[po] > 0.0f)) return 0.0f;
+    *am = p.arg[po];
+    return p.dy[po];
+}
+
+/* Backward, pass 1: piece p of channel c writes its sums of dy and dy (x - mean). VISIT 0: value by value
+   (MNISTCU__BN_VISIT); 1: by cells; 2: by cells, routing the pool's gradient (POOL above). */
+template <int VISIT>
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dsums(const float *x, mnistcu__bn_dyp dyp, int B,
+                                                                          int C, int S, int chunk, int pieces,
+                                                                          float *aux)
 {
     MNISTCU__PDL_WAIT();
     __shared__ double red[MNISTCU__THREADS];
     double sdy = 0.0, dot = 0.0;
-    float mf = aux[blockIdx.x];
+    const float mf = aux[blockIdx.x];
     double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.x * pieces + blockIdx.y);
-    MNISTCU__BN_VISIT(i, e, {
-        sdy += (double)dy[e];
-        dot += (double)dy[e] * (double)(x[e] - mf);
-    });
+    if (VISIT == 0) {
+        MNISTCU__BN_VISIT(qi, si, e, {
+            sdy += (double)dyp.dy[e];
+            dot += (double)dyp.dy[e] * (double)(x[e] - mf);
+        });
+    } else {
+        MNISTCU__BN_CELLS(dyp, pl, cy, cx, {
+            int32_t am = -1;
+            const float g = VISIT == 2 ? mnistcu__bn_route(dyp, pl, cy, cx, &am) : 0.0f;
+            const float *xp = x + pl * (size_t)S;
+            const float *dp = dyp.dy + pl * (size_t)S;
+            unsigned r;
+            unsigned t;
+            for (r = 0; r < 2 && 2 * cy + r < (unsigned)dyp.h; ++r)
+                for (t = 0; t < 2 && 2 * cx + t < (unsigned)dyp.w; ++t) {
+                    const int32_t at = (int32_t)((2 * cy + r) * (unsigned)dyp.w + 2 * cx + t);
+                    const float d = VISIT == 2 ? (am == at ? g : 0.0f) : dp[at];
+                    sdy += (double)d;
+                    dot += (double)d * (double)(xp[at] - mf);
+                }
+        });
+    }
     sdy = mnistcu__block_sum(sdy, red);
     dot = mnistcu__block_sum(dot, red);
     if (threadIdx.x == 0) {
@@ -7046,9 +7187,11 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dsums(const fl
 }
 
 /* Backward, pass 2: each block combines its channel's sums (block (c, 0) writes dgamma and dbeta), then dx
-   over its piece (dx NULL: launched with one block per channel, for the gradients only). */
+   over its piece (dx NULL: launched with one block per channel, for the gradients only); POOL: by cells,
+   routing the pool's gradient. */
+template <int POOL>
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dx(
-    const float *x, const float *dy, float *dx, int B, int C, int S, int chunk, int pieces, const float *gamma,
+    const float *x, mnistcu__bn_dyp dyp, float *dx, int B, int C, int S, int chunk, int pieces, const float *gamma,
     float *aux, int train, float *dgamma, float *dbeta)
 {
     MNISTCU__PDL_WAIT();
@@ -7070,9 +7213,50 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dx(
     __syncthreads();
     c1 = k[0];
     c2 = k[1];
-    if (dx) MNISTCU__BN_VISIT(i, e, dx[e] = (dy[e] - c1 - (x[e] - mf) * c2) * a);
+    if (!dx) return;
+    if (!POOL) {
+        MNISTCU__BN_VISIT(qi, si, e, dx[e] = (dyp.dy[e] - c1 - (x[e] - mf) * c2) * a);
+    } else {
+        MNISTCU__BN_CELLS(dyp, pl, cy, cx, {
+            int32_t am;
+            const float g = mnistcu__bn_route(dyp, pl, cy, cx, &am);
+            const float *xp = x + pl * (size_t)S;
+            float *dp = dx + pl * (size_t)S;
+            unsigned r;
+            unsigned t;
+            for (r = 0; r < 2 && 2 * cy + r < (unsigned)dyp.h; ++r)
+                for (t = 0; t < 2 && 2 * cx + t < (unsigned)dyp.w; ++t) {
+                    const int32_t at = (int32_t)((2 * cy + r) * (unsigned)dyp.w + 2 * cx + t);
+                    const float d = am == at ? g : 0.0f;
+                    dp[at] = (d - c1 - (xp[at] - mf) * c2) * a;
+                }
+        });
+    }
 }
+#undef MNISTCU__BN_CELLS
 #undef MNISTCU__BN_VISIT
+
+/* In a head step (a training step's passes, never a layer's pass alone) a batch norm in TRAIN followed by a
+   max pool of 2x2 windows and stride 2 takes the pool's passes into its own: the forward pass writes the
+   pool's output and argmax (mnistcu__k_bn_apply_pool) and the pool launches nothing (fwd_done); the pool's
+   backward pass leaves its output gradient to the batch norm's two passes, which route it themselves
+   (dy_pool, MNISTCU__BN_CELLS). The batch norm's own output is then never written: nothing in the step reads
+   it. Two kernels fewer for each such pair and no round trip of the map through memory, with the same
+   operations on the same values (cuda_head_step_matches_step_by_step compares the bits). P6's step, ncu
+   with warm caches on the H100: 261 -> 227 us (bench/RESULTS.md). The pool after L, where it is one; else
+   NULL. */
+static mnistcu__layer *mnistcu__bn_pool_after(mnistcu_model *m, const mnistcu__layer *L)
+{
+    int i = (int)(L - m->layers);
+    mnistcu__layer *P = i + 1 < m->num_layers ? &m->layers[i + 1] : NULL;
+#ifdef MNISTCU_CUDNN
+    if (mnistcu__use_cudnn(m->ctx)) return NULL; /* both passes through cuDNN */
+#endif
+    if (!P || L->d.kind != MNISTCU_LAYER_BATCHNORM || P->d.kind != MNISTCU_LAYER_MAXPOOL2D || P->in != L->out ||
+        L->h < 2 || L->w < 2 || P->d.kernel_h != 2 || P->d.kernel_w != 2 || P->sh != 2 || P->sw != 2)
+        return NULL;
+    return P;
+}
 
 /* The kernels count a piece's values in 32 bits. */
 static mnistcu_result mnistcu__bn_cuda_check(mnistcu_model *m, mnistcu__layer *L, size_t B)
@@ -7111,10 +7295,21 @@ static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer 
         int pieces = mnistcu__bn_pieces(B, S, &chunk);
         dim3 grid((unsigned)C, (unsigned)pieces); /* channels in x: flat data may have more than 65,535 */
         cudaStream_t st = mnistcu__cuda_stream(m->ctx);
+        mnistcu__layer *P = m->fwd_fuse && L->trained ? mnistcu__bn_pool_after(m, L) : NULL;
         if (L->trained) {
             mnistcu__launch(mnistcu__k_bn_stats, grid, MNISTCU__THREADS, 0, st, L->in, (int)B, (int)C, (int)S, (int)chunk, pieces,
                                                                    L->aux);
             MNISTCU__LAUNCHED(m->ctx, "batchnorm_stats");
+        }
+        if (P) { /* the pool's output instead of ours (a head step's forward pass; see mnistcu__bn_pool_after) */
+            mnistcu__launch(mnistcu__k_bn_apply_pool, grid, MNISTCU__THREADS, 0, st, L->in, (int)B, (int)C, L->h, L->w,
+                            P->oh, P->ow, (int)chunk, pieces, m->params + L->wo, m->params + L->bo,
+                            m->buffers + L->buf, m->buffers + L->buf + C, L->aux, L->d.eps, L->d.momentum,
+                            (int)P->act, P->out, (int32_t *)P->aux);
+            MNISTCU__LAUNCHED(m->ctx, "batchnorm_forward_pool");
+            P->fwd_done = 1;
+            m->bn_pool_steps++;
+            return MNISTCU_OK;
         }
         mnistcu__launch(mnistcu__k_bn_apply, grid, MNISTCU__THREADS, 0, st,
             L->in, L->out, (int)B, (int)C, (int)S, (int)chunk, pieces, m->params + L->wo, m->params + L->bo,
@@ -7146,12 +7341,39 @@ static mnistcu_result mnistcu__bn_cuda_backward(mnistcu_model *m, mnistcu__layer
         int pieces = mnistcu__bn_pieces(B, S, &chunk);
         dim3 grid((unsigned)L->c, (unsigned)pieces), grid_dx((unsigned)L->c, dx ? (unsigned)pieces : 1u);
         cudaStream_t st = mnistcu__cuda_stream(m->ctx);
-        mnistcu__launch(mnistcu__k_bn_dsums, grid, MNISTCU__THREADS, 0, st, L->in, dy, (int)B, L->c, (int)S, (int)chunk, pieces,
-                                                               L->aux);
+        const mnistcu__layer *P = mnistcu__bn_pool_after(m, L);
+        const int routed = P && L->dy_pool; /* the pool left its output gradient to us (a head step) */
+        mnistcu__bn_dyp p;
+        memset(&p, 0, sizeof p);
+        p.dy = dy;
+        p.h = L->h;
+        p.w = L->w;
+        if (P) { /* sums by the pool's windows, whether or not we route its gradient: the same order */
+            p.arg = (const int32_t *)P->aux;
+            p.y = P->act == MNISTCU_ACT_RELU ? P->out : NULL;
+            p.oh = P->oh;
+            p.ow = P->ow;
+        }
+        if (routed) m->bn_pool_steps++;
+        L->dy_pool = 0;
+        if (routed)
+            mnistcu__launch(mnistcu__k_bn_dsums<2>, grid, MNISTCU__THREADS, 0, st, L->in, p, (int)B, L->c, (int)S,
+                            (int)chunk, pieces, L->aux);
+        else if (P)
+            mnistcu__launch(mnistcu__k_bn_dsums<1>, grid, MNISTCU__THREADS, 0, st, L->in, p, (int)B, L->c, (int)S,
+                            (int)chunk, pieces, L->aux);
+        else
+            mnistcu__launch(mnistcu__k_bn_dsums<0>, grid, MNISTCU__THREADS, 0, st, L->in, p, (int)B, L->c, (int)S,
+                            (int)chunk, pieces, L->aux);
         MNISTCU__LAUNCHED(m->ctx, "batchnorm_backward_sums");
-        mnistcu__launch(mnistcu__k_bn_dx, grid_dx, MNISTCU__THREADS, 0, st, L->in, dy, dx, (int)B, L->c, (int)S, (int)chunk, pieces,
-                                                               m->params + L->wo, L->aux, L->trained,
-                                                               m->grads + L->wo, m->grads + L->bo);
+        if (routed)
+            mnistcu__launch(mnistcu__k_bn_dx<1>, grid_dx, MNISTCU__THREADS, 0, st, L->in, p, dx, (int)B, L->c, (int)S,
+                            (int)chunk, pieces, m->params + L->wo, L->aux, L->trained, m->grads + L->wo,
+                            m->grads + L->bo);
+        else
+            mnistcu__launch(mnistcu__k_bn_dx<0>, grid_dx, MNISTCU__THREADS, 0, st, L->in, p, dx, (int)B, L->c, (int)S,
+                            (int)chunk, pieces, m->params + L->wo, L->aux, L->trained, m->grads + L->wo,
+                            m->grads + L->bo);
         MNISTCU__LAUNCHED(m->ctx, "batchnorm_backward");
     }
     return MNISTCU_OK;
@@ -8873,6 +9095,10 @@ static mnistcu_result mnistcu__backward_from(mnistcu_model *m, size_t B, int las
         if (!L->need_dx && L->nw + L->nb == 0) break; /* nothing at or before it is trained */
         next = L->need_dx ? (cur == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0]) : NULL;
         if ((r = mnistcu__kinds[L->d.kind]->backward[m->backend](m, L, B, cur, next))) return r;
+        if (m->dy_kept) { /* next unused: the layer before takes cur (a max pool whose batch norm routes it) */
+            m->dy_kept = 0;
+            continue;
+        }
         if (!next) break;
         cur = next;
     }
@@ -14400,11 +14626,14 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     /* the bias gradient in the weight gradient's product where the skinny kernel takes it (the same sums) */
     const int db_later = H->nb && mnistcu__gemm_skinny_ok(1, 0, (size_t)H->oc, (size_t)H->c, B);
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
-    for (i = 0; i < h; ++i) {
+    m->fwd_fuse = 1; /* a batch norm may take the max pool after it (mnistcu__bn_pool_after) */
+    for (i = 0; i < h && !r; ++i) {
         mnistcu__layer *L = &m->layers[i];
-        if (L->passthrough) continue;
-        if ((r = mnistcu__kinds[L->d.kind]->forward[m->backend](m, L, B))) return r;
+        if (!L->passthrough) r = mnistcu__kinds[L->d.kind]->forward[m->backend](m, L, B);
     }
+    m->fwd_fuse = 0;
+    for (i = 0; i < m->num_layers; ++i) m->layers[i].fwd_done = 0;
+    if (r) return r;
     memset(&p, 0, sizeof p);
     p.x = H->in;
     p.w = m->params + H->wo;
@@ -14444,7 +14673,10 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     m->head_step = 1; /* dense layers' input gradients may take the act' of the layer before (mnistcu__cuda_dx_act) */
     r = mnistcu__backward_from(m, B, h - 1, m->dbuf[1]);
     m->head_step = 0;
-    for (i = 0; i < m->num_layers; ++i) m->layers[i].dy_done = 0;
+    for (i = 0; i < m->num_layers; ++i) {
+        m->layers[i].dy_done = 0;
+        m->layers[i].dy_pool = 0;
+    }
     return r;
 }
 

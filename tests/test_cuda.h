@@ -2153,6 +2153,7 @@ typedef struct tc_graph_run {
     float *p;                 /* parameters, gradients, buffers; then, with tc_want_state, the optimizer state */
     size_t np, nb, ns;
     uint64_t steps;
+    uint64_t bn_pool;         /* passes in which a batch norm took the max pool after it */
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
     mnistcu_train_result res;
     tc_curve curve;
@@ -2220,6 +2221,7 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
              (!out->ns || cudaMemcpy(out->p + 2 * n + out->nb, m->state, out->ns * sizeof(float),
                                      cudaMemcpyDeviceToHost) == cudaSuccess);
         out->steps = m->steps;
+        out->bn_pool = m->bn_pool_steps;
         for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
     }
     mnistcu_ctx_destroy(ctx);
@@ -2332,7 +2334,7 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
 TEST cuda_head_step_matches_step_by_step(void)
 {
     static tc_graph_case cases[12];
-    int exact[12], i, ncases = 0;
+    int exact[12], pairs[12] = {0}, i, ncases = 0;
     tc_graph_case *c;
     memset(cases, 0, sizeof cases);
     c = &cases[ncases];
@@ -2386,6 +2388,23 @@ TEST cuda_head_step_matches_step_by_step(void)
     /* the forward and input-gradient products of 512 x 1024 split in four, the weight gradients whole */
     ASSERT_EQ((size_t)4, mnistcu__gemm_wide_split(512, 1024, 784));
     ASSERT_EQ((size_t)1, mnistcu__gemm_wide_split(1024, 1024, 512));
+    /* batch norm taking the max pool after it (mnistcu__bn_pool_after), with and without a folded ReLU, a
+       partial last batch */
+    c = &cases[ncases];
+    pairs[ncases] = 2;
+    exact[ncases++] = 1;
+    c->name = "batch norm with the max pools after it, momentum";
+    c->spec = "1x28x28 conv3x3x8:p=1 batchnorm maxpool2 relu conv3x3x12:p=1 batchnorm maxpool2 flatten dense10";
+    c->n = 150; c->B = 32; c->epochs = 2;
+    c->optim.learning_rate = 0.01f; c->optim.momentum = 0.9f;
+    /* 13 x 13 maps: the last row and column in no window, their gradient zero */
+    c = &cases[ncases];
+    pairs[ncases] = 1;
+    exact[ncases++] = 1;
+    c->name = "batch norm and max pool on 13x13 maps, batch 13";
+    c->spec = "1x15x15 conv3x3x6 batchnorm maxpool2 relu flatten dense16 relu dense10";
+    c->F = 225; c->n = 90; c->B = 13; c->epochs = 2;
+    c->optim.learning_rate = 0.1f;
 #ifdef MNISTCU_CUBLAS
     c = &cases[ncases];
     exact[ncases++] = 0;
@@ -2416,6 +2435,20 @@ TEST cuda_head_step_matches_step_by_step(void)
         ASSERTm(c->name, tc_graph_train(c, 0, 1, &b));
         ASSERT_EQm(c->name, a.res.steps, a.res.head_steps); /* the head ran every step of one, */
         ASSERT_EQm(c->name, (size_t)0, b.res.head_steps);  /* none of the other */
+        /* batch norm took its max pool in both passes of the head steps (replays of a graph count none),
+           never step by step; launched without graphs, in every step, with the same bits */
+        ASSERT_EQm(c->name, (uint64_t)0, b.bn_pool);
+        if (pairs[i]) {
+            tc_graph_run l;
+            ASSERTm(c->name, a.bn_pool >= (uint64_t)(2 * pairs[i]));
+            ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
+            ASSERT_EQm(c->name, (uint64_t)(2 * pairs[i]) * (uint64_t)l.res.steps, l.bn_pool);
+            ASSERT_EQm(c->name, a.np, l.np);
+            ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
+            free(l.p);
+        } else {
+            ASSERT_EQm(c->name, (uint64_t)0, a.bn_pool);
+        }
         ASSERT_EQm(c->name, a.np, b.np);
         for (j = 0; j < 2 * a.np; ++j) {
             num += ((double)a.p[j] - b.p[j]) * ((double)a.p[j] - b.p[j]);
