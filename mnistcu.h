@@ -6945,21 +6945,53 @@ static __device__ double *mnistcu__bn_parts(float *aux, int C)
     return (double *)(((uintptr_t)(aux + 2 * (size_t)C) + 7) & ~(uintptr_t)7);
 }
 
-/* Block (c, p) visits the values of channel c in samples [p chunk, (p+1) chunk):
-   thread t takes its i-th value (i counted over those samples' maps, in order)
-   for i = t, t + THREADS, ...: sample b0 + q_, position s_ of its map, at
-   at_ in the batch tensor. */
-#define MNISTCU__BN_VISIT(q_, s_, at_, body_)                                                           \
+/* Block (c, p) visits the values of channel c in samples [p chunk, (p+1) chunk) in groups of V_
+   consecutive values of a map (V_ divides S: 4 where it can, else 1): thread t takes
+   groups t, t + THREADS, ..., counted over those samples' maps in order and stepped without a division;
+   at_ is the group's first value in the batch tensor, its values taken in order. With V_ = 1 a thread's
+   values and their order are those of a loop over i = t, t + THREADS, ... */
+#define MNISTCU__BN_VISIT(V_, at_, body_)                                                               \
     do {                                                                                                \
-        size_t b0_ = (size_t)blockIdx.y * (size_t)chunk;                                                \
-        unsigned nv_ = (unsigned)(MNISTCU__MIN((size_t)chunk, (size_t)B - b0_) * (size_t)S), i_;        \
-        for (i_ = threadIdx.x; i_ < nv_; i_ += MNISTCU__THREADS) {                                      \
-            unsigned q_ = i_ / (unsigned)S, s_ = i_ - q_ * (unsigned)S;                                 \
-            size_t at_ = ((b0_ + q_) * (size_t)C + (size_t)blockIdx.x) * (size_t)S + s_;                 \
-            (void)s_;                                                                                   \
+        const int sv_ = S / (V_), dq_ = MNISTCU__THREADS / sv_, dg_ = MNISTCU__THREADS - dq_ * sv_;     \
+        const size_t b0_ = (size_t)blockIdx.y * (size_t)chunk;                                          \
+        const int nb_ = (int)MNISTCU__MIN((size_t)chunk, (size_t)B - b0_);                              \
+        int q_ = (int)threadIdx.x / sv_, g_ = (int)threadIdx.x - q_ * sv_;                              \
+        while (q_ < nb_) {                                                                              \
+            const size_t at_ = (((b0_ + (size_t)q_) * (size_t)C + blockIdx.x) * (size_t)sv_ + (size_t)g_) * (V_); \
             body_;                                                                                      \
+            g_ += dg_;                                                                                  \
+            q_ += dq_;                                                                                  \
+            if (g_ >= sv_) {                                                                            \
+                g_ -= sv_;                                                                              \
+                ++q_;                                                                                   \
+            }                                                                                           \
         }                                                                                               \
     } while (0)
+
+/* V values from p into v, and back: one 16-byte access where p is aligned to it (the whole buffer is
+   then, since groups start at multiples of 4), else one a value; either way the same values. */
+template <int V>
+static __device__ __forceinline__ void mnistcu__bn_ld(const float *p, float *v)
+{
+    int k;
+    if (V == 4 && !((uintptr_t)p & 15)) {
+        const float4 t = *(const float4 *)p;
+        v[0] = t.x;
+        v[1] = t.y;
+        v[2] = t.z;
+        v[3] = t.w;
+    } else {
+        for (k = 0; k < V; ++k) v[k] = p[k];
+    }
+}
+template <int V>
+static __device__ __forceinline__ void mnistcu__bn_st(float *p, const float *v)
+{
+    int k;
+    if (V == 4 && !((uintptr_t)p & 15)) *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    else
+        for (k = 0; k < V; ++k) p[k] = v[k];
+}
 
 /* One normalised value: the same expression in every kernel that makes one. */
 static __device__ __forceinline__ float mnistcu__bn_y(float x, float mf, float inv, float g, float bt)
@@ -6969,6 +7001,7 @@ static __device__ __forceinline__ float mnistcu__bn_y(float x, float mf, float i
 
 /* TRAIN statistics, pass 1: piece p of channel c writes its sum and the sum of squared
    deviations from its own mean (Chan et al.'s pairwise form, exact to combine). */
+template <int V>
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_stats(const float *x, int B, int C, int S, int chunk,
                                                                           int pieces, float *aux)
 {
@@ -6977,12 +7010,22 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_stats(const fl
     double s = 0.0, q = 0.0, sum, mean, n;
     double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.x * pieces + blockIdx.y);
     n = (double)(MNISTCU__MIN((size_t)chunk, (size_t)B - (size_t)blockIdx.y * chunk) * (size_t)S);
-    MNISTCU__BN_VISIT(qi, si, e, s += (double)x[e]);
+    MNISTCU__BN_VISIT(V, e, {
+        float v[V];
+        int k;
+        mnistcu__bn_ld<V>(x + e, v);
+        for (k = 0; k < V; ++k) s += (double)v[k];
+    });
     sum = mnistcu__block_sum(s, red);
     mean = sum / n;
-    MNISTCU__BN_VISIT(qi, si, e, {
-        double d = (double)x[e] - mean;
-        q += d * d;
+    MNISTCU__BN_VISIT(V, e, {
+        float v[V];
+        int k;
+        mnistcu__bn_ld<V>(x + e, v);
+        for (k = 0; k < V; ++k) {
+            const double d = (double)v[k] - mean;
+            q += d * d;
+        }
     });
     q = mnistcu__block_sum(q, red);
     if (threadIdx.x == 0) {
@@ -7047,6 +7090,7 @@ static __device__ void mnistcu__bn_coeffs(int B, int C, int S, int chunk, int pi
 }
 
 /* y over the blocks of the statistics pass. */
+template <int V>
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply(
     const float *x, float *y, int B, int C, int S, int chunk, int pieces, const float *gamma, const float *beta,
     float *rmean, float *rvar, float *aux, int train, float eps, float mom)
@@ -7058,56 +7102,24 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply(
     mnistcu__bn_coeffs(B, C, S, chunk, pieces, rmean, rvar, aux, train, eps, mom, mi);
     mf = mi[0];
     inv = mi[1];
-    MNISTCU__BN_VISIT(qi, si, e, y[e] = mnistcu__bn_y(x[e], mf, inv, g, bt));
+    MNISTCU__BN_VISIT(V, e, {
+        float v[V];
+        int k;
+        mnistcu__bn_ld<V>(x + e, v);
+        for (k = 0; k < V; ++k) v[k] = mnistcu__bn_y(v[k], mf, inv, g, bt);
+        mnistcu__bn_st<V>(y + e, v);
+    });
 }
 
-/* TRAIN, with the max pool of 2x2 windows and stride 2 after it (mnistcu__bn_pool_after): the pool's
-   output and argmax straight from x, over the same blocks, the batch norm's own output not written. Each
-   window's four values are normalised as mnistcu__k_bn_apply makes them and compared in
-   mnistcu__pool_at's order, with the ReLU folded into the pool (act): the same bits as the two passes. */
-__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply_pool(
-    const float *x, int B, int C, int H, int W, int OH, int OW, int chunk, int pieces, const float *gamma,
-    const float *beta, float *rmean, float *rvar, float *aux, float eps, float mom, int act, float *py, int32_t *parg)
-{
-    MNISTCU__PDL_WAIT();
-    __shared__ float mi[2];
-    const unsigned S = (unsigned)(H * W), P = (unsigned)(OH * OW);
-    const float g = gamma[blockIdx.x], bt = beta[blockIdx.x];
-    const size_t b0 = (size_t)blockIdx.y * (size_t)chunk;
-    const unsigned n = (unsigned)(MNISTCU__MIN((size_t)chunk, (size_t)B - b0) * (size_t)P);
-    unsigned i;
-    float mf, inv;
-    mnistcu__bn_coeffs(B, C, (int)S, chunk, pieces, rmean, rvar, aux, 1, eps, mom, mi);
-    mf = mi[0];
-    inv = mi[1];
-    for (i = threadIdx.x; i < n; i += MNISTCU__THREADS) {
-        const unsigned q = i / P, o = i - q * P, oy = o / (unsigned)OW, ox = o - oy * (unsigned)OW;
-        const size_t pl = (b0 + q) * (size_t)C + blockIdx.x;
-        const float *xp = x + pl * S;
-        float best = -INFINITY;
-        int32_t bi = (int32_t)(2 * oy * (unsigned)W + 2 * ox);
-        int r, t;
-        for (r = 0; r < 2; ++r)
-            for (t = 0; t < 2; ++t) {
-                const int32_t at = (int32_t)((2 * oy + (unsigned)r) * (unsigned)W + 2 * ox + (unsigned)t);
-                const float v = mnistcu__bn_y(xp[at], mf, inv, g, bt);
-                if (v > best || v != v) {
-                    best = v;
-                    bi = at;
-                }
-            }
-        py[pl * P + o] = mnistcu__act_f((mnistcu_act)act, best);
-        parg[pl * P + o] = bi;
-    }
-}
-
-/* Where a max pool of 2x2 windows and stride 2 follows (mnistcu__bn_pool_after), the backward passes
-   visit a map by cells of 2x2 values, the pool's windows (cells past its last row or column hold the
-   map's last row or column: 1 or 2 values): thread t of block (c, p) takes cells t, t + THREADS, ... of
-   channel c in samples [p chunk, (p+1) chunk), and a cell's values in row order. In a head step the pool
-   leaves its output gradient as it is and these passes route it (POOL), each cell's window read once: the
-   value the pool's backward pass (mnistcu__k_pool_backward_y<1>) would have written, the same operations
-   in the same order whichever path, so the same bits. */
+/* Where a max pool of 2x2 windows and stride 2 follows (mnistcu__bn_pool_after), the passes after the
+   statistics visit a map by cells of 2x2 values, the pool's windows (cells past its last row or column
+   hold the map's last row or column: 1 or 2 values): thread t of block (c, p) takes cells t, t + THREADS,
+   ... of channel c in samples [p chunk, (p+1) chunk), stepped without a division, and a cell's values
+   in row order, a row's pair in one 8-byte access where the width is even and the buffer aligned. The
+   forward pass visits only the pool's windows. In a head step the pool leaves its output gradient as it
+   is and the backward passes route it (POOL), each cell's window read once: the value the pool's backward
+   pass (mnistcu__k_pool_backward_y<1>) would have written, the same operations in the same order whichever
+   path, so the same bits. */
 typedef struct mnistcu__bn_dyp {
     const float *dy;    /* POOL: the pool's output gradient [B][C][OH][OW]; else the batch norm's [B][C][H][W] */
     const int32_t *arg; /* POOL: the pool's argmax */
@@ -7115,38 +7127,102 @@ typedef struct mnistcu__bn_dyp {
     int h, w, oh, ow;   /* the map; the pool's output */
 } mnistcu__bn_dyp;
 
-/* Thread t's cells: plane pl_ (channel c of sample b0 + q_), cell (cy_, cx_); body_ without commas outside
-   parentheses. */
-#define MNISTCU__BN_CELLS(p_, pl_, cy_, cx_, body_)                                                     \
+/* Thread t's cells of an ny_ x nx_ grid: plane pl_ (channel c of sample b0 + q), cell (cy_, cx_); body_
+   without commas outside parentheses. */
+#define MNISTCU__BN_CELLS(ny_, nx_, pl_, cy_, cx_, body_)                                               \
     do {                                                                                                \
-        const unsigned cw_ = ((unsigned)(p_).w + 1) / 2, nc_ = ((unsigned)(p_).h + 1) / 2 * cw_;        \
+        const int nx2_ = (nx_), ny2_ = (ny_), nc_ = nx2_ * ny2_, dq_ = MNISTCU__THREADS / nc_;          \
+        const int dr_ = MNISTCU__THREADS - dq_ * nc_, dy_ = dr_ / nx2_, dx_ = dr_ - dy_ * nx2_;         \
         const size_t b0_ = (size_t)blockIdx.y * (size_t)chunk;                                          \
-        const unsigned n_ = (unsigned)(MNISTCU__MIN((size_t)chunk, (size_t)B - b0_) * (size_t)nc_);     \
-        unsigned j_;                                                                                    \
-        for (j_ = threadIdx.x; j_ < n_; j_ += MNISTCU__THREADS) {                                       \
-            const unsigned q_ = j_ / nc_, cc_ = j_ - q_ * nc_, cy_ = cc_ / cw_, cx_ = cc_ - cy_ * cw_;   \
-            const size_t pl_ = (b0_ + q_) * (size_t)C + blockIdx.x;                                     \
+        const int nb_ = (int)MNISTCU__MIN((size_t)chunk, (size_t)B - b0_);                              \
+        int q_ = (int)threadIdx.x / nc_, cy_ = ((int)threadIdx.x - q_ * nc_) / nx2_;                    \
+        int cx_ = (int)threadIdx.x - q_ * nc_ - cy_ * nx2_;                                             \
+        while (q_ < nb_) {                                                                              \
+            const size_t pl_ = (b0_ + (size_t)q_) * (size_t)C + blockIdx.x;                             \
             body_;                                                                                      \
+            cx_ += dx_;                                                                                 \
+            cy_ += dy_;                                                                                 \
+            q_ += dq_;                                                                                  \
+            if (cx_ >= nx2_) {                                                                          \
+                cx_ -= nx2_;                                                                            \
+                ++cy_;                                                                                  \
+            }                                                                                           \
+            if (cy_ >= ny2_) {                                                                          \
+                cy_ -= ny2_;                                                                            \
+                ++q_;                                                                                   \
+            }                                                                                           \
         }                                                                                               \
     } while (0)
 
+/* The n (1 or 2) values of a cell's row at p; in one 8-byte load where n is 2, the width even and p
+   aligned (the whole buffer is then). */
+static __device__ __forceinline__ void mnistcu__bn_row(const float *p, int n, int w, float *v)
+{
+    if (n == 2 && !(w & 1) && !((uintptr_t)p & 7)) {
+        const float2 t = *(const float2 *)p;
+        v[0] = t.x;
+        v[1] = t.y;
+    } else {
+        v[0] = p[0];
+        v[1] = n > 1 ? p[1] : 0.0f;
+    }
+}
+
+/* TRAIN, with the max pool after it (mnistcu__bn_pool_after): the pool's output and argmax straight from x,
+   over the same blocks, the batch norm's own output not written. Each window's four values are
+   normalised as mnistcu__k_bn_apply makes them and compared in mnistcu__pool_at's order, with the ReLU
+   folded into the pool (act): the same bits as the two passes. */
+__global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_apply_pool(
+    const float *x, int B, int C, int H, int W, int OH, int OW, int chunk, int pieces, const float *gamma,
+    const float *beta, float *rmean, float *rvar, float *aux, float eps, float mom, int act, float *py, int32_t *parg)
+{
+    MNISTCU__PDL_WAIT();
+    __shared__ float mi[2];
+    const size_t S = (size_t)H * W, P = (size_t)OH * OW;
+    const float g = gamma[blockIdx.x], bt = beta[blockIdx.x];
+    float mf, inv;
+    mnistcu__bn_coeffs(B, C, (int)S, chunk, pieces, rmean, rvar, aux, 1, eps, mom, mi);
+    mf = mi[0];
+    inv = mi[1];
+    MNISTCU__BN_CELLS(OH, OW, pl, oy, ox, {
+        const float *xp = x + pl * S;
+        float best = -INFINITY;
+        int32_t bi = (int32_t)(2 * oy * W + 2 * ox);
+        int r;
+        int t;
+        for (r = 0; r < 2; ++r) {
+            float v[2];
+            mnistcu__bn_row(xp + (2 * oy + r) * W + 2 * ox, 2, W, v);
+            for (t = 0; t < 2; ++t) {
+                const float u = mnistcu__bn_y(v[t], mf, inv, g, bt);
+                if (u > best || u != u) {
+                    best = u;
+                    bi = (int32_t)((2 * oy + r) * W + 2 * ox + t);
+                }
+            }
+        }
+        py[pl * P + (size_t)(oy * OW + ox)] = mnistcu__act_f((mnistcu_act)act, best);
+        parg[pl * P + (size_t)(oy * OW + ox)] = bi;
+    });
+}
+
 /* The routed gradient of cell (cy, cx) of plane pl: *am the index in the plane that takes it (-1: none),
    the value returned. */
-static __device__ __forceinline__ float mnistcu__bn_route(const mnistcu__bn_dyp &p, size_t pl, unsigned cy,
-                                                          unsigned cx, int32_t *am)
+static __device__ __forceinline__ float mnistcu__bn_route(const mnistcu__bn_dyp &p, size_t pl, int cy, int cx,
+                                                          int32_t *am)
 {
     size_t po;
     *am = -1;
-    if (cy >= (unsigned)p.oh || cx >= (unsigned)p.ow) return 0.0f;
-    po = pl * (size_t)(p.oh * p.ow) + (size_t)(cy * (unsigned)p.ow + cx);
+    if (cy >= p.oh || cx >= p.ow) return 0.0f;
+    po = pl * (size_t)(p.oh * p.ow) + (size_t)(cy * p.ow + cx);
     if (p.y && !(p.y[po] > 0.0f)) return 0.0f;
     *am = p.arg[po];
     return p.dy[po];
 }
 
-/* Backward, pass 1: piece p of channel c writes its sums of dy and dy (x - mean). VISIT 0: value by value
-   (MNISTCU__BN_VISIT); 1: by cells; 2: by cells, routing the pool's gradient (POOL above). */
-template <int VISIT>
+/* Backward, pass 1: piece p of channel c writes its sums of dy and dy (x - mean). VISIT 0: groups of V
+   values (MNISTCU__BN_VISIT); 1: by cells; 2: by cells, routing the pool's gradient (POOL above). */
+template <int VISIT, int V>
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dsums(const float *x, mnistcu__bn_dyp dyp, int B,
                                                                           int C, int S, int chunk, int pieces,
                                                                           float *aux)
@@ -7157,25 +7233,41 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dsums(const fl
     const float mf = aux[blockIdx.x];
     double *part = mnistcu__bn_parts(aux, C) + 2 * ((size_t)blockIdx.x * pieces + blockIdx.y);
     if (VISIT == 0) {
-        MNISTCU__BN_VISIT(qi, si, e, {
-            sdy += (double)dyp.dy[e];
-            dot += (double)dyp.dy[e] * (double)(x[e] - mf);
+        MNISTCU__BN_VISIT(V, e, {
+            float d[V];
+            float v[V];
+            int k;
+            mnistcu__bn_ld<V>(dyp.dy + e, d);
+            mnistcu__bn_ld<V>(x + e, v);
+            for (k = 0; k < V; ++k) {
+                sdy += (double)d[k];
+                dot += (double)d[k] * (double)(v[k] - mf);
+            }
         });
     } else {
-        MNISTCU__BN_CELLS(dyp, pl, cy, cx, {
+        MNISTCU__BN_CELLS((dyp.h + 1) / 2, (dyp.w + 1) / 2, pl, cy, cx, {
             int32_t am = -1;
             const float g = VISIT == 2 ? mnistcu__bn_route(dyp, pl, cy, cx, &am) : 0.0f;
-            const float *xp = x + pl * (size_t)S;
-            const float *dp = dyp.dy + pl * (size_t)S;
-            unsigned r;
-            unsigned t;
-            for (r = 0; r < 2 && 2 * cy + r < (unsigned)dyp.h; ++r)
-                for (t = 0; t < 2 && 2 * cx + t < (unsigned)dyp.w; ++t) {
-                    const int32_t at = (int32_t)((2 * cy + r) * (unsigned)dyp.w + 2 * cx + t);
-                    const float d = VISIT == 2 ? (am == at ? g : 0.0f) : dp[at];
-                    sdy += (double)d;
-                    dot += (double)d * (double)(xp[at] - mf);
+            const int nr = 2 * cy + 1 < dyp.h ? 2 : 1;
+            const int nt = 2 * cx + 1 < dyp.w ? 2 : 1;
+            int r;
+            int t;
+            for (r = 0; r < nr; ++r) {
+                const int at = (2 * cy + r) * dyp.w + 2 * cx;
+                float v[2];
+                float d[2];
+                mnistcu__bn_row(x + pl * (size_t)S + at, nt, dyp.w, v);
+                if (VISIT == 2) {
+                    d[0] = am == at ? g : 0.0f;
+                    d[1] = am == at + 1 ? g : 0.0f;
+                } else {
+                    mnistcu__bn_row(dyp.dy + pl * (size_t)S + at, nt, dyp.w, d);
                 }
+                for (t = 0; t < nt; ++t) {
+                    sdy += (double)d[t];
+                    dot += (double)d[t] * (double)(v[t] - mf);
+                }
+            }
         });
     }
     sdy = mnistcu__block_sum(sdy, red);
@@ -7189,7 +7281,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dsums(const fl
 /* Backward, pass 2: each block combines its channel's sums (block (c, 0) writes dgamma and dbeta), then dx
    over its piece (dx NULL: launched with one block per channel, for the gradients only); POOL: by cells,
    routing the pool's gradient. */
-template <int POOL>
+template <int POOL, int V>
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dx(
     const float *x, mnistcu__bn_dyp dyp, float *dx, int B, int C, int S, int chunk, int pieces, const float *gamma,
     float *aux, int train, float *dgamma, float *dbeta)
@@ -7215,21 +7307,35 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_bn_dx(
     c2 = k[1];
     if (!dx) return;
     if (!POOL) {
-        MNISTCU__BN_VISIT(qi, si, e, dx[e] = (dyp.dy[e] - c1 - (x[e] - mf) * c2) * a);
+        MNISTCU__BN_VISIT(V, e, {
+            float d[V];
+            float v[V];
+            int i;
+            mnistcu__bn_ld<V>(dyp.dy + e, d);
+            mnistcu__bn_ld<V>(x + e, v);
+            for (i = 0; i < V; ++i) v[i] = (d[i] - c1 - (v[i] - mf) * c2) * a;
+            mnistcu__bn_st<V>(dx + e, v);
+        });
     } else {
-        MNISTCU__BN_CELLS(dyp, pl, cy, cx, {
+        MNISTCU__BN_CELLS((dyp.h + 1) / 2, (dyp.w + 1) / 2, pl, cy, cx, {
             int32_t am;
             const float g = mnistcu__bn_route(dyp, pl, cy, cx, &am);
-            const float *xp = x + pl * (size_t)S;
-            float *dp = dx + pl * (size_t)S;
-            unsigned r;
-            unsigned t;
-            for (r = 0; r < 2 && 2 * cy + r < (unsigned)dyp.h; ++r)
-                for (t = 0; t < 2 && 2 * cx + t < (unsigned)dyp.w; ++t) {
-                    const int32_t at = (int32_t)((2 * cy + r) * (unsigned)dyp.w + 2 * cx + t);
-                    const float d = am == at ? g : 0.0f;
-                    dp[at] = (d - c1 - (xp[at] - mf) * c2) * a;
+            const int nr = 2 * cy + 1 < dyp.h ? 2 : 1;
+            const int nt = 2 * cx + 1 < dyp.w ? 2 : 1;
+            int r;
+            int t;
+            for (r = 0; r < nr; ++r) {
+                const int at = (2 * cy + r) * dyp.w + 2 * cx;
+                float v[2];
+                float *o = dx + pl * (size_t)S + at;
+                mnistcu__bn_row(x + pl * (size_t)S + at, nt, dyp.w, v);
+                for (t = 0; t < nt; ++t) v[t] = ((am == at + t ? g : 0.0f) - c1 - (v[t] - mf) * c2) * a;
+                if (nt == 2 && !(dyp.w & 1) && !((uintptr_t)o & 7)) {
+                    *(float2 *)o = make_float2(v[0], v[1]);
+                } else {
+                    for (t = 0; t < nt; ++t) o[t] = v[t];
                 }
+            }
         });
     }
 }
@@ -7296,9 +7402,14 @@ static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer 
         dim3 grid((unsigned)C, (unsigned)pieces); /* channels in x: flat data may have more than 65,535 */
         cudaStream_t st = mnistcu__cuda_stream(m->ctx);
         mnistcu__layer *P = m->fwd_fuse && L->trained ? mnistcu__bn_pool_after(m, L) : NULL;
+        const int v4 = S % 4 == 0; /* groups of 4 values (MNISTCU__BN_VISIT) */
         if (L->trained) {
-            mnistcu__launch(mnistcu__k_bn_stats, grid, MNISTCU__THREADS, 0, st, L->in, (int)B, (int)C, (int)S, (int)chunk, pieces,
-                                                                   L->aux);
+            if (v4)
+                mnistcu__launch(mnistcu__k_bn_stats<4>, grid, MNISTCU__THREADS, 0, st, L->in, (int)B, (int)C, (int)S,
+                                (int)chunk, pieces, L->aux);
+            else
+                mnistcu__launch(mnistcu__k_bn_stats<1>, grid, MNISTCU__THREADS, 0, st, L->in, (int)B, (int)C, (int)S,
+                                (int)chunk, pieces, L->aux);
             MNISTCU__LAUNCHED(m->ctx, "batchnorm_stats");
         }
         if (P) { /* the pool's output instead of ours (a head step's forward pass; see mnistcu__bn_pool_after) */
@@ -7311,9 +7422,14 @@ static mnistcu_result mnistcu__bn_cuda_forward(mnistcu_model *m, mnistcu__layer 
             m->bn_pool_steps++;
             return MNISTCU_OK;
         }
-        mnistcu__launch(mnistcu__k_bn_apply, grid, MNISTCU__THREADS, 0, st,
-            L->in, L->out, (int)B, (int)C, (int)S, (int)chunk, pieces, m->params + L->wo, m->params + L->bo,
-            m->buffers + L->buf, m->buffers + L->buf + C, L->aux, L->trained, L->d.eps, L->d.momentum);
+        if (v4)
+            mnistcu__launch(mnistcu__k_bn_apply<4>, grid, MNISTCU__THREADS, 0, st, L->in, L->out, (int)B, (int)C, (int)S,
+                            (int)chunk, pieces, m->params + L->wo, m->params + L->bo, m->buffers + L->buf,
+                            m->buffers + L->buf + C, L->aux, L->trained, L->d.eps, L->d.momentum);
+        else
+            mnistcu__launch(mnistcu__k_bn_apply<1>, grid, MNISTCU__THREADS, 0, st, L->in, L->out, (int)B, (int)C, (int)S,
+                            (int)chunk, pieces, m->params + L->wo, m->params + L->bo, m->buffers + L->buf,
+                            m->buffers + L->buf + C, L->aux, L->trained, L->d.eps, L->d.momentum);
         MNISTCU__LAUNCHED(m->ctx, "batchnorm_forward");
     }
     return MNISTCU_OK;
@@ -7356,24 +7472,22 @@ static mnistcu_result mnistcu__bn_cuda_backward(mnistcu_model *m, mnistcu__layer
         }
         if (routed) m->bn_pool_steps++;
         L->dy_pool = 0;
-        if (routed)
-            mnistcu__launch(mnistcu__k_bn_dsums<2>, grid, MNISTCU__THREADS, 0, st, L->in, p, (int)B, L->c, (int)S,
-                            (int)chunk, pieces, L->aux);
-        else if (P)
-            mnistcu__launch(mnistcu__k_bn_dsums<1>, grid, MNISTCU__THREADS, 0, st, L->in, p, (int)B, L->c, (int)S,
-                            (int)chunk, pieces, L->aux);
-        else
-            mnistcu__launch(mnistcu__k_bn_dsums<0>, grid, MNISTCU__THREADS, 0, st, L->in, p, (int)B, L->c, (int)S,
-                            (int)chunk, pieces, L->aux);
+#define MNISTCU__BN_DSUMS(VISIT_, V_)                                                                          \
+    mnistcu__launch(mnistcu__k_bn_dsums<VISIT_, V_>, grid, MNISTCU__THREADS, 0, st, L->in, p, (int)B, L->c, (int)S,     \
+                    (int)chunk, pieces, L->aux)
+#define MNISTCU__BN_DX(POOL_, V_)                                                                              \
+    mnistcu__launch(mnistcu__k_bn_dx<POOL_, V_>, grid_dx, MNISTCU__THREADS, 0, st, L->in, p, dx, (int)B, L->c, (int)S, \
+                    (int)chunk, pieces, m->params + L->wo, L->aux, L->trained, m->grads + L->wo, m->grads + L->bo)
+        if (routed) MNISTCU__BN_DSUMS(2, 1);
+        else if (P) MNISTCU__BN_DSUMS(1, 1);
+        else if (S % 4 == 0) MNISTCU__BN_DSUMS(0, 4);
+        else MNISTCU__BN_DSUMS(0, 1);
         MNISTCU__LAUNCHED(m->ctx, "batchnorm_backward_sums");
-        if (routed)
-            mnistcu__launch(mnistcu__k_bn_dx<1>, grid_dx, MNISTCU__THREADS, 0, st, L->in, p, dx, (int)B, L->c, (int)S,
-                            (int)chunk, pieces, m->params + L->wo, L->aux, L->trained, m->grads + L->wo,
-                            m->grads + L->bo);
-        else
-            mnistcu__launch(mnistcu__k_bn_dx<0>, grid_dx, MNISTCU__THREADS, 0, st, L->in, p, dx, (int)B, L->c, (int)S,
-                            (int)chunk, pieces, m->params + L->wo, L->aux, L->trained, m->grads + L->wo,
-                            m->grads + L->bo);
+        if (routed) MNISTCU__BN_DX(1, 1);
+        else if (S % 4 == 0) MNISTCU__BN_DX(0, 4);
+        else MNISTCU__BN_DX(0, 1);
+#undef MNISTCU__BN_DSUMS
+#undef MNISTCU__BN_DX
         MNISTCU__LAUNCHED(m->ctx, "batchnorm_backward");
     }
     return MNISTCU_OK;
