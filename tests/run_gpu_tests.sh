@@ -46,7 +46,7 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ "$PART" != 1 ]; then
     # the layer kernels (every kind, own kernels and the cuBLAS and cuDNN paths) in all four tools
     for t in cuda_gemm_own cuda_gemm_kernels cuda_elementwise cuda_step_stats cuda_finite_flag cuda_layers_match_cpu \
              cuda_augment cuda_fused_mlp_declines_what_it_cannot_do cuda_gemm_reduced_precision_small cuda_gemm_wide_agrees \
-             cuda_gemm_skinny cuda_conv_tile; do
+             cuda_gemm_skinny cuda_conv_tile cuda_head_step; do
         run $cs --tool racecheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_finite_flag cuda_streaming cuda_layers_match_cpu \
@@ -55,7 +55,7 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ "$PART" != 1 ]; then
         run $cs --tool initcheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     for t in cuda_gemm_own cuda_step_stats cuda_finite_flag cuda_layers_match_cpu cuda_augment cuda_gemm_reduced_precision_small \
-             cuda_gemm_wide_agrees cuda_gemm_skinny cuda_fused_update cuda_conv_tile; do
+             cuda_gemm_wide_agrees cuda_gemm_skinny cuda_fused_update cuda_conv_tile cuda_head_step; do
         run $cs --tool synccheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
 fi
