@@ -9,7 +9,8 @@
 #                            (max-autotune kernels) captured in a CUDA graph (torch_bench.py --mode
 #                            compile), JAX with each epoch one jitted lax.scan (bench/jax_bench.py), each
 #                            in its own process; P6 (time to 99.0% test accuracy, mnistcu's recipe in
-#                            bench.c, once per seed of P6_SEEDS, no peer rows); then the kernel programs
+#                            bench.c with our convolutions and cuBLAS's dense products where built with
+#                            it, once per seed of P6_SEEDS, no peer rows); then the kernel programs
 #                            bench/cuda_gemm.cu and bench/cuda_conv.cu. Needs nvcc, a GPU, PyTorch (2.x
 #                            for compile), JAX.
 #                            A peer that fails (not importable, a compile error, killed) is a FAILED row
@@ -380,10 +381,13 @@ gpu_configs() {
             P4) EP=$CNN_EPOCHS; CD=$D ;;
             P5) EP=$CNN_EPOCHS; CD=$FD
                 if [ -z "$CD" ]; then failed "P5: Fashion-MNIST not found in $FASHION_DATA (nor data/fashion-mnist, ../shared/datasets/fashion-mnist): sh data/fetch.sh fashion"; continue; fi ;;
-            P6)  # time to 99.0%: mnistcu's recipe (bench.c), once per seed, own kernels; no peer rows
+            P6)  # time to 99.0%: mnistcu's recipe (bench.c), once per seed, our convolutions and cuBLAS's dense
+                 # products where built with it (faster there: bench/RESULTS.md), else ours; no peer rows
                 if [ "$HAVE_BENCH" = 1 ]; then
+                    gc_gemm=own
+                    if [ "$HAVE_CUBLAS" = 1 ]; then gc_gemm=cublas; fi
                     for gc_seed in $P6_SEEDS; do
-                        run_json "mnistcu P6 seed $gc_seed" build/bench_cuda P6 --device cuda --gemm own --cnn own \
+                        run_json "mnistcu P6 seed $gc_seed" build/bench_cuda P6 --device cuda --gemm "$gc_gemm" --cnn own \
                             --seed "$gc_seed" --data "$D"
                     done
                 fi

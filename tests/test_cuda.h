@@ -1494,6 +1494,11 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_BATCHNORM, "2x20x20 conv3x3x4:p=1:bias=0 batchnorm relu flatten dense5", 37},
     {MNISTCU_LAYER_BATCHNORM, "1x24x24 conv3x3x2:p=1:bias=0 batchnorm flatten dense5", 300},
     {MNISTCU_LAYER_BATCHNORM, "40 dense6:bias=0 batchnorm relu dense5", 9000},
+    /* a 2x2 max pool after it: the backward sums by the pool's windows (MNISTCU__BN_CELLS); 34x34 maps have
+       more groups of four and more cells than a block's 256 threads; 13x13, first (no input gradient),
+       cells of one row or column at the edges and groups of one value */
+    {MNISTCU_LAYER_BATCHNORM, "2x34x34 conv3x3x3:p=1:bias=0 batchnorm maxpool2 relu flatten dense5", 5},
+    {MNISTCU_LAYER_BATCHNORM, "3x13x13 batchnorm maxpool2 flatten dense5", 7},
     {MNISTCU_LAYER_DROPOUT, "30 dense20 dropout0.3 dense12 relu dropout dense5", 7},
     {MNISTCU_LAYER_FLATTEN, "3x4x4 conv3x3x2 flatten dense5", 2},
     /* the first relu is folded into the max pool, the second runs on its own */
@@ -2333,8 +2338,8 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
    pass, graphs and launched steps. */
 TEST cuda_head_step_matches_step_by_step(void)
 {
-    static tc_graph_case cases[12];
-    int exact[12], pairs[12] = {0}, i, ncases = 0;
+    static tc_graph_case cases[14];
+    int exact[14], pairs[14] = {0}, i, ncases = 0;
     tc_graph_case *c;
     memset(cases, 0, sizeof cases);
     c = &cases[ncases];
@@ -2405,6 +2410,14 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->spec = "1x15x15 conv3x3x6 batchnorm maxpool2 relu flatten dense16 relu dense10";
     c->F = 225; c->n = 90; c->B = 13; c->epochs = 2;
     c->optim.learning_rate = 0.1f;
+    /* batch norm first (no input gradient) on 34x34 maps: more groups and cells than a block's threads */
+    c = &cases[ncases];
+    pairs[ncases] = 2;
+    exact[ncases++] = 1;
+    c->name = "batch norm first on 34x34 maps, then 15x15";
+    c->spec = "1x34x34 batchnorm maxpool2 relu conv3x3x4 batchnorm maxpool2 flatten dense10";
+    c->F = 1156; c->n = 60; c->B = 12; c->epochs = 2;
+    c->optim.learning_rate = 0.05f;
 #ifdef MNISTCU_CUBLAS
     c = &cases[ncases];
     exact[ncases++] = 0;
