@@ -5749,11 +5749,16 @@ static void mnistcu__conv_tile_launch(cudaStream_t st, int ks, int R, int rev, c
    fmas (72 for 22 loads at 3x3, G = 4, H = 2), where the kernels above make one or two loads a
    fma. At the end each warp's 32 lanes are added in a fixed butterfly (every lane gets the same
    bits), the phases in order, into the slice's row of part [Z][OC*C][KK] (partb [Z][OC] from the
-   units of input group 0), which mnistcu__k_conv_direct_dw_sum adds over slices in order. */
+   units of input group 0), which mnistcu__k_conv_direct_dw_sum adds over slices in order. Where the
+   input channels make one group (a first convolution), each output gradient feeds one warp only: GDY
+   reads them from global memory, a position ahead, instead of staging them (the same values in the same
+   order; P6's first convolution 12.0 -> 9.5 us, its stage 54 -> 4 KB; bench/RESULTS.md). */
 typedef struct mnistcu__dwgeom {
     mnistcu__geom g;
     int oc, B, bper, cb;     /* a block's slice of bper samples, staged cb at a time */
     int ub, ps;              /* ub units a block, each ps warps (phases of the positions) */
+    int gdy;                 /* one group of input channels: each output gradient is read once, from global
+                                memory, not staged (GDY below) */
     int sh, sw;          /* the staged input planes: h + 2 pad rows of w + 2 pad */
 } mnistcu__dwgeom;
 
@@ -5768,7 +5773,7 @@ struct mnistcu__stage_dy {
     }
 };
 
-template <int KS, int G, int H>
+template <int KS, int G, int H, int GDY>
 __global__ void __launch_bounds__(256) mnistcu__k_conv_dw_tile(const float *__restrict__ x, const float *__restrict__ dy,
                                                                 float *__restrict__ part, float *__restrict__ partb,
                                                                 mnistcu__dwgeom d)
@@ -5798,7 +5803,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_dw_tile(const float *__re
             const mnistcu__stage_planes fx = {x + (size_t)(b0 + c0) * C * d.g.h * d.g.w, 0, d.g.pad, d.g.h, d.g.w};
             const mnistcu__stage_dy fg = {dy, cn * XS, b0 + c0, d.oc, co_lo, P};
             mnistcu__stage8(cn * XS, d.sw, d.sh, sm, fx);
-            mnistcu__stage8(cn * nco * P, P, nco, sm, fg);
+            if (!GDY) mnistcu__stage8(cn * nco * P, P, nco, sm, fg);
         }
         __syncthreads();
         if (u > ulast) continue;
@@ -5806,15 +5811,23 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_dw_tile(const float *__re
             const int co0 = u / NCI * G, ci0 = u % NCI * H, step = 32 * d.ps, dq = step / OW, dr = step % OW;
             for (bi = 0; bi < cn; ++bi) {
                 const float *xb = sm + (size_t)bi * XS + (size_t)ci0 * d.sh * d.sw;
-                const float *gb = sm + (size_t)cn * XS + ((size_t)bi * nco + (co0 - co_lo)) * P;
+                const float *gb = GDY ? dy + ((size_t)(b0 + c0 + bi) * d.oc + co0) * P
+                                      : sm + (size_t)cn * XS + ((size_t)bi * nco + (co0 - co_lo)) * P;
                 int p = ph * 32 + lane, oy = p / OW, ox = p % OW;
+                float gn[G]; /* GDY: the next position's output gradients, loaded a position ahead */
+#pragma unroll
+                for (j = 0; j < G; ++j) gn[j] = GDY && p < P ? __ldg(gb + j * P + p) : 0.0f;
                 for (; p < P; p += step) {
                     const float *xp = xb + oy * d.sw + ox;
                     float gv[G];
 #pragma unroll
                     for (j = 0; j < G; ++j) {
-                        gv[j] = gb[j * P + p];
+                        gv[j] = GDY ? gn[j] : gb[j * P + p];
                         accb[j] += gv[j];
+                    }
+                    if (GDY && p + step < P) {
+#pragma unroll
+                        for (j = 0; j < G; ++j) gn[j] = __ldg(gb + j * P + p + step);
                     }
 #pragma unroll
                     for (h = 0; h < H; ++h)
@@ -5888,9 +5901,10 @@ static int mnistcu__conv_dw_tile_plan(const mnistcu_ctx *ctx, mnistcu__dwgeom *d
     d->sh = g.h + 2 * g.pad;
     d->sw = g.w + 2 * g.pad;
     xs = (size_t)g.c * d->sh * d->sw;
+    d->gdy = g.c / H == 1;
     for (ub = U < 8 ? U : 8; ub >= 1; --ub) { /* ub units span at most ceil((ub - 1) / NCI) + 1 output groups */
         const int nco = ((ub - 1 + g.c / H - 1) / (g.c / H) + 1) * G;
-        per = (xs + (size_t)(nco < d->oc ? nco : d->oc) * P) * sizeof(float);
+        per = (xs + (d->gdy ? 0 : (size_t)(nco < d->oc ? nco : d->oc) * P)) * sizeof(float);
         if (per <= limit) break;
     }
     if (ub < 1) return 0;
@@ -6166,16 +6180,21 @@ static mnistcu_result mnistcu__conv_direct_backward(mnistcu_model *m, mnistcu__l
             const int H = g.c % 2 ? 1 : 2, U = L->oc / G * (g.c / H);
             dim3 grid((unsigned)((U + d.ub - 1) / d.ub), (unsigned)Z);
             if ((r = mnistcu__cuda_partials(ctx, (size_t)Z * (nw + (size_t)L->oc), &part))) return r;
-#define MNISTCU__DWT(KS_, G_, H_)                                                                                      \
+#define MNISTCU__DWT(KS_, G_, H_, GDY_)                                                                                \
     do {                                                                                                             \
         if (sm > MNISTCU__CONV_STAGE_BYTES)                                                                          \
-            (void)cudaFuncSetAttribute(mnistcu__k_conv_dw_tile<KS_, G_, H_>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                       (int)sm);                                                                     \
-        mnistcu__launch(mnistcu__k_conv_dw_tile<KS_, G_, H_>, grid, (unsigned)(32 * d.ub * d.ps), sm, st, L->in, dy, part,   \
-                        part + (size_t)Z * nw, d);                                                                   \
+            (void)cudaFuncSetAttribute(mnistcu__k_conv_dw_tile<KS_, G_, H_, GDY_>,                                   \
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);                        \
+        mnistcu__launch(mnistcu__k_conv_dw_tile<KS_, G_, H_, GDY_>, grid, (unsigned)(32 * d.ub * d.ps), sm, st, L->in, dy, \
+                        part, part + (size_t)Z * nw, d);                                                             \
     } while (0)
-            if (KK == 9) { if (H == 2) MNISTCU__DWT(3, 4, 2); else MNISTCU__DWT(3, 4, 1); }
-            else { if (H == 2) MNISTCU__DWT(5, 2, 2); else MNISTCU__DWT(5, 2, 1); }
+            if (KK == 9) {
+                if (d.gdy) { if (H == 2) MNISTCU__DWT(3, 4, 2, 1); else MNISTCU__DWT(3, 4, 1, 1); }
+                else { if (H == 2) MNISTCU__DWT(3, 4, 2, 0); else MNISTCU__DWT(3, 4, 1, 0); }
+            } else {
+                if (d.gdy) { if (H == 2) MNISTCU__DWT(5, 2, 2, 1); else MNISTCU__DWT(5, 2, 1, 1); }
+                else { if (H == 2) MNISTCU__DWT(5, 2, 2, 0); else MNISTCU__DWT(5, 2, 1, 0); }
+            }
 #undef MNISTCU__DWT
             MNISTCU__LAUNCHED(ctx, "conv_dw_tile");
             goto sum;

@@ -1537,6 +1537,9 @@ static const tc_layer_case tc_layer_cases[] = {
     /* register tiles (stride 1, enough threads): 5x5 with 2 channels a thread, padded and not; 5x5 with 4,
        12 output channels over 16 inputs, odd width */
     {MNISTCU_LAYER_CONV2D, "1x28x28 conv5x5x6 relu conv5x5x10:p=1 flatten dense5", 64},
+    /* one group of two input channels (H = 2) at 5x5: the weight gradient reads the output gradient from
+       global memory (gdy), as the first convolutions above do with one channel */
+    {MNISTCU_LAYER_CONV2D, "2x16x16 conv5x5x4:p=2 relu flatten dense5", 9},
     {MNISTCU_LAYER_CONV2D, "16x20x17 conv1x1x16 conv5x5x12:p=2 relu flatten dense5", 80},
     /* the columns path (more than 16 input channels): stride 2 with padding, and stride 1 with padding (the
        columns a kernel row a thread, the input gradient a position a thread) */
