@@ -5289,6 +5289,68 @@ __global__ void mnistcu__k_conv_dout(const float *dy, const float *y, int act, i
     }
 }
 
+/* The same two passes, four elements a thread with their loads issued
+   together (mnistcu__grid_1d_ok(n)): a warp takes 128 consecutive elements, lane l the
+   l-th of each 32, so that every access stays coalesced, and steps its place
+   by 32 without dividing. With one element a thread, each waited a load's
+   latency (the Fashion CNN's conv2: 7.5 and 7.0 us for 2 MB each way, ncu);
+   four consecutive elements a thread made every store a strided one (8.1 us).
+   mnistcu__blocks4(n) threads. */
+static unsigned mnistcu__blocks4(size_t n) { return mnistcu__blocks((n + 127) / 128 * 32); }
+/* whether n threads, each knowing its index in 32 bits, fit one grid of mnistcu__blocks */
+static int mnistcu__grid_1d_ok(size_t n) { return n <= (size_t)65535 * 32 * MNISTCU__THREADS; }
+static __device__ __forceinline__ void mnistcu__step32(int *p, int *o, int *b, int P, int OC)
+{
+    *p += 32;
+    while (*p >= P) {
+        *p -= P;
+        if (++*o == OC) {
+            *o = 0;
+            ++*b;
+        }
+    }
+}
+__global__ void mnistcu__k_conv_out4(const float *prod, const float *bias, int act, int B, int OC, int P, float *y)
+{
+    MNISTCU__PDL_WAIT();
+    const int n = B * OC * P, t = (int)(blockIdx.x * blockDim.x + threadIdx.x), e0 = (t & ~31) * 4 + (t & 31);
+    if (e0 >= n) return;
+    const int q = e0 / P, BP = B * P;
+    int p = e0 - q * P, b = q / OC, o = q - b * OC, k;
+    float v[4], c[4];
+#pragma unroll
+    for (k = 0; k < 4; ++k)
+        if (e0 + 32 * k < n) {
+            v[k] = prod[o * BP + b * P + p];
+            c[k] = bias ? bias[o] : 0.0f;
+            mnistcu__step32(&p, &o, &b, P, OC);
+        }
+#pragma unroll
+    for (k = 0; k < 4; ++k)
+        if (e0 + 32 * k < n) y[e0 + 32 * k] = mnistcu__act_f((mnistcu_act)act, bias ? v[k] + c[k] : v[k]);
+}
+__global__ void mnistcu__k_conv_dout4(const float *dy, const float *y, int act, int B, int OC, int P, float *dprod)
+{
+    MNISTCU__PDL_WAIT();
+    const int n = B * OC * P, t = (int)(blockIdx.x * blockDim.x + threadIdx.x), e0 = (t & ~31) * 4 + (t & 31);
+    if (e0 >= n) return;
+    const int q = e0 / P, BP = B * P;
+    int p = e0 - q * P, b = q / OC, o = q - b * OC, k;
+    float d[4], u[4];
+#pragma unroll
+    for (k = 0; k < 4; ++k)
+        if (e0 + 32 * k < n) {
+            d[k] = dy[e0 + 32 * k];
+            u[k] = act != MNISTCU_ACT_IDENTITY ? y[e0 + 32 * k] : 0.0f;
+        }
+#pragma unroll
+    for (k = 0; k < 4; ++k)
+        if (e0 + 32 * k < n) {
+            dprod[o * BP + b * P + p] = mnistcu__act_backward_one((mnistcu_act)act, d[k], u[k]);
+            mnistcu__step32(&p, &o, &b, P, OC);
+        }
+}
+
 /* dx [B][C][H][W] from dcol [K][B*P], one thread per input element. */
 __global__ void mnistcu__k_col2im(const float *dcol, mnistcu__geom g, int B, float *dx)
 {
@@ -5314,7 +5376,11 @@ static dim3 mnistcu__grid_plane(size_t n, size_t y, size_t z)
 }
 
 /* col [K][B*P] as mnistcu__k_im2col: grid (positions, C kh, B); a thread copies
-   its position's kw entries of kernel row (c, i). */
+   its position's kw entries of kernel row (c, i). KW (3, 5; 0: g.kw at run
+   time) known at compile time lets a thread load its KW entries together
+   before it stores them (the Fashion CNN's conv2: 14.9 us, ncu, with the loads
+   one after another, as the stores between them might have written x). */
+template <int KW>
 __global__ void mnistcu__k_im2col_rows(const float *x, mnistcu__geom g, int B, size_t in_size, float *col)
 {
     MNISTCU__PDL_WAIT();
@@ -5326,14 +5392,30 @@ __global__ void mnistcu__k_im2col_rows(const float *x, mnistcu__geom g, int B, s
     float *o = col + (size_t)ci * g.kw * BP + (size_t)b * P + p;
     int j;
     if (p >= P) return;
-    for (j = 0; j < g.kw; ++j) {
-        const int ix = ix0 + j;
-        o[(size_t)j * BP] = rowok && ix >= 0 && ix < g.w ? xr[ix] : 0.0f;
+    if (KW) {
+        float v[KW ? KW : 1];
+#pragma unroll
+        for (j = 0; j < KW; ++j) {
+            const int ix = ix0 + j;
+            v[j] = rowok && ix >= 0 && ix < g.w ? xr[ix] : 0.0f;
+        }
+#pragma unroll
+        for (j = 0; j < KW; ++j) o[(size_t)j * BP] = v[j];
+    } else {
+        for (j = 0; j < g.kw; ++j) {
+            const int ix = ix0 + j;
+            o[(size_t)j * BP] = rowok && ix >= 0 && ix < g.w ? xr[ix] : 0.0f;
+        }
     }
 }
 
 /* dx as mnistcu__k_col2im for stride 1 (each input's terms in (i, j) order, as
-   mnistcu__col2im_at): grid (positions, C, B). */
+   mnistcu__col2im_at): grid (positions, C, B). KS (3, 5; 0: the kernel size
+   at run time) known at compile time: a thread's KS*KS loads issued together,
+   then the terms inside the map added in order (skipped, not added as zero,
+   so the bits stay the run-time loop's); with the loop at run time each load
+   waited for the one before (the Fashion CNN's conv2: 16.7 us, ncu). */
+template <int KS>
 __global__ void mnistcu__k_col2im_s1(const float *dcol, mnistcu__geom g, int B, float *dx)
 {
     MNISTCU__PDL_WAIT();
@@ -5344,13 +5426,29 @@ __global__ void mnistcu__k_col2im_s1(const float *dcol, mnistcu__geom g, int B, 
     float s = 0.0f;
     int i, j;
     if (e >= S) return;
-    for (i = 0; i < g.kh; ++i) {
-        const int oy = iy + g.pad - i;
-        if (oy < 0 || oy >= g.oh) continue;
-        for (j = 0; j < g.kw; ++j) {
-            const int ox = ix + g.pad - j;
-            if (ox < 0 || ox >= g.ow) continue;
-            s += d[(size_t)((c * g.kh + i) * g.kw + j) * ld + (size_t)oy * g.ow + ox];
+    if (KS) {
+        float v[KS ? KS * KS : 1];
+        int in[KS ? KS * KS : 1];
+#pragma unroll
+        for (i = 0; i < KS; ++i)
+#pragma unroll
+            for (j = 0; j < KS; ++j) {
+                const int oy = iy + g.pad - i, ox = ix + g.pad - j, k = i * KS + j;
+                in[k] = oy >= 0 && oy < g.oh && ox >= 0 && ox < g.ow;
+                v[k] = in[k] ? d[(size_t)((c * KS + i) * KS + j) * ld + (size_t)oy * g.ow + ox] : 0.0f;
+            }
+#pragma unroll
+        for (i = 0; i < KS * KS; ++i)
+            if (in[i]) s += v[i];
+    } else {
+        for (i = 0; i < g.kh; ++i) {
+            const int oy = iy + g.pad - i;
+            if (oy < 0 || oy >= g.oh) continue;
+            for (j = 0; j < g.kw; ++j) {
+                const int ox = ix + g.pad - j;
+                if (ox < 0 || ox >= g.ow) continue;
+                s += d[(size_t)((c * g.kh + i) * g.kw + j) * ld + (size_t)oy * g.ow + ox];
+            }
         }
     }
     dx[((size_t)b * g.c + c) * S + e] = s;
@@ -6352,8 +6450,9 @@ static void mnistcu__im2col(cudaStream_t st, const mnistcu__layer *L, mnistcu__g
 {
     const size_t P = (size_t)g.oh * g.ow, K = (size_t)g.c * g.kh * g.kw;
     if (mnistcu__grid_yz_ok((size_t)g.c * g.kh, B))
-        mnistcu__launch(mnistcu__k_im2col_rows, mnistcu__grid_plane(P, (size_t)g.c * g.kh, B), MNISTCU__PLANE_THREADS, 0,
-                        st, (const float *)L->in, g, (int)B, L->in_size, col);
+        mnistcu__launch(g.kw == 3 ? mnistcu__k_im2col_rows<3> : g.kw == 5 ? mnistcu__k_im2col_rows<5> : mnistcu__k_im2col_rows<0>,
+                        mnistcu__grid_plane(P, (size_t)g.c * g.kh, B), MNISTCU__PLANE_THREADS, 0, st, (const float *)L->in,
+                        g, (int)B, L->in_size, col);
     else
         mnistcu__launch(mnistcu__k_im2col, mnistcu__blocks(K * B * P), MNISTCU__THREADS, 0, st, (const float *)L->in, g,
                         (int)B, L->in_size, col);
@@ -6376,8 +6475,12 @@ static mnistcu_result mnistcu__conv_cuda_forward(mnistcu_model *m, mnistcu__laye
     m->scratch_layer = L->index + 1; /* the backward pass may find its columns still there */
     m->scratch_batch = B;
     if ((r = mnistcu__cuda_gemm(ctx, 0, 0, OC, BP, K, m->params + L->wo, K, col, BP, prod, BP, NULL, 0))) return r;
-    mnistcu__launch(mnistcu__k_conv_out, mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st,
-        prod, L->nb ? m->params + L->bo : NULL, (int)L->act, (int)B, (int)OC, (int)P, L->out);
+    if (mnistcu__grid_1d_ok(OC * BP))
+        mnistcu__launch(mnistcu__k_conv_out4, mnistcu__blocks4(OC * BP), MNISTCU__THREADS, 0, st, prod,
+                        L->nb ? m->params + L->bo : NULL, (int)L->act, (int)B, (int)OC, (int)P, L->out);
+    else
+        mnistcu__launch(mnistcu__k_conv_out, mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st, prod,
+                        L->nb ? m->params + L->bo : NULL, (int)L->act, (int)B, (int)OC, (int)P, L->out);
     MNISTCU__LAUNCHED(ctx, "conv_out");
     return MNISTCU_OK;
 }
@@ -6394,8 +6497,12 @@ static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__lay
     size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, BP = B * P, OC = (size_t)L->oc;
     float *col = m->scratch, *dprod = m->scratch + K * BP;
     mnistcu_result r;
-    mnistcu__launch(mnistcu__k_conv_dout, mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st, dy, L->out,
-                    L->dy_done ? (int)MNISTCU_ACT_IDENTITY : (int)L->act, (int)B, (int)OC, (int)P, dprod);
+    if (mnistcu__grid_1d_ok(OC * BP))
+        mnistcu__launch(mnistcu__k_conv_dout4, mnistcu__blocks4(OC * BP), MNISTCU__THREADS, 0, st, dy, L->out,
+                        L->dy_done ? (int)MNISTCU_ACT_IDENTITY : (int)L->act, (int)B, (int)OC, (int)P, dprod);
+    else
+        mnistcu__launch(mnistcu__k_conv_dout, mnistcu__blocks(OC * BP), MNISTCU__THREADS, 0, st, dy, L->out,
+                        L->dy_done ? (int)MNISTCU_ACT_IDENTITY : (int)L->act, (int)B, (int)OC, (int)P, dprod);
     MNISTCU__LAUNCHED(ctx, "conv_dout");
     if (m->scratch_layer != L->index + 1 || m->scratch_batch != B) { /* another conv used the scratch since */
         mnistcu__im2col(st, L, g, B, col);
@@ -6412,8 +6519,11 @@ static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__lay
     /* dcol [K][BP] = W^T [K][OC] . dprod [OC][BP], into col's place */
     if ((r = mnistcu__cuda_gemm(ctx, 1, 0, K, BP, OC, m->params + L->wo, K, dprod, BP, col, BP, NULL, 0))) return r;
     if (g.sh == 1 && g.sw == 1 && mnistcu__grid_yz_ok((size_t)g.c, B))
-        mnistcu__launch(mnistcu__k_col2im_s1, mnistcu__grid_plane((size_t)g.h * g.w, (size_t)g.c, B),
-                        MNISTCU__PLANE_THREADS, 0, st, (const float *)col, g, (int)B, dx);
+        mnistcu__launch(g.kh == 3 && g.kw == 3   ? mnistcu__k_col2im_s1<3>
+                        : g.kh == 5 && g.kw == 5 ? mnistcu__k_col2im_s1<5>
+                                                 : mnistcu__k_col2im_s1<0>,
+                        mnistcu__grid_plane((size_t)g.h * g.w, (size_t)g.c, B), MNISTCU__PLANE_THREADS, 0, st,
+                        (const float *)col, g, (int)B, dx);
     else
         mnistcu__launch(mnistcu__k_col2im, mnistcu__blocks(B * L->in_size), MNISTCU__THREADS, 0, st, col, g, (int)B, dx);
     MNISTCU__LAUNCHED(ctx, "col2im");
@@ -6679,6 +6789,94 @@ __global__ void mnistcu__k_pool_backward_y(const float *dy, const int32_t *arg, 
     dx[e] = v;
 }
 
+/* 2x2 windows of stride 2 (LeNet's and the Fashion CNN's pools), mnistcu__grid_1d_ok(n): a
+   thread a window forward, and a 2x2 cell of the input backward (the cells of
+   an odd last row or column half outside: those inputs get zero, as no window
+   covers them). Each thread issues its loads together, two rows of 8 bytes
+   where the row pair is aligned, and finds its place with 32-bit divisions:
+   the plane-per-grid-row passes above made a block of 128 threads for each
+   plane of 121 to 676 positions, one dependent load a thread (the Fashion
+   CNN's first pool backward: 20 us, ncu). The same comparisons in the same
+   order as mnistcu__pool_at, the same selection as mnistcu__pool_back_at, the
+   same derivative: the same bits. */
+static __device__ __forceinline__ void mnistcu__ld_pair(const float *p, float *v)
+{
+    if (!((uintptr_t)p & 7)) {
+        const float2 t = *(const float2 *)p;
+        v[0] = t.x;
+        v[1] = t.y;
+    } else {
+        v[0] = p[0];
+        v[1] = p[1];
+    }
+}
+static __device__ __forceinline__ void mnistcu__st_pair(float *p, float a, float b, int both)
+{
+    if (both && !((uintptr_t)p & 7)) {
+        *(float2 *)p = make_float2(a, b);
+    } else {
+        p[0] = a;
+        if (both) p[1] = b;
+    }
+}
+
+__global__ void mnistcu__k_pool2_forward(const float *x, int h, int w, int oh, int ow, int n, int act, float *y,
+                                         int32_t *arg)
+{
+    MNISTCU__PDL_WAIT();
+    const int e = (int)(blockIdx.x * blockDim.x + threadIdx.x), P = oh * ow;
+    if (e >= n) return;
+    const int pl = e / P, o = e - pl * P, oy = o / ow, ox = o - oy * ow;
+    const int32_t a = (int32_t)(2 * oy * w + 2 * ox), at[4] = {a, a + 1, a + w, a + w + 1};
+    const float *r = x + (size_t)pl * h * w + a;
+    float v[4], best = -INFINITY;
+    int32_t bi = a;
+    int k;
+    mnistcu__ld_pair(r, v);
+    mnistcu__ld_pair(r + w, v + 2);
+    for (k = 0; k < 4; ++k)
+        if (v[k] > best || v[k] != v[k]) {
+            best = v[k];
+            bi = at[k];
+        }
+    arg[e] = bi;
+    y[e] = mnistcu__act_f((mnistcu_act)act, best);
+}
+
+__global__ void mnistcu__k_pool2_backward(const float *dy, const int32_t *arg, const float *y, int h, int w, int oh,
+                                          int ow, int n, float *dx, int act_in, const float *y_in)
+{
+    MNISTCU__PDL_WAIT();
+    const int e = (int)(blockIdx.x * blockDim.x + threadIdx.x), cw = (w + 1) >> 1, Q = ((h + 1) >> 1) * cw;
+    if (e >= n) return;
+    const int pl = e / Q, q = e - pl * Q, cy = q / cw, cx = q - cy * cw, iy = 2 * cy, ix = 2 * cx;
+    const int32_t a = (int32_t)(iy * w + ix), at[4] = {a, a + 1, a + w, a + w + 1};
+    const int right = ix + 1 < w, low = iy + 1 < h;
+    const size_t base = (size_t)pl * h * w + a;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, yi[4];
+    int k;
+    if (cy < oh && cx < ow) {
+        const size_t po = (size_t)pl * oh * ow + (size_t)(cy * ow + cx);
+        const int32_t s = arg[po];
+        const float d = dy[po];
+        const int pass = !y || y[po] > 0.0f;
+        for (k = 0; k < 4; ++k) v[k] = s == at[k] && pass ? d : 0.0f;
+    }
+    if (act_in != MNISTCU_ACT_IDENTITY) {
+        if (right) mnistcu__ld_pair(y_in + base, yi);
+        else yi[0] = y_in[base];
+        if (low) {
+            if (right) mnistcu__ld_pair(y_in + base + w, yi + 2);
+            else yi[2] = y_in[base + w];
+        }
+        for (k = 0; k < 4; ++k)
+            if ((k & 1) ? right : 1)
+                if ((k & 2) ? low : 1) v[k] = mnistcu__act_backward_one((mnistcu_act)act_in, v[k], yi[k]);
+    }
+    mnistcu__st_pair(dx + base, v[0], v[1], right);
+    if (low) mnistcu__st_pair(dx + base + w, v[2], v[3], right);
+}
+
 #ifdef MNISTCU_CUDNN
 /* The same pooling through cuDNN (deterministic max). dy NULL: forward; else backward. */
 static mnistcu_result mnistcu__pool_dnn(mnistcu_model *m, mnistcu__layer *L, size_t B, const float *dy, float *dx)
@@ -6707,6 +6905,11 @@ static mnistcu_result mnistcu__pool_dnn(mnistcu_model *m, mnistcu__layer *L, siz
 }
 #endif
 
+/* 2x2 windows of stride 2 on a map of at least 2x2: mnistcu__k_pool2_forward and _backward's */
+static int mnistcu__pool2(const mnistcu__layer *L)
+{
+    return L->d.kernel_h == 2 && L->d.kernel_w == 2 && L->sh == 2 && L->sw == 2 && L->h >= 2 && L->w >= 2;
+}
 static mnistcu_result mnistcu__cuda_pool_forward(mnistcu_model *m, mnistcu__layer *L, size_t B, int is_max)
 {
     if (L->fwd_done) { /* the batch norm before made this step's output (mnistcu__bn_pool_after) */
@@ -6717,7 +6920,11 @@ static mnistcu_result mnistcu__cuda_pool_forward(mnistcu_model *m, mnistcu__laye
     if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, NULL, NULL);
 #endif
     size_t planes = B * (size_t)L->c, P = (size_t)L->oh * (size_t)L->ow;
-    if (P >= MNISTCU__PLANE_THREADS / 2 && mnistcu__grid_yz_ok(planes, 1)) /* fewer: most of a block idle */
+    if (is_max && mnistcu__pool2(L) && mnistcu__grid_1d_ok(planes * P))
+        mnistcu__launch(mnistcu__k_pool2_forward, mnistcu__blocks(planes * P), MNISTCU__THREADS, 0,
+                        mnistcu__cuda_stream(m->ctx), (const float *)L->in, L->h, L->w, L->oh, L->ow, (int)(planes * P),
+                        (int)L->act, L->out, (int32_t *)L->aux);
+    else if (P >= MNISTCU__PLANE_THREADS / 2 && mnistcu__grid_yz_ok(planes, 1)) /* fewer: most of a block idle */
         mnistcu__launch(mnistcu__k_pool_forward_y, mnistcu__grid_plane(P, planes, 1), MNISTCU__PLANE_THREADS, 0,
                         mnistcu__cuda_stream(m->ctx), L->in, mnistcu__geom_of(L), is_max, (int)L->act, L->out,
                         (int32_t *)L->aux);
@@ -6758,7 +6965,11 @@ static mnistcu_result mnistcu__cuda_pool_backward(mnistcu_model *m, mnistcu__lay
         const int act_in = C ? (int)C->act : (int)MNISTCU_ACT_IDENTITY;
         const size_t S = (size_t)L->h * (size_t)L->w;
         cudaStream_t st = mnistcu__cuda_stream(m->ctx);
-        if (g.sh == g.kh && g.sw == g.kw && mnistcu__grid_yz_ok(planes, 1)) { /* windows that do not overlap */
+        const size_t Q = (size_t)((L->h + 1) / 2) * (size_t)((L->w + 1) / 2);
+        if (is_max && mnistcu__pool2(L) && mnistcu__grid_1d_ok(planes * Q)) {
+            mnistcu__launch(mnistcu__k_pool2_backward, mnistcu__blocks(planes * Q), MNISTCU__THREADS, 0, st, dy, arg, y,
+                            L->h, L->w, L->oh, L->ow, (int)(planes * Q), dx, act_in, y_in);
+        } else if (g.sh == g.kh && g.sw == g.kw && mnistcu__grid_yz_ok(planes, 1)) { /* windows that do not overlap */
             if (g.kh == 2 && g.kw == 2)
                 mnistcu__launch(mnistcu__k_pool_backward_y<1>, mnistcu__grid_plane(S, planes, 1),
                                 MNISTCU__PLANE_THREADS, 0, st, dy, arg, y, g, dx, act_in, y_in);

@@ -1544,6 +1544,9 @@ static const tc_layer_case tc_layer_cases[] = {
     /* the columns path (more than 16 input channels): stride 2 with padding, and stride 1 with padding (the
        columns a kernel row a thread, the input gradient a position a thread) */
     {MNISTCU_LAYER_CONV2D, "18x9x9 conv3x3x6:s=2:p=1 relu conv3x3x20:p=1 relu conv3x3x4:p=1 flatten dense5", 3},
+    /* 5x5 on the columns path at stride 1 (mnistcu__k_im2col_rows<5>, mnistcu__k_col2im_s1<5>), a max pool
+       of 2x2 on a 9x7 map after it */
+    {MNISTCU_LAYER_CONV2D, "2x11x9 conv1x1x18 conv5x5x7:p=1 relu maxpool2 flatten dense5", 3},
     {MNISTCU_LAYER_CONV2D, "lenet5", 3},
     {MNISTCU_LAYER_CONV2D, "fashion-cnn", 2},
     {MNISTCU_LAYER_DENSE, "784-128-10", 1},
@@ -2341,8 +2344,8 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
    pass, graphs and launched steps. */
 TEST cuda_head_step_matches_step_by_step(void)
 {
-    static tc_graph_case cases[14];
-    int exact[14], pairs[14] = {0}, i, ncases = 0;
+    static tc_graph_case cases[16];
+    int exact[16], pairs[16] = {0}, i, ncases = 0;
     tc_graph_case *c;
     memset(cases, 0, sizeof cases);
     c = &cases[ncases];
@@ -2421,6 +2424,15 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->spec = "1x34x34 batchnorm maxpool2 relu conv3x3x4 batchnorm maxpool2 flatten dense10";
     c->F = 1156; c->n = 60; c->B = 12; c->epochs = 2;
     c->optim.learning_rate = 0.05f;
+    /* the columns path (20 input channels) with a ReLU folded, then a max pool on 11x11 maps: the pool's
+       backward pass takes the convolution's ReLU' (mnistcu__k_pool2_backward's act_in), the last row and
+       column in no window */
+    c = &cases[ncases];
+    exact[ncases++] = 1;
+    c->name = "columns convolution, relu, max pool on 11x11 maps";
+    c->spec = "1x15x15 conv3x3x20 relu conv3x3x24 relu maxpool2 flatten dense16 relu dense10";
+    c->F = 225; c->n = 70; c->B = 11; c->epochs = 2;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
 #ifdef MNISTCU_CUBLAS
     c = &cases[ncases];
     exact[ncases++] = 0;
