@@ -1,10 +1,11 @@
 /* bench/cuda_layout.cu - the convolution and pooling layers' passes that move data rather than
    multiply: the 2x2 max pool forward and backward, the columns path's im2col, col2im and the
    product's reordering (conv_out, conv_dout), at the shapes of LeNet-5 (P4) and the Fashion CNN
-   (P5), batch 64. Each pass in its earlier form (a thread an element, the planes in the grid's y;
-   loops over the kernel size at run time) and in the header's current one, on the same inputs:
-   the outputs compared bit for bit, then each timed (CUDA events around 200 launches, median of
-   7 rounds, us a launch).
+   (P5), batch 64; and the small-problem product (mnistcu__k_gemm16) at LeNet-5's dense shapes.
+   Each pass in its earlier form (a thread an element, the planes in the grid's y; loops over the
+   kernel size at run time; the product's tiles staged 16 values of k at a time, below as
+   old_gemm16) and in the header's current one, on the same inputs: the outputs compared bit for
+   bit, then each timed (CUDA events around 200 launches, median of 7 rounds, us a launch).
 
    Build:  nvcc -O3 -arch=sm_90 -o build/cuda_layout bench/cuda_layout.cu
    Run:    build/cuda_layout            (needs a CUDA GPU) */
@@ -53,6 +54,57 @@ static void same(const char *what, const void *a, const void *b, size_t bytes)
     int ok = !memcmp(x.data(), y.data(), bytes);
     if (!ok) ++bad;
     printf("  %-44s %s\n", what, ok ? "same bits" : "DIFFERENT");
+}
+
+/* the header's mnistcu__k_gemm16 before its tiles were staged 128 values of k at a time */
+template <int TA, int TB, int FUSE>
+__global__ void __launch_bounds__(256) old_gemm16(int M, int N, int K, const float *__restrict__ A, int lda,
+                                                          const float *__restrict__ B, int ldb, float *__restrict__ C,
+                                                          int ldc, const float *__restrict__ bias, int act)
+{
+    MNISTCU__PDL_WAIT();
+    __shared__ float As[MNISTCU__GT][MNISTCU__GT + 1]; /* [m][k] */
+    __shared__ float Bs[MNISTCU__GT][MNISTCU__GT + 1]; /* [k][n] */
+    const int tx = (int)threadIdx.x % MNISTCU__GT, ty = (int)threadIdx.x / MNISTCU__GT;
+    const int n0 = (int)blockIdx.x * MNISTCU__GT;
+    int m0, k0, kk;
+    MNISTCU__GEMM_SLICE();
+    for (m0 = (int)blockIdx.y * MNISTCU__GT; m0 < M; m0 += (int)gridDim.y * MNISTCU__GT) {
+        float acc = 0.0f;
+        for (k0 = kz0; k0 < K; k0 += MNISTCU__GT) {
+            /* each thread stages one element of each tile, reading along the
+               source's contiguous direction */
+            int am = TA ? tx : ty, ak = TA ? ty : tx, bk = TB ? tx : ty, bn = TB ? ty : tx;
+            int gm = m0 + am, gka = k0 + ak, gn = n0 + bn, gkb = k0 + bk;
+            As[am][ak] = (gm < M && gka < K) ? (TA ? A[(size_t)gka * lda + gm] : A[(size_t)gm * lda + gka]) : 0.0f;
+            Bs[bk][bn] = (gn < N && gkb < K) ? (TB ? B[(size_t)gn * ldb + gkb] : B[(size_t)gkb * ldb + gn]) : 0.0f;
+            __syncthreads();
+#pragma unroll
+            for (kk = 0; kk < MNISTCU__GT; ++kk) acc = fmaf(As[ty][kk], Bs[kk][tx], acc);
+            __syncthreads();
+        }
+        if (m0 + ty < M && n0 + tx < N)
+            C[(size_t)(m0 + ty) * ldc + n0 + tx] =
+                FUSE ? mnistcu__act_f((mnistcu_act)act, bias ? acc + bias[n0 + tx] : acc) : acc;
+    }
+}
+
+/* C [M][N] = op(A) op(B) (+ bias, ReLU where fused), as the header launches the small product */
+template <int TA, int TB, int FUSE> static void small_product(const char *name, int M, int N, int K, int S)
+{
+    const int lda = TA ? M : K, ldb = TB ? K : N;
+    float *A = dev_rand((size_t)M * K, 7, 0), *B = dev_rand((size_t)K * N, 8, 0), *bias = dev_rand(N, 9, 0), *c0, *c1;
+    CK(cudaMalloc(&c0, (size_t)S * M * N * 4)); CK(cudaMalloc(&c1, (size_t)S * M * N * 4));
+    dim3 grid((N + 15) / 16, (M + 15) / 16, S);
+    const float *bb = FUSE ? bias : NULL;
+    const int act = FUSE ? (int)MNISTCU_ACT_RELU : 0;
+    auto g0 = [&] { old_gemm16<TA, TB, FUSE><<<grid, 256>>>(M, N, K, A, lda, B, ldb, c0, N, bb, act); };
+    auto g1 = [&] { mnistcu__k_gemm16<TA, TB, FUSE><<<grid, 256>>>(M, N, K, A, lda, B, ldb, c1, N, bb, act); };
+    printf("%s: %d x %d x %d%s%s, %d slice(s)\n", name, M, N, K, TA ? ", A transposed" : "", TB ? ", B transposed" : "", S);
+    g0(); g1(); CK(cudaDeviceSynchronize());
+    same("product", c0, c1, (size_t)S * M * N * 4);
+    printf("  product   %7.2f -> %7.2f us\n", timed(g0), timed(g1));
+    cudaFree(A); cudaFree(B); cudaFree(bias); cudaFree(c0); cudaFree(c1);
 }
 
 /* planes of h x w, 2x2 windows of stride 2; act: the pool's folded ReLU; act_in: the derivative of the
@@ -130,6 +182,13 @@ int main(void)
     pool("ties, odd map", 1000, 13, 9, 1, 1, 1);
     columns("Fashion CNN conv2", 64, 64, 13, 13, 3, 0, 128);
     columns("5x5, padding 2, odd map", 8, 6, 11, 9, 5, 2, 16);
+    small_product<0, 1, 1>("LeNet-5 dense1 forward (bias, ReLU)", 64, 120, 256, 1);
+    small_product<0, 1, 1>("LeNet-5 dense2 forward (bias, ReLU)", 64, 84, 120, 1);
+    small_product<1, 0, 0>("LeNet-5 dense1 weight gradient", 120, 256, 64, 1);
+    small_product<0, 0, 0>("LeNet-5 dense2 input gradient", 64, 120, 84, 1);
+    small_product<0, 0, 0>("LeNet-5 dense1 input gradient", 64, 256, 120, 1);
+    small_product<0, 1, 0>("odd sizes, K split in 3", 37, 29, 701, 3);
+    small_product<1, 1, 0>("odd sizes, both transposed", 19, 45, 133, 1);
     printf("%s\n", bad ? "SOME OUTPUTS DIFFER" : "every pass: the same bits");
     return bad != 0;
 }
