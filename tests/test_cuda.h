@@ -877,18 +877,24 @@ TEST cuda_streaming_equals_resident(void)
    the shape-based choice between them never changes a result. */
 TEST cuda_gemm_kernels_agree_bitwise(void)
 {
-    static const int dims[][3] = {{33, 100, 784}, {64, 128, 785}, {7, 37, 16}, {130, 70, 33}};
+    /* M, N, K, K slices (grid z), tiny values: products of about 1e-46, which round to -0 or +0 by their
+       sign, so a chain that left out the zeros past the end of its slice (up to a multiple of 16: fmaf(0,
+       0, -0) is +0) would end at -0 where the other kernel ends at +0 */
+    static const int dims[][5] = {{33, 100, 784, 1, 0}, {64, 128, 785, 1, 0}, {7, 37, 16, 1, 0}, {130, 70, 33, 1, 0},
+                                  {9, 20, 1, 1, 1}, {19, 21, 301, 3, 1}, {33, 40, 700, 4, 0}, {17, 18, 260, 2, 1}};
     size_t d;
     int ta, tb;
     for (d = 0; d < sizeof dims / sizeof dims[0]; ++d)
         for (ta = 0; ta < 2; ++ta)
             for (tb = 0; tb < 2; ++tb) {
-                int M = dims[d][0], N = dims[d][1], K = dims[d][2], lda = ta ? M : K, ldb = tb ? K : N;
+                int M = dims[d][0], N = dims[d][1], K = dims[d][2], S = dims[d][3], lda = ta ? M : K, ldb = tb ? K : N;
+                const float scale = dims[d][4] ? 1e-23f : 1.0f;
                 tu_rng rng = tu_rng_make((uint64_t)(d * 4 + (size_t)ta * 2 + (size_t)tb));
-                float *A = tu_random_floats(&rng, (size_t)M * K, -1, 1), *B = tu_random_floats(&rng, (size_t)K * N, -1, 1);
+                float *A = tu_random_floats(&rng, (size_t)M * K, -scale, scale), *B = tu_random_floats(&rng, (size_t)K * N, -scale, scale);
                 float *dA = tc_up(A, (size_t)M * K), *dB = tc_up(B, (size_t)K * N);
-                float *d64 = tc_poisoned((size_t)M * N), *d16 = tc_poisoned((size_t)M * N), *h64, *h16;
-                dim3 g64((unsigned)((N + 63) / 64), (unsigned)((M + 63) / 64)), g16((unsigned)((N + 15) / 16), (unsigned)((M + 15) / 16));
+                float *d64 = tc_poisoned((size_t)S * M * N), *d16 = tc_poisoned((size_t)S * M * N), *h64, *h16;
+                dim3 g64((unsigned)((N + 63) / 64), (unsigned)((M + 63) / 64), (unsigned)S),
+                    g16((unsigned)((N + 15) / 16), (unsigned)((M + 15) / 16), (unsigned)S);
 #define TC_BOTH(TA_, TB_)                                                                                      \
     do {                                                                                                       \
         mnistcu__k_gemm<TA_, TB_, 0><<<g64, 256>>>(M, N, K, dA, lda, dB, ldb, d64, N, NULL, 0);               \
@@ -899,9 +905,9 @@ TEST cuda_gemm_kernels_agree_bitwise(void)
                 else if (ta && !tb) TC_BOTH(1, 0);
                 else TC_BOTH(1, 1);
 #undef TC_BOTH
-                h64 = tc_down(d64, (size_t)M * N);
-                h16 = tc_down(d16, (size_t)M * N);
-                ASSERT_ARRAY_EQ_BITS_F(h64, h16, (size_t)M * N);
+                h64 = tc_down(d64, (size_t)S * M * N);
+                h16 = tc_down(d16, (size_t)S * M * N);
+                ASSERT_ARRAY_EQ_BITS_F(h64, h16, (size_t)S * M * N);
                 free(A); free(B); free(h64); free(h16);
                 cudaFree(dA); cudaFree(dB); cudaFree(d64); cudaFree(d16);
             }
@@ -2165,6 +2171,7 @@ typedef struct tc_graph_run {
     size_t np, nb, ns;
     uint64_t steps;
     uint64_t bn_pool;         /* passes in which a batch norm took the max pool after it */
+    uint64_t conv_pool;       /* backward passes in which a first convolution routed its max pool's gradient */
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
     mnistcu_train_result res;
     tc_curve curve;
@@ -2233,6 +2240,7 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
                                      cudaMemcpyDeviceToHost) == cudaSuccess);
         out->steps = m->steps;
         out->bn_pool = m->bn_pool_steps;
+        out->conv_pool = m->conv_pool_steps;
         for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
     }
     mnistcu_ctx_destroy(ctx);
@@ -2344,8 +2352,8 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
    pass, graphs and launched steps. */
 TEST cuda_head_step_matches_step_by_step(void)
 {
-    static tc_graph_case cases[16];
-    int exact[16], pairs[16] = {0}, i, ncases = 0;
+    static tc_graph_case cases[18];
+    int exact[18], pairs[18] = {0}, routes[18] = {0}, i, ncases = 0;
     tc_graph_case *c;
     memset(cases, 0, sizeof cases);
     c = &cases[ncases];
@@ -2355,6 +2363,7 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->n = 400; c->B = 150; c->epochs = 2; c->progress_every = 1;
     c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
     c = &cases[ncases];
+    routes[ncases] = 1; /* the first convolution's weight gradient routes the pool's (mnistcu__conv_pool_route) */
     exact[ncases++] = 1;
     c->name = "LeNet-5 on bytes, relu before the head, Adam";
     c->spec = "1x28x28 conv5x5x6:p=2 relu maxpool2 conv5x5x16 relu maxpool2 flatten dense120 relu dense84 relu dense10";
@@ -2433,6 +2442,29 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->spec = "1x15x15 conv3x3x20 relu conv3x3x24 relu maxpool2 flatten dense16 relu dense10";
     c->F = 225; c->n = 70; c->B = 11; c->epochs = 2;
     c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+    /* a first convolution taking its max pool's gradient as it is: the ReLU folded into the pool (the
+       Fashion CNN's order) on 13x13 maps, whose last row and column no window covers; no ReLU at all */
+    c = &cases[ncases];
+    routes[ncases] = 1;
+    exact[ncases++] = 1;
+    c->name = "first convolution routing its pool's gradient, 13x13";
+    c->spec = "1x15x15 conv3x3x8 maxpool2 relu flatten dense16 relu dense10";
+    c->F = 225; c->n = 75; c->B = 14; c->epochs = 2;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+    /* a tanh folded into the convolution: not routed; the pool's backward pass takes its derivative (act_in) */
+    c = &cases[ncases];
+    exact[ncases++] = 1;
+    c->name = "convolution with tanh, then a max pool, 12x12";
+    c->spec = "1x14x14 conv3x3x6 tanh maxpool2 flatten dense10";
+    c->F = 196; c->n = 50; c->B = 10; c->epochs = 2;
+    c->optim.learning_rate = 0.05f;
+    c = &cases[ncases];
+    routes[ncases] = 1;
+    exact[ncases++] = 1;
+    c->name = "first convolution routing, no ReLU, 5x5";
+    c->spec = "1x20x20 conv5x5x4:p=1 maxpool2 flatten dense10";
+    c->F = 400; c->n = 60; c->B = 9; c->epochs = 2;
+    c->optim.learning_rate = 0.02f;
 #ifdef MNISTCU_CUBLAS
     c = &cases[ncases];
     exact[ncases++] = 0;
@@ -2476,6 +2508,20 @@ TEST cuda_head_step_matches_step_by_step(void)
             free(l.p);
         } else {
             ASSERT_EQm(c->name, (uint64_t)0, a.bn_pool);
+        }
+        /* a first convolution routed its max pool's gradient in every head step's backward pass, never step by
+           step; launched without graphs, once a step, with the same bits */
+        ASSERT_EQm(c->name, (uint64_t)0, b.conv_pool);
+        if (routes[i]) {
+            tc_graph_run l;
+            ASSERTm(c->name, a.conv_pool >= 1);
+            ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
+            ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.conv_pool);
+            ASSERT_EQm(c->name, a.np, l.np);
+            ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
+            free(l.p);
+        } else {
+            ASSERT_EQm(c->name, (uint64_t)0, a.conv_pool);
         }
         ASSERT_EQm(c->name, a.np, b.np);
         for (j = 0; j < 2 * a.np; ++j) {
