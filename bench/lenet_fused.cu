@@ -1,34 +1,30 @@
 /* LeNet-5's training steps in one persistent kernel, measured against the
    step-by-step path (P4: MNIST 60k, batch 64, SGD momentum 0.9, lr 0.02).
 
-   nvcc -O3 -arch=sm_90 -o build/lenet_fused bench/lenet_fused.cu && build/lenet_fused data/mnist
+   nvcc -O3 -arch=sm_90 -o build/lenet_fused bench/lenet_fused.cu && build/lenet_fused data/mnist [blocks] [epochs]
+   (-DPHASES: block 0's clock a phase)
 
    A prototype: the model is fixed (1x28x28 conv5x5x6 relu maxpool2 conv5x5x16
    relu maxpool2 flatten dense120 relu dense84 relu dense10, cross entropy,
    the mean over the batch); the library makes the initial weights, the
-   reference steps and the test accuracy. One cooperative kernel runs the
-   epoch's steps, one block of 256 threads or two per multiprocessor, each
-   step in ten phases with a grid-wide barrier after each:
-     1  conv1 + relu + max pool (4 lanes a pooling window, the batch read as bytes)
-     2  conv2 + relu + max pool (a block per sample and half the channels, its
-        input and weights in shared memory)
-     3  dense120 + relu          (4 lanes an output, each a quarter of k)
-     4  dense84 + relu
-     5  dense10, the loss and its gradient in every block (all of it is small);
-        then, shared out, dh2 and the gradient of dense10
-     6  dh1 and the gradient of dense84
-     7  the pooled gradient of conv2's output, routed by the pool's argmax and
-        the relu; the gradient of dense120
-     8  conv2's input gradient (a gather over the pooled gradients, as sparse as
-        the pool leaves them), routed to conv1's pooled map; conv2's weight
-        gradient in 8 slices of the batch; the dense layers' optimizer step
-     9  conv1's weight gradient, a partial sum a sample and half a map; the sum
-        of conv2's slices and its optimizer step
-     10 the sum of conv1's partials and its optimizer step
-   Every sum is in a fixed order and nothing uses atomics: the same bits on
-   every run. The orders are not the step-by-step path's, so the weights agree
-   with it to rounding, not bit for bit (printed: the largest difference
-   against the largest change, per tensor). */
+   reference steps and the test accuracy. One cooperative kernel of one block
+   of 1024 threads a multiprocessor runs the epoch's steps, each in two phases
+   with a grid-wide barrier after each. Everything of one sample, forward and
+   backward, depends on that sample alone, except the weight gradients, which
+   sum over the batch: so
+     A  a block a sample: its forward pass and its backward pass through every
+        layer in shared memory, block barriers between the layers; it leaves
+        what the weight gradients need (the dense layers' inputs and output
+        gradients) and its own share of the convolutions' weight gradients
+        (a partial sum a sample) in global memory;
+     B  a thread a parameter: its gradient, the sum over the batch in sample
+        order, and its optimizer step.
+   (A first design, ten phases a step with each layer shared out over the
+   whole grid, took 77 us a step: the barriers and the thin phases between
+   them were the time.) Every sum is in a fixed order and nothing uses
+   atomics: the same bits on every run. The orders are not the step-by-step
+   path's, so the weights agree with it to rounding, not bit for bit (printed:
+   the largest difference against the largest change, per tensor). */
 #define MNISTCU_IMPLEMENTATION
 #include "../mnistcu.h"
 
@@ -38,14 +34,20 @@
 
 namespace cg = cooperative_groups;
 
-#define NT 256
-enum { IH = 28, KS = 5, C1 = 6, O1 = 24, Q1 = 12, C2 = 16, O2 = 8, Q2 = 4, D0 = 256, D1 = 120, D2 = 84, D3 = 10,
-       BMAX = 64 };
+#define NT 1024
+enum { IH = 28, KS = 5, C1 = 6, Q1 = 12, C2 = 16, O2 = 8, Q2 = 4, D0 = 256, D1 = 120, D2 = 84, D3 = 10, BMAX = 64 };
 enum { oW1 = 0, oB1 = 150, oW2 = 156, oB2 = 2556, oF1 = 2572, oG1 = 33292, oF2 = 33412, oG2 = 43492, oF3 = 43576,
        oG3 = 44416, NP = 44426 };
-#define S2 8     /* slices of the batch in conv2's weight gradient */
-#define NPART2 (C2 * 151)
-#define NPART1 (C1 * 26)
+#define NPART1 156  /* conv1's parameters: a partial sum of each a sample */
+#define NPART2 2416 /* conv2's */
+
+/* shared memory, in floats (each part 16-byte aligned): the dense layers' weights F1, F2 (copied in
+   with cp.async while the convolutions run), conv weights, then the sample's maps */
+enum { sF1 = 0, sF2 = 30720, sW2 = 40800, sW3 = 43216, sW1 = 44068, sX = 44224, sP1 = 45008, sOF1 = 45872,
+       sP2 = 46736, sOF2 = 46992, sAM2 = 47248, sH1 = 47312, sH2 = 47432, sZ = 47516, sDZ = 47532, sDH2 = 47548,
+       sDH1 = 47632, sG2 = 47752, sSPARE = 48008, sG1 = 52104, sPART = 52968, sMB = 53992, sEND = 53994 };
+/* after the gradient of conv2's pooled output, F1's copy is free for the step: */
+enum { sDA = sF1, DA_OC = 704, DA_ROW = 44, sPT = sF1 + 16 * DA_OC };
 
 struct LA {
     const uint8_t *u8;
@@ -56,12 +58,49 @@ struct LA {
     float *w, *g, *mom;
     mnistcu__opt o_first, o_next;
     int first_step;    /* 1: the chunk's first step is the optimizer's first */
-    float *p1, *p2, *h1, *h2, *dh2, *dh1, *g2, *g1, *part2, *part1;
-    uint8_t *am1, *am2;
+    /* a row a sample: */
+    float *p2, *h1, *h2, *dz, *dh2, *dh1, *part2, *part1, *lrow;
+    int *crow;
     double *loss;
     int *correct;
     long long *ph;     /* with PHASES: block 0's clock a phase, summed */
 };
+
+__device__ __forceinline__ void cp16(float *s, const float *g)
+{
+    unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(g));
+}
+__device__ __forceinline__ void cp4(float *s, const float *g)
+{
+    unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(g));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+/* one bulk copy (the tensor memory accelerator) global -> shared, completing on an mbarrier */
+__device__ __forceinline__ void bulk_copy(float *s, const float *g, unsigned bytes, unsigned mbar)
+{
+    unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(sa),
+                 "l"(g), "r"(bytes), "r"(mbar)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_expect(unsigned mbar, unsigned bytes)
+{
+    unsigned long long st;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;\n" : "=l"(st) : "r"(mbar), "r"(bytes) : "memory");
+    (void)st;
+}
+__device__ __forceinline__ void mbar_wait(unsigned mbar, unsigned parity)
+{
+    unsigned ok = 0;
+    while (!ok)
+        asm volatile("{\n .reg .pred P;\n mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n selp.b32 %0, 1, 0, P;\n}\n"
+                     : "=r"(ok)
+                     : "r"(mbar), "r"(parity)
+                     : "memory");
+}
 
 __device__ __forceinline__ float relu(float v) { return v > 0.0f ? v : 0.0f; }
 
@@ -74,23 +113,29 @@ __device__ __forceinline__ void max4(float &m, int &am)
         if (om > m || (om == m && oa < am)) { m = om; am = oa; }
     }
 }
-__device__ __forceinline__ float sum4(float v)
+/* sums over groups of 2^k lanes, the same bits in each lane of a group */
+__device__ __forceinline__ float sumx(float v, int lanes)
 {
-    v = v + __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+    for (int off = 1; off < lanes; off <<= 1) v = v + __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
 }
 
-__device__ __forceinline__ void opt_range(const LA &a, const mnistcu__opt *o, int from, int to, int gt, int GT)
-{
-    for (int i = from + gt; i < to; i += GT) mnistcu__opt_one(o, (size_t)i, a.w, a.g[i], a.mom);
-}
-
-__global__ void __launch_bounds__(NT, 2) k_lenet(LA a)
+__global__ void __launch_bounds__(NT, 1) k_lenet(LA a)
 {
     extern __shared__ float sm[];
     cg::grid_group grid = cg::this_grid();
-    const int tid = threadIdx.x, gt = blockIdx.x * NT + tid, GT = gridDim.x * NT;
-    const int lane = tid & 31, q = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, gt = blockIdx.x * NT + tid, GT = gridDim.x * NT;
+    float *F1s = sm + sF1, *F2s = sm + sF2, *W2s = sm + sW2, *W3s = sm + sW3, *W1s = sm + sW1, *X = sm + sX;
+    float *P1 = sm + sP1, *P2 = sm + sP2, *H1 = sm + sH1, *H2 = sm + sH2, *Z = sm + sZ, *DZ = sm + sDZ;
+    float *DH2 = sm + sDH2, *DH1 = sm + sDH1, *G2 = sm + sG2, *G1 = sm + sG1, *PART = sm + sPART;
+    int *OF1 = (int *)(sm + sOF1), *OF2 = (int *)(sm + sOF2);
+    uint8_t *AM2 = (uint8_t *)(sm + sAM2);
+    float *DA = sm + sDA, *PT = sm + sPT;
+    const unsigned mbar = (unsigned)__cvta_generic_to_shared(sm + sMB);
+    unsigned mph = 0;
+    if (tid == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar) : "memory");
+    __syncthreads();
+    const float *w = a.w;
 #ifdef PHASES
     long long t0 = clock64();
 #define MARK(k) do { if (gt == 0) { long long t1 = clock64(); a.ph[k] += t1 - t0; t0 = t1; } } while (0)
@@ -104,334 +149,370 @@ __global__ void __launch_bounds__(NT, 2) k_lenet(LA a)
         const mnistcu__opt *o = (a.first_step && st == 0) ? &a.o_first : &a.o_next;
         const float rB = 1.0f / (float)Bs;
 
-        /* 1: conv1 + relu + pool; 4 consecutive lanes hold a window's 4 positions */
-        {
-            const int N = Bs * C1 * Q1 * Q1 * 4; /* a multiple of 32 */
-            const float *W = a.w + oW1;
-            for (int i = gt; i < N; i += GT) {
-                int win = i >> 2, px = win % Q1, t = win / Q1, py = t % Q1, c, b;
-                t /= Q1; c = t % C1; b = t / C1;
-                int oy = 2 * py + (q >> 1), ox = 2 * px + (q & 1);
-                const uint8_t *xr = a.u8 + (size_t)bidx[b] * (IH * IH) + oy * IH + ox;
-                const float *wc = W + c * 25;
-                float acc = 0.0f;
+        /* ---- A: a block a sample ---- */
+        for (int b = blockIdx.x; b < Bs; b += gridDim.x) {
+            __syncthreads();
+            /* the weights into shared memory: the convolutions' and dense10's first, then the large two */
+            for (int j = tid; j < NPART1 / 4; j += NT) cp16(W1s + 4 * j, w + oW1 + 4 * j);
+            for (int j = tid; j < NPART2 / 4; j += NT) cp16(W2s + 4 * j, w + oW2 + 4 * j);
+            for (int j = tid; j < (D3 * D2 + D3) / 4; j += NT) cp16(W3s + 4 * j, w + oF3 + 4 * j);
+            if (tid < 2) cp4(W3s + D3 * D2 + 8 + tid, w + oF3 + D3 * D2 + 8 + tid);
+            cp_commit();
+            if (tid == 0) { /* the dense layers' 163 KB in bulk copies, in the background, each block
+                              starting at another chunk */
+                asm volatile("fence.proxy.async;\n" ::: "memory");
+                mbar_expect(mbar, (D1 * D0 + D2 * D1) * 4);
+                for (int c = 0; c < 8; ++c) {
+                    int k = (c + b) & 7;
+                    bulk_copy(F1s + k * (D1 * D0 / 8), w + oF1 + k * (D1 * D0 / 8), D1 * D0 / 8 * 4, mbar);
+                }
+                for (int c = 0; c < 4; ++c) {
+                    int k = (c + b) & 3;
+                    bulk_copy(F2s + k * (D2 * D1 / 4), w + oF2 + k * (D2 * D1 / 4), D2 * D1 / 4 * 4, mbar);
+                }
+            }
+            {
+                const uint8_t *xr = a.u8 + (size_t)bidx[b] * (IH * IH);
+                for (int j = tid; j < IH * IH; j += NT) X[j] = fmaf((float)xr[j], 1.0f / 255.0f, 0.0f);
+            }
+            cp_wait<0>();
+            __syncthreads();
+            MARK(2);
+            /* conv1 + relu + pool: a thread a window of 4 outputs */
+            if (tid < C1 * Q1 * Q1) {
+                int c = tid / (Q1 * Q1), pw = tid - c * (Q1 * Q1), py = pw / Q1, px = pw - py * Q1;
+                const float *xp = X + 2 * py * IH + 2 * px, *wc = W1s + c * 25;
+                float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
 #pragma unroll
                 for (int ky = 0; ky < KS; ++ky)
 #pragma unroll
-                    for (int kx = 0; kx < KS; ++kx)
-                        acc = fmaf(fmaf((float)xr[ky * IH + kx], 1.0f / 255.0f, 0.0f), wc[ky * KS + kx], acc);
-                float m = relu(acc + a.w[oB1 + c]);
-                int am = q;
-                max4(m, am);
-                if (q == 0) { a.p1[win] = m; a.am1[win] = (uint8_t)am; }
+                    for (int kx = 0; kx < KS; ++kx) {
+                        float wv = wc[ky * KS + kx];
+                        const float *r = xp + ky * IH + kx;
+                        a0 = fmaf(r[0], wv, a0);
+                        a1 = fmaf(r[1], wv, a1);
+                        a2 = fmaf(r[IH], wv, a2);
+                        a3 = fmaf(r[IH + 1], wv, a3);
+                    }
+                float bb = W1s[150 + c], m = relu(a0 + bb), v;
+                int am = 0;
+                v = relu(a1 + bb); if (v > m) { m = v; am = 1; }
+                v = relu(a2 + bb); if (v > m) { m = v; am = 2; }
+                v = relu(a3 + bb); if (v > m) { m = v; am = 3; }
+                P1[tid] = m;
+                OF1[tid] = (2 * py + (am >> 1)) * IH + 2 * px + (am & 1);
+            }
+            __syncthreads();
+            MARK(3);
+            /* conv2 + relu + pool: 4 lanes a window (3 of them two input channels each), a thread the
+               window's 4 outputs */
+            {
+                int win = tid >> 2, g = tid & 3, oc = win >> 4, pw = win & 15, py = pw >> 2, px = pw & 3;
+                float c00 = 0.0f, c01 = 0.0f, c10 = 0.0f, c11 = 0.0f;
+                if (g < 3) {
+#pragma unroll
+                    for (int ii = 0; ii < 2; ++ii) {
+                        int ic = 2 * g + ii;
+                        const float *pr = P1 + ic * (Q1 * Q1) + 2 * py * Q1 + 2 * px, *wc = W2s + oc * 150 + ic * 25;
+                        float r0[6], r1[6];
+#pragma unroll
+                        for (int t = 0; t < 3; ++t) {
+                            float2 v = *(const float2 *)(pr + 2 * t);
+                            r1[2 * t] = v.x;
+                            r1[2 * t + 1] = v.y;
+                        }
+#pragma unroll
+                        for (int ky = 0; ky < KS; ++ky) {
+#pragma unroll
+                            for (int t = 0; t < 6; ++t) r0[t] = r1[t];
+#pragma unroll
+                            for (int t = 0; t < 3; ++t) {
+                                float2 v = *(const float2 *)(pr + (ky + 1) * Q1 + 2 * t);
+                                r1[2 * t] = v.x;
+                                r1[2 * t + 1] = v.y;
+                            }
+#pragma unroll
+                            for (int kx = 0; kx < KS; ++kx) {
+                                float wv = wc[ky * KS + kx];
+                                c00 = fmaf(r0[kx], wv, c00);
+                                c01 = fmaf(r0[kx + 1], wv, c01);
+                                c10 = fmaf(r1[kx], wv, c10);
+                                c11 = fmaf(r1[kx + 1], wv, c11);
+                            }
+                        }
+                    }
+                }
+                c00 = sumx(c00, 4);
+                c01 = sumx(c01, 4);
+                c10 = sumx(c10, 4);
+                c11 = sumx(c11, 4);
+                if (g == 0) {
+                    float bb = W2s[2400 + oc], m = relu(c00 + bb), v;
+                    int am = 0;
+                    v = relu(c01 + bb); if (v > m) { m = v; am = 1; }
+                    v = relu(c10 + bb); if (v > m) { m = v; am = 2; }
+                    v = relu(c11 + bb); if (v > m) { m = v; am = 3; }
+                    P2[win] = m;
+                    AM2[win] = (uint8_t)am;
+                    OF2[win] = (2 * py + (am >> 1)) * Q1 + 2 * px + (am & 1);
+                    a.p2[(size_t)b * D0 + win] = m;
+                }
+            }
+            mbar_wait(mbar, mph);
+            mph ^= 1;
+            __syncthreads();
+            MARK(4);
+            /* dense120 + relu: 8 lanes an output, lane r the float4s r, r+8, ... of k */
+            if (tid < D1 * 8) {
+                int j = tid >> 3, r = tid & 7;
+                const float4 *wr = (const float4 *)(F1s + j * D0), *xv = (const float4 *)P2;
+                float acc = 0.0f;
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    float4 wv = wr[r + 8 * t], x4 = xv[r + 8 * t];
+                    acc = fmaf(x4.x, wv.x, acc);
+                    acc = fmaf(x4.y, wv.y, acc);
+                    acc = fmaf(x4.z, wv.z, acc);
+                    acc = fmaf(x4.w, wv.w, acc);
+                }
+                acc = sumx(acc, 8);
+                if (r == 0) {
+                    float h = relu(acc + w[oG1 + j]);
+                    H1[j] = h;
+                    a.h1[(size_t)b * D1 + j] = h;
+                }
+            }
+            __syncthreads();
+            MARK(5);
+            /* dense84 + relu: 8 lanes an output */
+            if (tid < D2 * 8) {
+                int j = tid >> 3, r = tid & 7;
+                const float4 *wr = (const float4 *)(F2s + j * D1), *xv = (const float4 *)H1;
+                float acc = 0.0f;
+#pragma unroll
+                for (int t = 0; t < 4; ++t)
+                    if (r + 8 * t < D1 / 4) {
+                        float4 wv = wr[r + 8 * t], x4 = xv[r + 8 * t];
+                        acc = fmaf(x4.x, wv.x, acc);
+                        acc = fmaf(x4.y, wv.y, acc);
+                        acc = fmaf(x4.z, wv.z, acc);
+                        acc = fmaf(x4.w, wv.w, acc);
+                    }
+                acc = sumx(acc, 8);
+                if (r == 0) {
+                    float h = relu(acc + w[oG2 + j]);
+                    H2[j] = h;
+                    a.h2[(size_t)b * D2 + j] = h;
+                }
+            }
+            __syncthreads();
+            MARK(6);
+            /* dense10: a warp an output */
+            if (tid < D3 * 32) {
+                int c = tid >> 5;
+                float acc = 0.0f;
+                for (int k = lane; k < D2; k += 32) acc = fmaf(H2[k], W3s[c * D2 + k], acc);
+                acc = sumx(acc, 32);
+                if (lane == 0) Z[c] = acc + W3s[D3 * D2 + c];
+            }
+            __syncthreads();
+            MARK(7);
+            /* the loss and its gradient (the mean over the batch: 1/B a sample) */
+            if (tid < 32) {
+                int y = a.lab[bidx[b]];
+                float z = lane < D3 ? Z[lane] : -INFINITY, mx = z, e, se;
+                for (int off = 16; off; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                e = lane < D3 ? expf(z - mx) : 0.0f;
+                se = sumx(e, 32);
+                unsigned top = __ballot_sync(0xffffffffu, lane < D3 && z == mx);
+                if (lane < D3) {
+                    float d = (e / se - (lane == y ? 1.0f : 0.0f)) * rB;
+                    DZ[lane] = d;
+                    a.dz[(size_t)b * D3 + lane] = d;
+                }
+                if (lane == 0) {
+                    a.lrow[b] = logf(se) + mx - Z[y];
+                    a.crow[b] = (__ffs(top) - 1) == y;
+                }
+            }
+            __syncthreads();
+            MARK(8);
+            /* dh2 */
+            if (tid < D2) {
+                float acc = 0.0f;
+                for (int c = 0; c < D3; ++c) acc = fmaf(DZ[c], W3s[c * D2 + tid], acc);
+                acc = H2[tid] > 0.0f ? acc : 0.0f;
+                DH2[tid] = acc;
+                a.dh2[(size_t)b * D2 + tid] = acc;
+            }
+            __syncthreads();
+            MARK(9);
+            /* dh1: 8 lanes an output */
+            if (tid < D1 * 8) {
+                int j = tid >> 3, r = tid & 7;
+                float acc = 0.0f;
+                for (int i = r; i < D2; i += 8) acc = fmaf(DH2[i], F2s[i * D1 + j], acc);
+                acc = sumx(acc, 8);
+                if (r == 0) {
+                    acc = H1[j] > 0.0f ? acc : 0.0f;
+                    DH1[j] = acc;
+                    a.dh1[(size_t)b * D1 + j] = acc;
+                }
+            }
+            __syncthreads();
+            MARK(10);
+            /* the gradient of conv2's pooled output: four quarters of the sum over dense120's outputs */
+            {
+                int r = tid >> 8, k = tid & 255;
+                float acc = 0.0f;
+#pragma unroll 6
+                for (int t = 0; t < D1 / 4; ++t) acc = fmaf(DH1[r * 30 + t], F1s[(r * 30 + t) * D0 + k], acc);
+                PART[r * D0 + k] = acc;
+            }
+            __syncthreads();
+            MARK(11);
+            if (tid < D0) {
+                float s = (PART[tid] + PART[D0 + tid]) + (PART[2 * D0 + tid] + PART[3 * D0 + tid]);
+                G2[tid] = P2[tid] > 0.0f ? s : 0.0f; /* the relu' */
+            }
+            __syncthreads();
+            MARK(12);
+            /* routed through the pool's argmax into conv2's output map, with a border of 4 zeros (rows of
+               DA_ROW floats: the 8 lanes of a quarter warp below read 8 distinct bank groups) */
+            for (int e = tid; e < C2 * 256; e += NT) {
+                int oc = e >> 8, yy = (e >> 4) & 15, xx = e & 15, y = yy - 4, x = xx - 4;
+                float v = 0.0f;
+                if ((unsigned)y < O2 && (unsigned)x < O2) {
+                    int k = oc * 16 + (y >> 1) * 4 + (x >> 1);
+                    if (AM2[k] == ((y & 1) << 1 | (x & 1))) v = G2[k];
+                }
+                DA[oc * DA_OC + yy * DA_ROW + xx] = v;
+            }
+            __syncthreads();
+            MARK(13);
+            /* conv2's input gradient: a thread 4 outputs of a row for 4 of the 16 output channels (og), the
+               partial sums PT[og], then their sum with conv1's relu' (G1) */
+            if (tid < 4 * 216) {
+                int og = tid / 216, tile = tid - og * 216, ic = tile / 36, rem = tile - ic * 36, y = rem / 3;
+                int x0 = 4 * (rem - y * 3);
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int oi = 0; oi < 4; ++oi) {
+                    int oc = 4 * og + oi;
+                    const float *wc = W2s + oc * 150 + ic * 25;
+#pragma unroll
+                    for (int ky = 0; ky < KS; ++ky) {
+                        const float4 *row = (const float4 *)(DA + oc * DA_OC + (y + 4 - ky) * DA_ROW + x0);
+                        float4 u0 = row[0], u1 = row[1];
+                        float vals[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+                        for (int kx = 0; kx < KS; ++kx) {
+                            float wv = wc[ky * KS + kx];
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) acc[i] = fmaf(vals[i + 4 - kx], wv, acc[i]);
+                        }
+                    }
+                }
+                float *dst = PT + og * (C1 * Q1 * Q1) + ic * (Q1 * Q1) + y * Q1 + x0;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) dst[i] = acc[i];
+            }
+            __syncthreads();
+            if (tid < C1 * Q1 * Q1) {
+                const int n1 = C1 * Q1 * Q1;
+                float s = (PT[tid] + PT[n1 + tid]) + (PT[2 * n1 + tid] + PT[3 * n1 + tid]);
+                G1[tid] = P1[tid] > 0.0f ? s : 0.0f;
+            }
+            /* this sample's share of conv2's weight gradient: a thread a weight, its 16 windows */
+            for (int p = tid; p < NPART2; p += NT) {
+                float acc = 0.0f;
+                if (p < 2400) {
+                    int oc = p / 150, rr = p - oc * 150, ic = rr / 25, kk = rr - ic * 25, ky = kk / KS;
+                    const float *base = P1 + ic * (Q1 * Q1) + ky * Q1 + (kk - ky * KS);
+#pragma unroll
+                    for (int wi = 0; wi < 16; ++wi) acc = fmaf(G2[oc * 16 + wi], base[OF2[oc * 16 + wi]], acc);
+                } else {
+                    int oc = p - 2400;
+                    for (int wi = 0; wi < 16; ++wi) acc += G2[oc * 16 + wi];
+                }
+                a.part2[(size_t)b * NPART2 + p] = acc;
+            }
+            __syncthreads();
+            MARK(14);
+            /* this sample's share of conv1's weight gradient: 8 lanes a kernel row, each 18 windows */
+            if (tid < 36 * 8) {
+                int p = tid >> 3, r = tid & 7;
+                float acc[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                if (p < 30) {
+                    int c = p / 5, ky = p - c * 5;
+                    for (int t = 0; t < 18; ++t) {
+                        int wi = c * 144 + r + 8 * t;
+                        float gv = G1[wi];
+                        const float *pp = X + OF1[wi] + ky * IH;
+#pragma unroll
+                        for (int kx = 0; kx < KS; ++kx) acc[kx] = fmaf(gv, pp[kx], acc[kx]);
+                    }
+                } else {
+                    int c = p - 30;
+                    for (int t = 0; t < 18; ++t) acc[0] += G1[c * 144 + r + 8 * t];
+                }
+#pragma unroll
+                for (int kx = 0; kx < KS; ++kx) acc[kx] = sumx(acc[kx], 8);
+                if (r == 0) {
+                    float *dst = a.part1 + (size_t)b * NPART1;
+                    if (p < 30) {
+#pragma unroll
+                        for (int kx = 0; kx < KS; ++kx) dst[p * KS + kx] = acc[kx];
+                    } else {
+                        dst[150 + p - 30] = acc[0];
+                    }
+                }
             }
         }
         grid.sync();
         MARK(0);
 
-        /* 2: conv2 + relu + pool, a block per (sample, half of the channels) */
-        {
-            float *P = sm, *Wsm = sm + C1 * Q1 * Q1;
-            for (int it = blockIdx.x; it < Bs * 2; it += gridDim.x) {
-                int b = it >> 1, oc0 = (it & 1) * 8;
-                __syncthreads();
-                for (int j = tid; j < C1 * Q1 * Q1; j += NT) P[j] = a.p1[(size_t)b * (C1 * Q1 * Q1) + j];
-                for (int j = tid; j < 8 * 150; j += NT) Wsm[j] = a.w[oW2 + oc0 * 150 + j];
-                __syncthreads();
-                for (int i = tid; i < 8 * 64; i += NT) {
-                    int win = i >> 2, oc = win >> 4, pw = win & 15, py = pw >> 2, px = pw & 3;
-                    int oy = 2 * py + (q >> 1), ox = 2 * px + (q & 1);
-                    const float *wc = Wsm + oc * 150;
-                    float acc = 0.0f;
-                    for (int ic = 0; ic < C1; ++ic) {
-                        const float *pr = P + ic * (Q1 * Q1) + oy * Q1 + ox;
-#pragma unroll
-                        for (int ky = 0; ky < KS; ++ky)
-#pragma unroll
-                            for (int kx = 0; kx < KS; ++kx) acc = fmaf(pr[ky * Q1 + kx], wc[ic * 25 + ky * KS + kx], acc);
-                    }
-                    float m = relu(acc + a.w[oB2 + oc0 + oc]);
-                    int am = q;
-                    max4(m, am);
-                    if (q == 0) {
-                        size_t k = (size_t)b * D0 + (oc0 + oc) * 16 + pw;
-                        a.p2[k] = m;
-                        a.am2[k] = (uint8_t)am;
-                    }
-                }
+        /* ---- B: two lanes a parameter (the even and the odd samples), then its step ---- */
+        for (int i = gt; i < (2 * NP + 31) / 32 * 32; i += GT) {
+            int p = i >> 1, h = i & 1;
+            float acc = 0.0f;
+            if (p >= NP) {
+            } else if (p < oW2) {
+                for (int b = h; b < Bs; b += 2) acc += a.part1[(size_t)b * NPART1 + p];
+            } else if (p < oF1) {
+                for (int b = h; b < Bs; b += 2) acc += a.part2[(size_t)b * NPART2 + (p - oW2)];
+            } else if (p < oG1) {
+                int r = p - oF1, j = r >> 8, k = r & 255;
+#pragma unroll 16
+                for (int b = h; b < Bs; b += 2) acc = fmaf(a.dh1[(size_t)b * D1 + j], a.p2[(size_t)b * D0 + k], acc);
+            } else if (p < oF2) {
+                for (int b = h; b < Bs; b += 2) acc += a.dh1[(size_t)b * D1 + (p - oG1)];
+            } else if (p < oG2) {
+                int r = p - oF2, ii = r / D1, j = r - ii * D1;
+#pragma unroll 16
+                for (int b = h; b < Bs; b += 2) acc = fmaf(a.dh2[(size_t)b * D2 + ii], a.h1[(size_t)b * D1 + j], acc);
+            } else if (p < oF3) {
+                for (int b = h; b < Bs; b += 2) acc += a.dh2[(size_t)b * D2 + (p - oG2)];
+            } else if (p < oG3) {
+                int r = p - oF3, c = r / D2, ii = r - c * D2;
+                for (int b = h; b < Bs; b += 2) acc = fmaf(a.dz[(size_t)b * D3 + c], a.h2[(size_t)b * D2 + ii], acc);
+            } else {
+                for (int b = h; b < Bs; b += 2) acc += a.dz[(size_t)b * D3 + (p - oG3)];
             }
+            acc = acc + __shfl_xor_sync(0xffffffffu, acc, 1);
+            if (h == 0 && p < NP) {
+                a.g[p] = acc;
+                mnistcu__opt_one(o, (size_t)p, a.w, acc, a.mom);
+            }
+        }
+        if (gt == 0) {
+            double l = 0.0;
+            int k = 0;
+            for (int b = 0; b < Bs; ++b) { l += a.lrow[b]; k += a.crow[b]; }
+            a.loss[a.step0 + st] = l / Bs;
+            a.correct[a.step0 + st] = k;
         }
         grid.sync();
         MARK(1);
-
-        /* 3: dense120 + relu; 4 lanes an output, lane q the k = q mod 4 */
-        {
-            const int N = Bs * D1 * 4;
-            for (int i = gt; i < N; i += GT) {
-                int o = i >> 2, b = o / D1, j = o - b * D1;
-                const float *x = a.p2 + (size_t)b * D0, *wr = a.w + oF1 + j * D0;
-                float acc = 0.0f;
-#pragma unroll 8
-                for (int t = 0; t < D0 / 4; ++t) acc = fmaf(x[4 * t + q], wr[4 * t + q], acc);
-                acc = sum4(acc);
-                if (q == 0) a.h1[o] = relu(acc + a.w[oG1 + j]);
-            }
-        }
-        grid.sync();
-        MARK(2);
-
-        /* 4: dense84 + relu */
-        {
-            const int N = Bs * D2 * 4, NU = (N + 31) & ~31;
-            for (int i = gt; i < NU; i += GT) {
-                int o = i >> 2, b = o / D2, j = o - b * D2;
-                float acc = 0.0f;
-                if (i < N) {
-                    const float *x = a.h1 + (size_t)b * D1, *wr = a.w + oF2 + j * D1;
-#pragma unroll 6
-                    for (int t = 0; t < D1 / 4; ++t) acc = fmaf(x[4 * t + q], wr[4 * t + q], acc);
-                }
-                acc = sum4(acc);
-                if (q == 0 && i < N) a.h2[o] = relu(acc + a.w[oG2 + j]);
-            }
-        }
-        grid.sync();
-        MARK(3);
-
-        /* 5: dense10 and the loss in every block; then dh2 and dense10's gradient, shared out */
-        {
-            float *H = sm, *W3 = H + BMAX * D2, *z = W3 + D3 * D2, *dz = z + BMAX * D3, *lrow = dz + BMAX * D3;
-            int *crow = (int *)(lrow + BMAX);
-            for (int j = tid; j < Bs * D2; j += NT) H[j] = a.h2[j];
-            for (int j = tid; j < D3 * D2; j += NT) W3[j] = a.w[oF3 + j];
-            __syncthreads();
-            for (int o = tid; o < Bs * D3; o += NT) {
-                int b = o / D3, c = o - b * D3;
-                float acc = 0.0f;
-                for (int j = 0; j < D2; ++j) acc = fmaf(H[b * D2 + j], W3[c * D2 + j], acc);
-                z[o] = acc + a.w[oG3 + c];
-            }
-            __syncthreads();
-            if (tid < Bs) {
-                const float *zr = z + tid * D3;
-                int y = a.lab[bidx[tid]], pred = 0;
-                float mx = zr[0], se = 0.0f;
-                for (int c = 1; c < D3; ++c)
-                    if (zr[c] > mx) { mx = zr[c]; pred = c; }
-                for (int c = 0; c < D3; ++c) se += expf(zr[c] - mx);
-                lrow[tid] = logf(se) + mx - zr[y];
-                crow[tid] = pred == y;
-                for (int c = 0; c < D3; ++c) dz[tid * D3 + c] = (expf(zr[c] - mx) / se - (c == y ? 1.0f : 0.0f)) * rB;
-            }
-            __syncthreads();
-            if (blockIdx.x == 0 && tid == 0) {
-                double l = 0.0;
-                int k = 0;
-                for (int b = 0; b < Bs; ++b) { l += lrow[b]; k += crow[b]; }
-                a.loss[a.step0 + st] = l / Bs;
-                a.correct[a.step0 + st] = k;
-            }
-            const int N1 = Bs * D2, N2 = N1 + D3 * D2, N3 = N2 + D3;
-            for (int i = gt; i < N3; i += GT) {
-                if (i < N1) {
-                    int b = i / D2, j = i - b * D2;
-                    float acc = 0.0f;
-                    for (int c = 0; c < D3; ++c) acc = fmaf(dz[b * D3 + c], W3[c * D2 + j], acc);
-                    a.dh2[i] = H[i] > 0.0f ? acc : 0.0f;
-                } else if (i < N2) {
-                    int r = i - N1, c = r / D2, j = r - c * D2;
-                    float acc = 0.0f;
-                    for (int b = 0; b < Bs; ++b) acc = fmaf(dz[b * D3 + c], H[b * D2 + j], acc);
-                    a.g[oF3 + r] = acc;
-                } else {
-                    int c = i - N2;
-                    float acc = 0.0f;
-                    for (int b = 0; b < Bs; ++b) acc += dz[b * D3 + c];
-                    a.g[oG3 + c] = acc;
-                }
-            }
-        }
-        grid.sync();
-        MARK(4);
-
-        /* 6: dh1 (4 lanes an output) and dense84's gradient */
-        {
-            const int N1 = Bs * D1 * 4, N2 = N1 + D2 * D1, N3 = N2 + D2, NU = (N3 + 31) & ~31;
-            for (int i = gt; i < NU; i += GT) {
-                if (i < N1) { /* N1 is a multiple of 32: whole warps */
-                    int o = i >> 2, b = o / D1, j = o - b * D1;
-                    const float *d = a.dh2 + (size_t)b * D2, *wc = a.w + oF2 + j;
-                    float acc = 0.0f;
-#pragma unroll 7
-                    for (int t = 0; t < D2 / 4; ++t) acc = fmaf(d[4 * t + q], wc[(4 * t + q) * D1], acc);
-                    acc = sum4(acc);
-                    if (q == 0) a.dh1[o] = a.h1[o] > 0.0f ? acc : 0.0f;
-                } else if (i < N2) {
-                    int r = i - N1, k = r / D1, j = r - k * D1;
-                    float acc = 0.0f;
-                    for (int b = 0; b < Bs; ++b) acc = fmaf(a.dh2[b * D2 + k], a.h1[b * D1 + j], acc);
-                    a.g[oF2 + r] = acc;
-                } else if (i < N3) {
-                    int k = i - N2;
-                    float acc = 0.0f;
-                    for (int b = 0; b < Bs; ++b) acc += a.dh2[b * D2 + k];
-                    a.g[oG2 + k] = acc;
-                }
-            }
-        }
-        grid.sync();
-        MARK(5);
-
-        /* 7: conv2's pooled output gradient (routed: zero where the pool's output is zero, the relu'),
-           and dense120's gradient */
-        {
-            const int N1 = Bs * D0 * 4, N2 = N1 + D1 * D0, N3 = N2 + D1;
-            for (int i = gt; i < N3; i += GT) {
-                if (i < N1) {
-                    int o = i >> 2, b = o / D0, k = o - b * D0;
-                    const float *d = a.dh1 + (size_t)b * D1, *wc = a.w + oF1 + k;
-                    float acc = 0.0f;
-#pragma unroll 6
-                    for (int t = 0; t < D1 / 4; ++t) acc = fmaf(d[4 * t + q], wc[(4 * t + q) * D0], acc);
-                    acc = sum4(acc);
-                    if (q == 0) a.g2[o] = a.p2[o] > 0.0f ? acc : 0.0f;
-                } else if (i < N2) {
-                    int r = i - N1, j = r / D0, k = r - j * D0;
-                    float acc = 0.0f;
-                    for (int b = 0; b < Bs; ++b) acc = fmaf(a.dh1[b * D1 + j], a.p2[b * D0 + k], acc);
-                    a.g[oF1 + r] = acc;
-                } else {
-                    int j = i - N2;
-                    float acc = 0.0f;
-                    for (int b = 0; b < Bs; ++b) acc += a.dh1[b * D1 + j];
-                    a.g[oG1 + j] = acc;
-                }
-            }
-        }
-        grid.sync();
-        MARK(6);
-
-        /* 8: conv2's input gradient routed to conv1's pooled map (items b*6+ic), conv2's weight
-           gradient in S2 slices of the batch (items after them: slice*16+oc); the dense layers' step */
-        {
-            const int NA = Bs * C1, NB = S2 * C2;
-            for (int it = blockIdx.x; it < NA + NB; it += gridDim.x) {
-                __syncthreads();
-                if (it < NA) {
-                    int b = it / C1, ic = it - b * C1;
-                    float *G = sm, *W = sm + D0;
-                    uint8_t *AM = (uint8_t *)(W + C2 * 25);
-                    for (int j = tid; j < D0; j += NT) { G[j] = a.g2[(size_t)b * D0 + j]; AM[j] = a.am2[(size_t)b * D0 + j]; }
-                    for (int j = tid; j < C2 * 25; j += NT) {
-                        int oc = j / 25, kk = j - oc * 25;
-                        W[j] = a.w[oW2 + oc * 150 + ic * 25 + kk];
-                    }
-                    __syncthreads();
-                    if (tid < Q1 * Q1) {
-                        int y = tid / Q1, x = tid - y * Q1;
-                        int py0 = y >= 4 ? (y - 4) >> 1 : 0, py1 = min(Q2 - 1, y >> 1);
-                        int px0 = x >= 4 ? (x - 4) >> 1 : 0, px1 = min(Q2 - 1, x >> 1);
-                        float acc = 0.0f;
-                        for (int oc = 0; oc < C2; ++oc)
-                            for (int py = py0; py <= py1; ++py)
-                                for (int px = px0; px <= px1; ++px) {
-                                    int k = oc * 16 + py * 4 + px, m = AM[k];
-                                    int ky = y - (2 * py + (m >> 1)), kx = x - (2 * px + (m & 1));
-                                    if ((unsigned)ky < KS && (unsigned)kx < KS) acc = fmaf(G[k], W[oc * 25 + ky * KS + kx], acc);
-                                }
-                        size_t k1 = (size_t)b * (C1 * Q1 * Q1) + ic * (Q1 * Q1) + tid;
-                        a.g1[k1] = a.p1[k1] > 0.0f ? acc : 0.0f;
-                    }
-                } else {
-                    int r = it - NA, sl = r / C2, oc = r - sl * C2;
-                    int b0 = sl * BMAX / S2, b1 = min(Bs, (sl + 1) * BMAX / S2), nb = b1 > b0 ? b1 - b0 : 0;
-                    float *P = sm, *G = sm + (BMAX / S2) * (C1 * Q1 * Q1);
-                    uint8_t *AM = (uint8_t *)(G + (BMAX / S2) * 16);
-                    for (int j = tid; j < nb * (C1 * Q1 * Q1); j += NT) P[j] = a.p1[(size_t)b0 * (C1 * Q1 * Q1) + j];
-                    for (int j = tid; j < nb * 16; j += NT) {
-                        int bl = j >> 4, w = j & 15;
-                        G[j] = a.g2[(size_t)(b0 + bl) * D0 + oc * 16 + w];
-                        AM[j] = a.am2[(size_t)(b0 + bl) * D0 + oc * 16 + w];
-                    }
-                    __syncthreads();
-                    if (tid < 150) {
-                        int ic = tid / 25, kk = tid - ic * 25, ky = kk / KS, kx = kk - ky * KS;
-                        float acc = 0.0f;
-                        for (int bl = 0; bl < nb; ++bl)
-                            for (int w = 0; w < 16; ++w) {
-                                int m = AM[bl * 16 + w];
-                                int oy = 2 * (w >> 2) + (m >> 1), ox = 2 * (w & 3) + (m & 1);
-                                acc = fmaf(G[bl * 16 + w], P[bl * (C1 * Q1 * Q1) + ic * (Q1 * Q1) + (oy + ky) * Q1 + ox + kx], acc);
-                            }
-                        a.part2[sl * NPART2 + oc * 151 + tid] = acc;
-                    } else if (tid == 150) {
-                        float acc = 0.0f;
-                        for (int j = 0; j < nb * 16; ++j) acc += G[j];
-                        a.part2[sl * NPART2 + oc * 151 + 150] = acc;
-                    }
-                }
-            }
-            opt_range(a, o, oF1, NP, gt, GT);
-        }
-        grid.sync();
-        MARK(7);
-
-        /* 9: conv1's weight gradient, a partial a (sample, half of the pooled map); conv2's sums and step */
-        {
-            const int NA = Bs * 2;
-            for (int it = blockIdx.x; it < NA; it += gridDim.x) {
-                int b = it >> 1, h = it & 1;
-                float *X = sm, *G = sm + IH * IH;
-                uint8_t *AM = (uint8_t *)(G + C1 * 72);
-                __syncthreads();
-                const uint8_t *xr = a.u8 + (size_t)bidx[b] * (IH * IH);
-                for (int j = tid; j < IH * IH; j += NT) X[j] = fmaf((float)xr[j], 1.0f / 255.0f, 0.0f);
-                for (int j = tid; j < C1 * 72; j += NT) {
-                    int c = j / 72, w = j - c * 72;
-                    size_t k = (size_t)b * (C1 * Q1 * Q1) + c * (Q1 * Q1) + h * 72 + w;
-                    G[j] = a.g1[k];
-                    AM[j] = a.am1[k];
-                }
-                __syncthreads();
-                if (tid < 150) {
-                    int c = tid / 25, kk = tid - c * 25, ky = kk / KS, kx = kk - ky * KS;
-                    float acc = 0.0f;
-                    for (int w = 0; w < 72; ++w) {
-                        int m = AM[c * 72 + w], pw = h * 72 + w;
-                        int oy = 2 * (pw / Q1) + (m >> 1), ox = 2 * (pw % Q1) + (m & 1);
-                        acc = fmaf(G[c * 72 + w], X[(oy + ky) * IH + ox + kx], acc);
-                    }
-                    a.part1[it * NPART1 + c * 26 + kk] = acc;
-                } else if (tid < 156) {
-                    int c = tid - 150;
-                    float acc = 0.0f;
-                    for (int w = 0; w < 72; ++w) acc += G[c * 72 + w];
-                    a.part1[it * NPART1 + c * 26 + 25] = acc;
-                }
-            }
-            for (int i = gt; i < NPART2; i += GT) {
-                float acc = 0.0f;
-                for (int sl = 0; sl < S2; ++sl) acc += a.part2[sl * NPART2 + i];
-                int oc = i / 151, r = i - oc * 151;
-                int p = r < 150 ? oW2 + oc * 150 + r : oB2 + oc;
-                mnistcu__opt_one(o, (size_t)p, a.w, acc, a.mom);
-                a.g[p] = acc;
-            }
-        }
-        grid.sync();
-        MARK(8);
-
-        /* 10: conv1's sums and step */
-        for (int i = gt; i < NPART1; i += GT) {
-            float acc = 0.0f;
-            for (int it = 0; it < Bs * 2; ++it) acc += a.part1[it * NPART1 + i];
-            int c = i / 26, r = i - c * 26;
-            int p = r < 25 ? oW1 + c * 25 + r : oB1 + c;
-            mnistcu__opt_one(o, (size_t)p, a.w, acc, a.mom);
-            a.g[p] = acc;
-        }
-        grid.sync();
-        MARK(9);
     }
 }
 
@@ -439,15 +520,8 @@ __global__ void __launch_bounds__(NT, 2) k_lenet(LA a)
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 #define MK(x) do { if ((x) != MNISTCU_OK) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, mnistcu_ctx_error(ctx)); exit(1); } } while (0)
 
-static size_t smem_bytes(void)
-{
-    size_t s2 = (C1 * Q1 * Q1 + 8 * 150) * 4;
-    size_t s5 = (BMAX * D2 + D3 * D2 + 2 * BMAX * D3 + BMAX) * 4 + BMAX * 4;
-    size_t s8a = (D0 + C2 * 25) * 4 + D0;
-    size_t s8b = ((BMAX / S2) * (C1 * Q1 * Q1) + (BMAX / S2) * 16) * 4 + (BMAX / S2) * 16;
-    size_t s9 = (IH * IH + C1 * 72) * 4 + C1 * 72;
-    return std::max(std::max(std::max(s2, s5), std::max(s8a, s8b)), s9) + 16;
-}
+static size_t smem_bytes(void) { return (size_t)sEND * 4; }
+static_assert(sPT + 4 * 864 <= sF2, "DA and PT fit in F1's place");
 
 int main(int argc, char **argv)
 {
@@ -496,10 +570,11 @@ int main(int argc, char **argv)
     od.momentum = 0.9f;
 
     /* device buffers */
-    uint8_t *d_u8, *d_am1, *d_am2;
+    uint8_t *d_u8;
     int32_t *d_lab;
     uint32_t *d_idx;
-    float *d_w, *d_g, *d_mom, *d_p1, *d_p2, *d_h1, *d_h2, *d_dh2, *d_dh1, *d_g2, *d_g1, *d_part2, *d_part1;
+    float *d_w, *d_g, *d_mom, *d_p2, *d_h1, *d_h2, *d_dz, *d_dh2, *d_dh1, *d_part2, *d_part1, *d_lrow;
+    int *d_crow;
     double *d_loss;
     int *d_corr;
     long long *d_ph;
@@ -512,22 +587,20 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&d_w, NP * 4));
     CK(cudaMalloc(&d_g, NP * 4));
     CK(cudaMalloc(&d_mom, NP * 4));
-    CK(cudaMalloc(&d_p1, BMAX * C1 * Q1 * Q1 * 4));
-    CK(cudaMalloc(&d_am1, BMAX * C1 * Q1 * Q1));
     CK(cudaMalloc(&d_p2, BMAX * D0 * 4));
-    CK(cudaMalloc(&d_am2, BMAX * D0));
     CK(cudaMalloc(&d_h1, BMAX * D1 * 4));
     CK(cudaMalloc(&d_h2, BMAX * D2 * 4));
+    CK(cudaMalloc(&d_dz, BMAX * D3 * 4));
     CK(cudaMalloc(&d_dh2, BMAX * D2 * 4));
     CK(cudaMalloc(&d_dh1, BMAX * D1 * 4));
-    CK(cudaMalloc(&d_g2, BMAX * D0 * 4));
-    CK(cudaMalloc(&d_g1, BMAX * C1 * Q1 * Q1 * 4));
-    CK(cudaMalloc(&d_part2, S2 * NPART2 * 4));
-    CK(cudaMalloc(&d_part1, 2 * BMAX * NPART1 * 4));
+    CK(cudaMalloc(&d_part2, BMAX * NPART2 * 4));
+    CK(cudaMalloc(&d_part1, BMAX * NPART1 * 4));
+    CK(cudaMalloc(&d_lrow, BMAX * 4));
+    CK(cudaMalloc(&d_crow, BMAX * 4));
     CK(cudaMalloc(&d_loss, maxsteps * 8));
     CK(cudaMalloc(&d_corr, maxsteps * 4));
-    CK(cudaMalloc(&d_ph, 16 * 8));
-    CK(cudaMemset(d_ph, 0, 16 * 8));
+    CK(cudaMalloc(&d_ph, 32 * 8));
+    CK(cudaMemset(d_ph, 0, 32 * 8));
 
     size_t smem = smem_bytes();
     int dev = 0, sms = 0, per = 0;
@@ -535,7 +608,7 @@ int main(int argc, char **argv)
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CK(cudaFuncSetAttribute(k_lenet, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_lenet, NT, smem));
-    int G = sms * std::min(per, 2);
+    int G = sms * std::min(per, 1);
     if (want_blocks > 0 && want_blocks <= sms * per) G = want_blocks;
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, k_lenet));
@@ -546,8 +619,8 @@ int main(int argc, char **argv)
     memset(&a, 0, sizeof a);
     a.u8 = d_u8; a.lab = d_lab; a.idx = d_idx; a.n = n;
     a.w = d_w; a.g = d_g; a.mom = d_mom;
-    a.p1 = d_p1; a.p2 = d_p2; a.h1 = d_h1; a.h2 = d_h2; a.dh2 = d_dh2; a.dh1 = d_dh1; a.g2 = d_g2; a.g1 = d_g1;
-    a.part2 = d_part2; a.part1 = d_part1; a.am1 = d_am1; a.am2 = d_am2;
+    a.p2 = d_p2; a.h1 = d_h1; a.h2 = d_h2; a.dz = d_dz; a.dh2 = d_dh2; a.dh1 = d_dh1;
+    a.part2 = d_part2; a.part1 = d_part1; a.lrow = d_lrow; a.crow = d_crow;
     a.loss = d_loss; a.correct = d_corr; a.ph = d_ph;
     mnistcu__opt_make(&od, 1, NP, &a.o_first);
     mnistcu__opt_make(&od, 2, NP, &a.o_next);
@@ -635,7 +708,7 @@ int main(int argc, char **argv)
     CK(cudaEventCreate(&e1));
     for (int e = 0; e <= epochs; ++e) {
         if (e) shuffle();
-        CK(cudaMemset(d_ph, 0, 16 * 8));
+        CK(cudaMemset(d_ph, 0, 32 * 8));
         CK(cudaEventRecord(e0));
         launch(0, maxsteps, e == 0);
         CK(cudaEventRecord(e1));
@@ -649,12 +722,12 @@ int main(int argc, char **argv)
                e ? "" : " (warm-up)");
         if (e) ms.push_back(t);
 #ifdef PHASES
-        long long ph[16];
+        long long ph[32];
         CK(cudaMemcpy(ph, d_ph, sizeof ph, cudaMemcpyDeviceToHost));
         int clk = 0;
         CK(cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, dev));
         printf("  phases (us a step, block 0's clock incl. its barrier):");
-        for (int k = 0; k < 10; ++k) printf(" %d:%.2f", k + 1, (double)ph[k] / (clk * 1e-3) / maxsteps);
+        for (int k = 0; k < 16; ++k) printf(" %d:%.2f", k, (double)ph[k] / (clk * 1e-3) / maxsteps);
         printf("\n");
 #endif
     }
