@@ -885,6 +885,15 @@ typedef struct mnistcu_train_desc {
                                             product where that is our kernel (with cuBLAS: where it also
                                             sums the bias gradient; see >>cuda_update; the same bits, one
                                             pass over the weights fewer); 1: in the optimizer's pass */
+    int fused_cnn;                       /* 1: on the GPU (compute capability 9.0 or later, 216 KB of shared
+                                            memory a block), FP32, the own kernels, LeNet-5's shape (the
+                                            "lenet5" preset: any optimizer and schedule without l2 or
+                                            clipping, a loss against class labels, batches of at most 64,
+                                            a resident dataset, no augmentation) trains in one persistent
+                                            kernel (see >>cuda_fused_lenet): about 3x faster. Its sums run
+                                            in other orders than the step by step path's, so its weights
+                                            agree with that path's to rounding, not bit for bit (the same
+                                            bits on every run of its own); 0: off */
 } mnistcu_train_desc;
 
 typedef struct mnistcu_train_result {
@@ -903,6 +912,7 @@ typedef struct mnistcu_train_result {
     size_t fused_steps;          /* of steps, those the fused MLP kernel ran (see no_fused) */
     size_t graph_steps;          /* of steps, those replayed from a captured CUDA graph (see no_graph) */
     size_t head_steps;           /* of steps, those whose last layer and loss ran in the head (see no_head) */
+    size_t fused_cnn_steps;      /* of fused_steps, those the fused LeNet-5 kernel ran (see fused_cnn) */
     size_t fused_update_steps;   /* of steps, those whose optimizer step was taken, in part, in the weight
                                     gradients' products (see no_fused_update) */
 } mnistcu_train_result;
@@ -4205,8 +4215,9 @@ typedef struct mnistcu__cuda_model {
     int slot_used[MNISTCU__STREAM_SLOTS];
     size_t step_counter;
     void *prep;               /* l2 and clipping: per-block sums of squares (double), then the factor (float) */
-    mnistcu__opt *fused_opt;  /* [fused_cap] the fused MLP kernel's per-step optimizer scalars */
+    mnistcu__opt *fused_opt;  /* [fused_cap] the fused kernels' per-step optimizer scalars */
     size_t fused_cap;
+    float *lenet;             /* the fused LeNet-5 kernel's rows a sample (mnistcu__lenet_floats), made on first use */
     /* the training step as a CUDA graph (see >>cuda_graph) */
     mnistcu__dyn *dyn;        /* [dyn_cap] a chunk's per-step values, then the current step's, then the cursor */
     size_t dyn_cap;
@@ -11291,12 +11302,13 @@ static mnistcu_result mnistcu__cuda_read_stats(mnistcu_model *m, size_t from, si
 static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
 typedef struct mnistcu__fused_plan {
     int ok;
+    int lenet;               /* 1: the fused LeNet-5 kernel (mnistcu_train_desc.fused_cnn), 0: the MLP kernel */
     int grid, nu_max, per_max, slots, prefetch;
     size_t smem;
     const mnistcu__layer *L1, *L2;
 } mnistcu__fused_plan;
 static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds, size_t B, size_t n,
-                                     const mnistcu_optim_desc *o, int aug_on, mnistcu__fused_plan *pl);
+                                     const mnistcu_optim_desc *o, int aug_on, int cnn, mnistcu__fused_plan *pl);
 static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_dataset *ds,
                                                 const mnistcu__fused_plan *pl, const mnistcu__opt *ops, size_t B,
                                                 size_t n, size_t step0, size_t nsteps);
@@ -12665,7 +12677,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
 #ifdef __CUDACC__
         memset(&fused, 0, sizeof fused);
         if (!d.no_fused && m->device == MNISTCU_DEVICE_CUDA)
-            mnistcu__fused_plan_make(m, train, B, n, &o, aug.on, &fused);
+            mnistcu__fused_plan_make(m, train, B, n, &o, aug.on, d.fused_cnn, &fused);
         if (d.no_graph || !mnistcu__cuda_graph_usable(m)) graph_off = 1;
 #endif
         for (step = resumed ? start_step : 0; step < steps && !stop; ++step) {
@@ -12680,6 +12692,7 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                 seen += (end - 1 - step) * B; /* full batches: only an epoch's last may be partial */
                 res.steps += end - 1 - step;
                 res.fused_steps += end - step;
+                if (fused.lenet) res.fused_cnn_steps += end - step;
                 step = end - 1;
                 b = MNISTCU__MIN(B, n - step * B);
             } else if (!graph_off) { /* every step up to the next report, each one graph launch */
@@ -14571,6 +14584,7 @@ static void mnistcu__cuda_model_free(mnistcu_model *m)
         mnistcu__cuda_free(ctx, cm->stats);
         mnistcu__cuda_free(ctx, cm->prep);
         mnistcu__cuda_free(ctx, cm->fused_opt);
+        mnistcu__cuda_free(ctx, cm->lenet);
         mnistcu__cuda_graphs_reset(m);
         mnistcu__cuda_free(ctx, cm->dyn);
         if (cm->host_stats) cudaFreeHost(cm->host_stats);
@@ -15959,13 +15973,773 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
 #endif
 }
 
+/* ---- the fused LeNet-5 step: a block a sample, then a thread a parameter ----------
+   With mnistcu_train_desc.fused_cnn, LeNet-5's shape (1x28x28 conv5x5x6 relu
+   maxpool2 conv5x5x16 relu maxpool2 flatten dense120 relu dense84 relu
+   dense10) trains in one cooperative kernel of one block of 1024 threads a
+   multiprocessor, the steps up to the next report in one launch. The step by
+   step path launches about 23 kernels a step, each a few microseconds of ramp
+   and latency for a few microseconds of work; the arithmetic of a step is 108
+   MFLOP. Here a step is two phases with a grid-wide barrier after each:
+     A  a block a sample. Everything of one sample, forward and backward,
+        depends on that sample alone but the weight gradients (sums over the
+        batch): so its forward pass and its backward pass through every layer
+        run in the block's shared memory, block barriers between the layers.
+        The dense layers' weights (163 KB) arrive in bulk copies (the tensor
+        memory accelerator) while the convolutions run. The block leaves in
+        global memory what the dense weight gradients need (the layers' inputs
+        and output gradients, a row a sample) and its sample's share of the
+        convolutions' weight gradients.
+     B  8 lanes a group of 4 parameters, lane l the samples l, l + 8, ...: the
+        gradients, sums over the batch, and their optimizer steps.
+   The max pools route by the first maximum of each window, the relus' gradient
+   is taken where the output is above zero, as the step by step path does.
+   Every sum is in a fixed order and nothing uses atomics: the same bits on
+   every run. The orders are not the step by step path's, so the weights agree
+   with it to rounding, not bit for bit; hence opt-in. Measured on an H100 (P4,
+   bench/RESULTS.md): 33.3 ms an epoch against 92.0 step by step; where the
+   time goes, phase by phase: bench/fused_phases.cu. bench/lenet_fused.cu is
+   the design's first form as a standalone program. */
+enum { MNISTCU__LN_IH = 28, MNISTCU__LN_K = 5, MNISTCU__LN_C1 = 6, MNISTCU__LN_Q1 = 12, MNISTCU__LN_C2 = 16,
+       MNISTCU__LN_O2 = 8, MNISTCU__LN_Q2 = 4, MNISTCU__LN_D0 = 256, MNISTCU__LN_D1 = 120, MNISTCU__LN_D2 = 84,
+       MNISTCU__LN_D3 = 10, MNISTCU__LN_B = 64, MNISTCU__LN_T = 1024 };
+/* the parameter arena: conv1 weight, bias, conv2 weight, bias, then the dense layers' */
+enum { MNISTCU__LN_W1 = 0, MNISTCU__LN_B1 = 150, MNISTCU__LN_W2 = 156, MNISTCU__LN_B2 = 2556,
+       MNISTCU__LN_F1 = 2572, MNISTCU__LN_G1 = 33292, MNISTCU__LN_F2 = 33412, MNISTCU__LN_G2 = 43492,
+       MNISTCU__LN_F3 = 43576, MNISTCU__LN_G3 = 44416, MNISTCU__LN_NP = 44426,
+       MNISTCU__LN_P1 = 156, MNISTCU__LN_P2 = 2416 /* conv1's and conv2's parameters */ };
+/* shared memory, in floats, each part 16-byte aligned: the dense weights F1, F2, then the rest */
+enum { MNISTCU__LS_F1 = 0, MNISTCU__LS_F2 = 30720, MNISTCU__LS_W2 = 40800, MNISTCU__LS_W3 = 43216,
+       MNISTCU__LS_W1 = 44068, MNISTCU__LS_X = 44224, MNISTCU__LS_OF1 = 45872,
+       MNISTCU__LS_P2 = 46736, MNISTCU__LS_OF2 = 46992, MNISTCU__LS_AM2 = 47248, MNISTCU__LS_H1 = 47312,
+       MNISTCU__LS_H2 = 47432, MNISTCU__LS_Z = 47516, MNISTCU__LS_DZ = 47532, MNISTCU__LS_DH2 = 47548,
+       MNISTCU__LS_DH1 = 47632, MNISTCU__LS_G2 = 47752, MNISTCU__LS_G1 = 48008, MNISTCU__LS_PART = 48872,
+       MNISTCU__LS_MB = 49896, MNISTCU__LS_P1X = 49900, MNISTCU__LS_OPT = 49900 + 6 * 152,
+       MNISTCU__LS_END = MNISTCU__LS_OPT + 32 /* the step's optimizer scalars */ };
+typedef char mnistcu__ln_opt_fits[sizeof(mnistcu__opt) <= 32 * sizeof(float) ? 1 : -1];
+/* conv1's pooled maps P1 [6][12 x 12] lie at LS_P1X in planes of 152 floats: conv2's two-channel lanes
+   (ic 2g, 2g + 1) then read distinct banks (2 * 152 = 16 mod 32) */
+enum { MNISTCU__LN_PS = 152 };
+/* after the gradient of conv2's pooled output, F1's place is free for the step: conv2's output gradient
+   with a border of 4 zeros, rows of 44 floats (the 8 lanes of a quarter warp read 8 distinct bank
+   groups), then 4 partial sums of conv2's input gradient */
+enum { MNISTCU__LS_DA = 0, MNISTCU__LN_DAOC = 704, MNISTCU__LN_DAROW = 44, MNISTCU__LS_PT = 16 * 704 };
+/* rows a sample in global memory, in floats (at most MNISTCU__LN_B samples) */
+enum { MNISTCU__LR_P2 = 0, MNISTCU__LR_H1 = 64 * 256, MNISTCU__LR_H2 = 64 * 376, MNISTCU__LR_DZ = 64 * 460,
+       MNISTCU__LR_DH2 = 64 * 470, MNISTCU__LR_DH1 = 64 * 554, MNISTCU__LR_PART2 = 64 * 674,
+       MNISTCU__LR_PART1 = 64 * 3090, MNISTCU__LR_LOSS = 64 * 3246, MNISTCU__LR_OK = 64 * 3247,
+       MNISTCU__LR_END = 64 * 3248 };
+static size_t mnistcu__lenet_floats(void) { return (size_t)MNISTCU__LR_END; }
+
+typedef struct mnistcu__lenet_args {
+    const uint8_t *u8;   /* the dataset on the device: u8 or f32 [count][784] */
+    const float *f32;
+    const int32_t *labels;
+    const uint32_t *idx; /* the epoch's sample order */
+    size_t n, step0;     /* samples in the epoch; the chunk's first step */
+    int nsteps, B;       /* steps in the chunk; batch size (the last batch may be smaller) */
+    float scale, shift;  /* normalisation */
+    float *params, *grads, *state;
+    const mnistcu__opt *opt; /* [nsteps] each step's optimizer scalars */
+    mnistcu__lossp lp;
+    double *stats;       /* [2][stats_cap]: per step loss sums, then correct counts */
+    size_t stats_cap;
+    float *rows;         /* mnistcu__lenet_floats() */
+    int slots;           /* optimizer state slots (at most 3) */
+} mnistcu__lenet_args;
+
+/* bench/fused_phases.cu defines MNISTCU_FUSED_PROFILE: thread 0 of block 0 then sums the clock cycles
+   from one mark to the next (slot 31 holds the last mark). */
+#ifdef MNISTCU_FUSED_PROFILE
+__device__ long long mnistcu__lenet_prof[32];
+#define MNISTCU__LPROF(i)                                                 \
+    do {                                                                  \
+        if (blockIdx.x == 0 && threadIdx.x == 0) {                        \
+            long long c_ = clock64();                                     \
+            mnistcu__lenet_prof[i] += c_ - mnistcu__lenet_prof[31];       \
+            mnistcu__lenet_prof[31] = c_;                                 \
+        }                                                                 \
+    } while (0)
+#else
+#define MNISTCU__LPROF(i) ((void)0)
+#endif
+
+static __device__ __forceinline__ float mnistcu__ln_relu(float v) { return v > 0.0f ? v : 0.0f; }
+/* sums over groups of 2^k lanes, the same bits in each lane of a group */
+static __device__ __forceinline__ float mnistcu__ln_sum(float v, int lanes)
+{
+    int off;
+    for (off = 1; off < lanes; off <<= 1) v = v + __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+/* the first maximum of a 2x2 window's four values (row-major) and its position */
+static __device__ __forceinline__ float mnistcu__ln_max4(float a0, float a1, float a2, float a3, int *am)
+{
+    float m = a0;
+    *am = 0;
+    if (a1 > m) { m = a1; *am = 1; }
+    if (a2 > m) { m = a2; *am = 2; }
+    if (a3 > m) { m = a3; *am = 3; }
+    return m;
+}
+
+/* The dense layers' weights into shared memory: bulk copies completing on an mbarrier where the
+   tensor memory accelerator is (sm_90), each block starting at another chunk; elsewhere a plain copy. */
+static __device__ void mnistcu__ln_dense_begin(float *sm, const float *w, unsigned mbar, int b)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+        int c, k;
+        const unsigned s = (unsigned)__cvta_generic_to_shared(sm);
+        asm volatile("fence.proxy.async;\n" ::: "memory"); /* after the generic writes to F1's place */
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar),
+                     "r"((unsigned)((MNISTCU__LN_D1 * MNISTCU__LN_D0 + MNISTCU__LN_D2 * MNISTCU__LN_D1) * 4))
+                     : "memory");
+        for (c = 0; c < 12; ++c) {
+            unsigned dst, bytes;
+            const float *src;
+            if (c < 8) { /* F1 in 8 chunks */
+                k = (c + b) & 7;
+                bytes = MNISTCU__LN_D1 * MNISTCU__LN_D0 / 8 * 4;
+                dst = s + (unsigned)(MNISTCU__LS_F1 * 4) + (unsigned)k * bytes;
+                src = w + MNISTCU__LN_F1 + k * (MNISTCU__LN_D1 * MNISTCU__LN_D0 / 8);
+            } else { /* F2 in 4 */
+                k = (c - 8 + b) & 3;
+                bytes = MNISTCU__LN_D2 * MNISTCU__LN_D1 / 4 * 4;
+                dst = s + (unsigned)(MNISTCU__LS_F2 * 4) + (unsigned)k * bytes;
+                src = w + MNISTCU__LN_F2 + k * (MNISTCU__LN_D2 * MNISTCU__LN_D1 / 4);
+            }
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                             dst),
+                         "l"(src), "r"(bytes), "r"(mbar)
+                         : "memory");
+        }
+    }
+#else
+    int j;
+    (void)mbar;
+    (void)b;
+    for (j = (int)threadIdx.x; j < MNISTCU__LN_D1 * MNISTCU__LN_D0 / 4; j += MNISTCU__LN_T)
+        ((float4 *)(sm + MNISTCU__LS_F1))[j] = ((const float4 *)(w + MNISTCU__LN_F1))[j];
+    for (j = (int)threadIdx.x; j < MNISTCU__LN_D2 * MNISTCU__LN_D1 / 4; j += MNISTCU__LN_T)
+        ((float4 *)(sm + MNISTCU__LS_F2))[j] = ((const float4 *)(w + MNISTCU__LN_F2))[j];
+#endif
+}
+/* waits for them (the caller's block barrier follows) */
+static __device__ void mnistcu__ln_dense_end(unsigned mbar, unsigned *phase)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned ok = 0;
+    while (!ok)
+        asm volatile("{\n .reg .pred P;\n mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n selp.b32 %0, 1, 0, P;\n}\n"
+                     : "=r"(ok)
+                     : "r"(mbar), "r"(*phase)
+                     : "memory");
+    *phase ^= 1u;
+#else
+    (void)mbar;
+    (void)phase;
+#endif
+}
+
+/* Phase A for sample b of the batch, in block-shared memory sm. */
+static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *sm, int b, int bsz, size_t s0,
+                                          unsigned mbar, unsigned *mph)
+{
+    enum { IH = MNISTCU__LN_IH, KS = MNISTCU__LN_K, C1 = MNISTCU__LN_C1, Q1 = MNISTCU__LN_Q1, C2 = MNISTCU__LN_C2,
+           O2 = MNISTCU__LN_O2, D0 = MNISTCU__LN_D0, D1 = MNISTCU__LN_D1, D2 = MNISTCU__LN_D2, D3 = MNISTCU__LN_D3,
+           NT = MNISTCU__LN_T, QQ = MNISTCU__LN_Q1 * MNISTCU__LN_Q1 };
+    const int tid = (int)threadIdx.x, lane = tid & 31;
+    const float *w = a->params;
+    float *F1s = sm + MNISTCU__LS_F1, *F2s = sm + MNISTCU__LS_F2, *W2s = sm + MNISTCU__LS_W2;
+    float *W3s = sm + MNISTCU__LS_W3, *W1s = sm + MNISTCU__LS_W1, *X = sm + MNISTCU__LS_X, *P1 = sm + MNISTCU__LS_P1X;
+    float *P2 = sm + MNISTCU__LS_P2, *H1 = sm + MNISTCU__LS_H1, *H2 = sm + MNISTCU__LS_H2, *Z = sm + MNISTCU__LS_Z;
+    float *DZ = sm + MNISTCU__LS_DZ, *DH2 = sm + MNISTCU__LS_DH2, *DH1 = sm + MNISTCU__LS_DH1;
+    const int PS = MNISTCU__LN_PS;
+    float *G2 = sm + MNISTCU__LS_G2, *G1 = sm + MNISTCU__LS_G1, *PART = sm + MNISTCU__LS_PART;
+    float *DA = sm + MNISTCU__LS_DA, *PT = sm + MNISTCU__LS_PT, *rows = a->rows;
+    int *OF1 = (int *)(sm + MNISTCU__LS_OF1), *OF2 = (int *)(sm + MNISTCU__LS_OF2);
+    uint8_t *AM2 = (uint8_t *)(sm + MNISTCU__LS_AM2);
+    const uint32_t src = a->idx[s0 + (size_t)b];
+    int j;
+
+    /* the convolutions' and dense10's weights first (asynchronous copies where there are: else they
+       would queue behind the dense layers' 163 KB), then the dense layers', then the sample */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    for (j = tid; j < MNISTCU__LN_P1 / 4 + MNISTCU__LN_P2 / 4 + (D3 * D2 + 8) / 4 + 2; j += NT) {
+        float *d;
+        const float *g;
+        int bytes = 16;
+        if (j < MNISTCU__LN_P1 / 4) { d = W1s + 4 * j; g = w + MNISTCU__LN_W1 + 4 * j; }
+        else if (j < (MNISTCU__LN_P1 + MNISTCU__LN_P2) / 4) {
+            int k = j - MNISTCU__LN_P1 / 4;
+            d = W2s + 4 * k; g = w + MNISTCU__LN_W2 + 4 * k;
+        } else if (j < (MNISTCU__LN_P1 + MNISTCU__LN_P2 + D3 * D2 + 8) / 4) {
+            int k = j - (MNISTCU__LN_P1 + MNISTCU__LN_P2) / 4;
+            d = W3s + 4 * k; g = w + MNISTCU__LN_F3 + 4 * k;
+        } else { /* dense10's last 2 biases, 4 bytes each */
+            int k = D3 * D2 + 8 + j - (MNISTCU__LN_P1 + MNISTCU__LN_P2 + D3 * D2 + 8) / 4;
+            d = W3s + k; g = w + MNISTCU__LN_F3 + k; bytes = 4;
+        }
+        if (bytes == 16)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(d)), "l"(g)
+                         : "memory");
+        else
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(d)), "l"(g)
+                         : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#else
+    for (j = tid; j < MNISTCU__LN_P1; j += NT) W1s[j] = w[MNISTCU__LN_W1 + j];
+    for (j = tid; j < MNISTCU__LN_P2; j += NT) W2s[j] = w[MNISTCU__LN_W2 + j];
+    for (j = tid; j < D3 * D2 + D3; j += NT) W3s[j] = w[MNISTCU__LN_F3 + j];
+#endif
+    mnistcu__ln_dense_begin(sm, w, mbar, b);
+    for (j = tid; j < IH * IH; j += NT) {
+        float raw = a->u8 ? (float)a->u8[(size_t)src * (IH * IH) + j] : a->f32[(size_t)src * (IH * IH) + j];
+        X[j] = fmaf(raw, a->scale, a->shift); /* as the gather's one rounding */
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+    __syncthreads();
+    MNISTCU__LPROF(0);
+    /* conv1 + relu + pool: a thread a window's 4 outputs */
+    if (tid < C1 * QQ) {
+        int c = tid / QQ, pw = tid - c * QQ, py = pw / Q1, px = pw - py * Q1, ky, kx, am;
+        const float *xp = X + 2 * py * IH + 2 * px, *wc = W1s + c * 25;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, bb = W1s[150 + c];
+#pragma unroll
+        for (ky = 0; ky < KS; ++ky)
+#pragma unroll
+            for (kx = 0; kx < KS; ++kx) {
+                float wv = wc[ky * KS + kx];
+                const float *r = xp + ky * IH + kx;
+                a0 = fmaf(r[0], wv, a0);
+                a1 = fmaf(r[1], wv, a1);
+                a2 = fmaf(r[IH], wv, a2);
+                a3 = fmaf(r[IH + 1], wv, a3);
+            }
+        P1[c * PS + pw] = mnistcu__ln_max4(mnistcu__ln_relu(a0 + bb), mnistcu__ln_relu(a1 + bb), mnistcu__ln_relu(a2 + bb),
+                                   mnistcu__ln_relu(a3 + bb), &am);
+        OF1[tid] = (2 * py + (am >> 1)) * IH + 2 * px + (am & 1); /* the argmax's place in X */
+    }
+    __syncthreads();
+    MNISTCU__LPROF(1);
+    /* conv2 + relu + pool: 4 lanes a window, 8 apart (3 of them two input channels each), a thread the
+       window's 4 outputs, then the sum over the lanes */
+    {
+        int win = (tid >> 5) * 8 + (lane & 7), g = lane >> 3, oc = win >> 4, pw = win & 15, py = pw >> 2, px = pw & 3;
+        int ii, ky, kx, t;
+        float c00 = 0.0f, c01 = 0.0f, c10 = 0.0f, c11 = 0.0f;
+        if (g < 3) {
+#pragma unroll
+            for (ii = 0; ii < 2; ++ii) {
+                int ic = 2 * g + ii;
+                const float *pr = P1 + ic * PS + 2 * py * Q1 + 2 * px, *wc = W2s + oc * 150 + ic * 25;
+                float r0[6], r1[6];
+#pragma unroll
+                for (t = 0; t < 3; ++t) {
+                    float2 v = *(const float2 *)(pr + 2 * t);
+                    r1[2 * t] = v.x;
+                    r1[2 * t + 1] = v.y;
+                }
+#pragma unroll
+                for (ky = 0; ky < KS; ++ky) {
+#pragma unroll
+                    for (t = 0; t < 6; ++t) r0[t] = r1[t];
+#pragma unroll
+                    for (t = 0; t < 3; ++t) {
+                        float2 v = *(const float2 *)(pr + (ky + 1) * Q1 + 2 * t);
+                        r1[2 * t] = v.x;
+                        r1[2 * t + 1] = v.y;
+                    }
+#pragma unroll
+                    for (kx = 0; kx < KS; ++kx) {
+                        float wv = wc[ky * KS + kx];
+                        c00 = fmaf(r0[kx], wv, c00);
+                        c01 = fmaf(r0[kx + 1], wv, c01);
+                        c10 = fmaf(r1[kx], wv, c10);
+                        c11 = fmaf(r1[kx + 1], wv, c11);
+                    }
+                }
+            }
+        }
+        for (t = 8; t < 32; t <<= 1) {
+            c00 = c00 + __shfl_xor_sync(0xffffffffu, c00, t);
+            c01 = c01 + __shfl_xor_sync(0xffffffffu, c01, t);
+            c10 = c10 + __shfl_xor_sync(0xffffffffu, c10, t);
+            c11 = c11 + __shfl_xor_sync(0xffffffffu, c11, t);
+        }
+        if (g == 0) {
+            int am;
+            float bb = W2s[2400 + oc];
+            float m = mnistcu__ln_max4(mnistcu__ln_relu(c00 + bb), mnistcu__ln_relu(c01 + bb), mnistcu__ln_relu(c10 + bb),
+                                       mnistcu__ln_relu(c11 + bb), &am);
+            P2[win] = m;
+            AM2[win] = (uint8_t)am;
+            OF2[win] = (2 * py + (am >> 1)) * Q1 + 2 * px + (am & 1); /* the argmax's place in a P1 plane */
+            rows[MNISTCU__LR_P2 + b * D0 + win] = m;
+        }
+    }
+    mnistcu__ln_dense_end(mbar, mph);
+    __syncthreads();
+    MNISTCU__LPROF(2);
+    /* dense120 + relu: 8 lanes an output, lane r the float4s r, r+8, ... of k */
+    if (tid < D1 * 8) {
+        int jo = tid >> 3, r = tid & 7, t;
+        const float4 *wr = (const float4 *)(F1s + jo * D0), *xv = (const float4 *)P2;
+        float acc = 0.0f;
+#pragma unroll
+        for (t = 0; t < 8; ++t) {
+            float4 wv = wr[r + 8 * t], x4 = xv[r + 8 * t];
+            acc = fmaf(x4.x, wv.x, acc);
+            acc = fmaf(x4.y, wv.y, acc);
+            acc = fmaf(x4.z, wv.z, acc);
+            acc = fmaf(x4.w, wv.w, acc);
+        }
+        acc = mnistcu__ln_sum(acc, 8);
+        if (r == 0) {
+            float h = mnistcu__ln_relu(acc + w[MNISTCU__LN_G1 + jo]);
+            H1[jo] = h;
+            rows[MNISTCU__LR_H1 + b * D1 + jo] = h;
+        }
+    }
+    __syncthreads();
+    MNISTCU__LPROF(3);
+    /* dense84 + relu */
+    if (tid < D2 * 8) {
+        int jo = tid >> 3, r = tid & 7, t;
+        const float4 *wr = (const float4 *)(F2s + jo * D1), *xv = (const float4 *)H1;
+        float acc = 0.0f;
+#pragma unroll
+        for (t = 0; t < 4; ++t)
+            if (r + 8 * t < D1 / 4) {
+                float4 wv = wr[r + 8 * t], x4 = xv[r + 8 * t];
+                acc = fmaf(x4.x, wv.x, acc);
+                acc = fmaf(x4.y, wv.y, acc);
+                acc = fmaf(x4.z, wv.z, acc);
+                acc = fmaf(x4.w, wv.w, acc);
+            }
+        acc = mnistcu__ln_sum(acc, 8);
+        if (r == 0) {
+            float h = mnistcu__ln_relu(acc + w[MNISTCU__LN_G2 + jo]);
+            H2[jo] = h;
+            rows[MNISTCU__LR_H2 + b * D2 + jo] = h;
+        }
+    }
+    __syncthreads();
+    MNISTCU__LPROF(4);
+    /* dense10: a warp an output */
+    if (tid < D3 * 32) {
+        int c = tid >> 5, k;
+        float acc = 0.0f;
+        for (k = lane; k < D2; k += 32) acc = fmaf(H2[k], W3s[c * D2 + k], acc);
+        acc = mnistcu__ln_sum(acc, 32);
+        if (lane == 0) Z[c] = acc + W3s[D3 * D2 + c];
+    }
+    __syncthreads();
+    MNISTCU__LPROF(5);
+    /* the loss row, its gradient and the prediction, as the loss kernel makes them */
+    if (tid == 0) {
+        int32_t y = a->labels[src], pred;
+        float loss;
+        mnistcu__loss_row(&a->lp, Z, y, NULL, (size_t)D3, a->lp.sum ? 1.0f : 1.0f / (float)bsz, DZ, &loss, &pred);
+        rows[MNISTCU__LR_LOSS + b] = loss;
+        rows[MNISTCU__LR_OK + b] = pred == y ? 1.0f : 0.0f;
+    }
+    __syncthreads();
+    MNISTCU__LPROF(6);
+    if (tid < D3) rows[MNISTCU__LR_DZ + b * D3 + tid] = DZ[tid];
+    /* dh2 */
+    if (tid < D2) {
+        int c;
+        float acc = 0.0f;
+        for (c = 0; c < D3; ++c) acc = fmaf(DZ[c], W3s[c * D2 + tid], acc);
+        acc = H2[tid] > 0.0f ? acc : 0.0f;
+        DH2[tid] = acc;
+        rows[MNISTCU__LR_DH2 + b * D2 + tid] = acc;
+    }
+    __syncthreads();
+    MNISTCU__LPROF(7);
+    /* dh1: 8 lanes an output */
+    if (tid < D1 * 8) {
+        int jo = tid >> 3, r = tid & 7, i;
+        float acc = 0.0f;
+        for (i = r; i < D2; i += 8) acc = fmaf(DH2[i], F2s[i * D1 + jo], acc);
+        acc = mnistcu__ln_sum(acc, 8);
+        if (r == 0) {
+            acc = H1[jo] > 0.0f ? acc : 0.0f;
+            DH1[jo] = acc;
+            rows[MNISTCU__LR_DH1 + b * D1 + jo] = acc;
+        }
+    }
+    __syncthreads();
+    MNISTCU__LPROF(8);
+    /* the gradient of conv2's pooled output: four quarters of the sum over dense120's outputs */
+    {
+        int r = tid >> 8, k = tid & 255, t;
+        float acc = 0.0f;
+#pragma unroll 6
+        for (t = 0; t < D1 / 4; ++t) acc = fmaf(DH1[r * 30 + t], F1s[(r * 30 + t) * D0 + k], acc);
+        PART[r * D0 + k] = acc;
+    }
+    __syncthreads();
+    MNISTCU__LPROF(9);
+    if (tid < D0) {
+        float s = (PART[tid] + PART[D0 + tid]) + (PART[2 * D0 + tid] + PART[3 * D0 + tid]);
+        G2[tid] = P2[tid] > 0.0f ? s : 0.0f; /* the relu' */
+    }
+    __syncthreads();
+    MNISTCU__LPROF(10);
+    /* routed through the pool's argmax into conv2's output map, in F1's place */
+    for (j = tid; j < C2 * 256; j += NT) {
+        int oc = j >> 8, yy = (j >> 4) & 15, xx = j & 15, y = yy - 4, x = xx - 4;
+        float v = 0.0f;
+        if ((unsigned)y < O2 && (unsigned)x < O2) {
+            int k = oc * 16 + (y >> 1) * 4 + (x >> 1);
+            if (AM2[k] == ((y & 1) << 1 | (x & 1))) v = G2[k];
+        }
+        DA[oc * MNISTCU__LN_DAOC + yy * MNISTCU__LN_DAROW + xx] = v;
+    }
+    __syncthreads();
+    MNISTCU__LPROF(11);
+    /* conv2's input gradient: a thread 4 outputs of a row for 4 of the 16 output channels (og), the
+       partial sums PT[og] */
+    if (tid < 4 * 216) {
+        int og = tid / 216, tile = tid - og * 216, ic = tile / 36, rem = tile - ic * 36, y = rem / 3, oi, ky, kx, i;
+        int x0 = 4 * (rem - y * 3);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float *dst = PT + og * (C1 * QQ) + ic * QQ + y * Q1 + x0;
+        for (oi = 0; oi < 4; ++oi) {
+            int oc = 4 * og + oi;
+            const float *wc = W2s + oc * 150 + ic * 25;
+#pragma unroll
+            for (ky = 0; ky < KS; ++ky) {
+                const float4 *row =
+                    (const float4 *)(DA + oc * MNISTCU__LN_DAOC + (y + 4 - ky) * MNISTCU__LN_DAROW + x0);
+                float4 u0 = row[0], u1 = row[1];
+                float vals[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+                for (kx = 0; kx < KS; ++kx) {
+                    float wv = wc[ky * KS + kx];
+#pragma unroll
+                    for (i = 0; i < 4; ++i) acc[i] = fmaf(vals[i + 4 - kx], wv, acc[i]);
+                }
+            }
+        }
+#pragma unroll
+        for (i = 0; i < 4; ++i) dst[i] = acc[i];
+    }
+    __syncthreads();
+    MNISTCU__LPROF(12);
+    /* their sum, with conv1's relu' (G1) */
+    if (tid < C1 * QQ) {
+        float s = (PT[tid] + PT[C1 * QQ + tid]) + (PT[2 * C1 * QQ + tid] + PT[3 * C1 * QQ + tid]);
+        G1[tid] = P1[tid / QQ * PS + tid % QQ] > 0.0f ? s : 0.0f;
+    }
+    /* this sample's share of conv2's weight gradient: a thread a weight, its 16 windows */
+    for (j = tid; j < MNISTCU__LN_P2; j += NT) {
+        float acc = 0.0f;
+        int wi;
+        if (j < 2400) {
+            int oc = j / 150, rr = j - oc * 150, ic = rr / 25, kk = rr - ic * 25, ky = kk / KS;
+            const float *base = P1 + ic * PS + ky * Q1 + (kk - ky * KS);
+#pragma unroll
+            for (wi = 0; wi < 16; ++wi) acc = fmaf(G2[oc * 16 + wi], base[OF2[oc * 16 + wi]], acc);
+        } else {
+            for (wi = 0; wi < 16; ++wi) acc += G2[(j - 2400) * 16 + wi];
+        }
+        rows[MNISTCU__LR_PART2 + b * MNISTCU__LN_P2 + j] = acc;
+    }
+    __syncthreads();
+    MNISTCU__LPROF(13);
+    /* this sample's share of conv1's weight gradient: 8 lanes a kernel row (5 weights), each 18 windows;
+       whole warps, as the sums are over lanes */
+    if (tid < 36 * 8) {
+        int p = tid >> 3, r = tid & 7, t, kx;
+        float acc[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (p < 30) {
+            int c = p / 5, ky = p - c * 5;
+            for (t = 0; t < 18; ++t) {
+                int wi = c * QQ + r + 8 * t;
+                float gv = G1[wi];
+                const float *pp = X + OF1[wi] + ky * IH;
+#pragma unroll
+                for (kx = 0; kx < KS; ++kx) acc[kx] = fmaf(gv, pp[kx], acc[kx]);
+            }
+        } else {
+            for (t = 0; t < 18; ++t) acc[0] += G1[(p - 30) * QQ + r + 8 * t];
+        }
+#pragma unroll
+        for (kx = 0; kx < KS; ++kx) acc[kx] = mnistcu__ln_sum(acc[kx], 8);
+        if (r == 0) {
+            float *dst = rows + MNISTCU__LR_PART1 + b * MNISTCU__LN_P1;
+            if (p < 30) {
+#pragma unroll
+                for (kx = 0; kx < KS; ++kx) dst[p * KS + kx] = acc[kx];
+            } else {
+                dst[150 + p - 30] = acc[0];
+            }
+        }
+    }
+}
+
+/* Phase B for the group of 4 parameters from p0 (each tensor starts at a multiple of 4; the last group
+   has 2), lane l of its 8 (the samples l, l + 8, ...): its share of the 4 gradients, the sums over
+   the batch; float4 loads of the rows a sample. */
+static __device__ __forceinline__ float4 mnistcu__ln_grad4(const float *rows, int p0, int l, int bsz)
+{
+    enum { D0 = MNISTCU__LN_D0, D1 = MNISTCU__LN_D1, D2 = MNISTCU__LN_D2, D3 = MNISTCU__LN_D3 };
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float *x = rows, *y;
+    int b, xs, ys;
+    float d;
+    if (p0 >= MNISTCU__LN_G3) { /* dense10's bias: rows of 10, not 16-byte aligned */
+        int c0 = p0 - MNISTCU__LN_G3;
+        for (b = l; b < bsz; b += 8) {
+            const float *r = rows + MNISTCU__LR_DZ + b * D3 + c0;
+            s.x += r[0];
+            s.y += r[1];
+            if (c0 + 2 < D3) {
+                s.z += r[2];
+                s.w += r[3];
+            }
+        }
+        return s;
+    }
+    if (p0 < MNISTCU__LN_W2) { x = rows + MNISTCU__LR_PART1 + p0; xs = MNISTCU__LN_P1; }
+    else if (p0 < MNISTCU__LN_F1) { x = rows + MNISTCU__LR_PART2 + (p0 - MNISTCU__LN_W2); xs = MNISTCU__LN_P2; }
+    else if (p0 >= MNISTCU__LN_G1 && p0 < MNISTCU__LN_F2) { x = rows + MNISTCU__LR_DH1 + (p0 - MNISTCU__LN_G1); xs = D1; }
+    else if (p0 >= MNISTCU__LN_G2 && p0 < MNISTCU__LN_F3) { x = rows + MNISTCU__LR_DH2 + (p0 - MNISTCU__LN_G2); xs = D2; }
+    else xs = 0;
+    if (xs) { /* a sum of rows */
+        for (b = l; b < bsz; b += 8) {
+            float4 v = *(const float4 *)(x + b * xs);
+            s.x += v.x;
+            s.y += v.y;
+            s.z += v.z;
+            s.w += v.w;
+        }
+        return s;
+    }
+    /* a weight: the output gradient's column times the input's row, over the batch */
+    if (p0 < MNISTCU__LN_G1) {
+        int r = p0 - MNISTCU__LN_F1;
+        x = rows + MNISTCU__LR_DH1 + (r >> 8); xs = D1;
+        y = rows + MNISTCU__LR_P2 + (r & 255); ys = D0;
+    } else if (p0 < MNISTCU__LN_G2) {
+        int r = p0 - MNISTCU__LN_F2, i = r / D1;
+        x = rows + MNISTCU__LR_DH2 + i; xs = D2;
+        y = rows + MNISTCU__LR_H1 + (r - i * D1); ys = D1;
+    } else {
+        int r = p0 - MNISTCU__LN_F3, c = r / D2;
+        x = rows + MNISTCU__LR_DZ + c; xs = D3;
+        y = rows + MNISTCU__LR_H2 + (r - c * D2); ys = D2;
+    }
+#pragma unroll 8
+    for (b = l; b < bsz; b += 8) {
+        float4 v = *(const float4 *)(y + b * ys);
+        d = x[b * xs];
+        s.x = fmaf(d, v.x, s.x);
+        s.y = fmaf(d, v.y, s.y);
+        s.z = fmaf(d, v.z, s.z);
+        s.w = fmaf(d, v.w, s.w);
+    }
+    return s;
+}
+
+__global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnistcu__lenet_args a)
+{
+    extern __shared__ float mnistcu__ln_sm[];
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    float *sm = mnistcu__ln_sm;
+    const int tid = (int)threadIdx.x, gt = (int)blockIdx.x * MNISTCU__LN_T + tid;
+    const int GT = (int)gridDim.x * MNISTCU__LN_T;
+    const unsigned mbar = (unsigned)__cvta_generic_to_shared(sm + MNISTCU__LS_MB);
+    unsigned mph = 0;
+    int q;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (tid == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar) : "memory");
+#endif
+    __syncthreads();
+    MNISTCU__LPROF(18);
+    for (q = 0; q < a.nsteps; ++q) {
+        const size_t step = a.step0 + (size_t)q, s0 = step * (size_t)a.B;
+        const int bsz = (int)MNISTCU__MIN((size_t)a.B, a.n - s0);
+        mnistcu__opt *os = (mnistcu__opt *)(sm + MNISTCU__LS_OPT);
+        int b, i;
+        if (tid == 0) { /* the step's optimizer scalars, for one parameter at a time (its slots 1 apart);
+                           the grid barrier below publishes them to the block */
+            *os = a.opt[q];
+            os->n = 1;
+        }
+        for (b = (int)blockIdx.x; b < bsz; b += (int)gridDim.x) {
+            __syncthreads(); /* the block's shared memory is free again */
+            mnistcu__ln_sample(&a, sm, b, bsz, s0, mbar, &mph);
+        }
+        MNISTCU__LPROF(14);
+        grid.sync();
+        MNISTCU__LPROF(15);
+        /* groups of 4 parameters, 8 lanes a group; after the sums over the lanes, lane l < 4 takes the
+           step of parameter l of the group (whole warps: the sums are over lanes) */
+        for (i = gt; i < ((MNISTCU__LN_NP + 3) / 4 * 8 + 31) / 32 * 32; i += GT) {
+            int p0 = (i >> 3) * 4, l = i & 7, off, k, mine = l < 4 && p0 + l < MNISTCU__LN_NP;
+            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float wl = 0.0f, sl[3] = {0.0f, 0.0f, 0.0f};
+            if (mine) { /* this lane's parameter and state, loaded while the sums' loads are in flight */
+                wl = a.params[p0 + l];
+                for (k = 0; k < a.slots; ++k) sl[k] = a.state[(size_t)k * MNISTCU__LN_NP + (size_t)(p0 + l)];
+            }
+            if (p0 < MNISTCU__LN_NP) s = mnistcu__ln_grad4(a.rows, p0, l, bsz);
+            for (off = 1; off < 8; off <<= 1) {
+                s.x = s.x + __shfl_xor_sync(0xffffffffu, s.x, off);
+                s.y = s.y + __shfl_xor_sync(0xffffffffu, s.y, off);
+                s.z = s.z + __shfl_xor_sync(0xffffffffu, s.z, off);
+                s.w = s.w + __shfl_xor_sync(0xffffffffu, s.w, off);
+            }
+            if (mine) { /* the step on the copies, then stored */
+                float g = l == 0 ? s.x : l == 1 ? s.y : l == 2 ? s.z : s.w;
+                mnistcu__opt_one(os, 0, &wl, g, sl);
+                a.grads[p0 + l] = g;
+                a.params[p0 + l] = wl;
+                for (k = 0; k < a.slots; ++k) a.state[(size_t)k * MNISTCU__LN_NP + (size_t)(p0 + l)] = sl[k];
+            }
+        }
+        if (gt >= GT - 32) { /* the step's statistics, by the last warp (it has no parameters): each lane
+                                samples lane, lane + 32, then a fixed tree */
+            double l = 0.0, c = 0.0;
+            int lane = tid & 31, off;
+            for (b = lane; b < bsz; b += 32) {
+                l += (double)a.rows[MNISTCU__LR_LOSS + b];
+                c += (double)a.rows[MNISTCU__LR_OK + b];
+            }
+            for (off = 16; off; off >>= 1) {
+                l += __shfl_down_sync(0xffffffffu, l, off);
+                c += __shfl_down_sync(0xffffffffu, c, off);
+            }
+            if (lane == 0) {
+                a.stats[step] = l;
+                a.stats[a.stats_cap + step] = c;
+            }
+        }
+        MNISTCU__LPROF(16);
+        grid.sync();
+        MNISTCU__LPROF(17);
+    }
+}
+
+/* Whether model m is LeNet-5's shape for the fused kernel at batch size B (the caller checked the
+   device, dataset and optimizer): fills pl and returns 1, or returns 0. */
+static int mnistcu__lenet_plan(mnistcu_model *m, size_t B, const mnistcu_optim_desc *o, mnistcu__fused_plan *pl)
+{
+    static const struct { int kind, oc, oh, ow, relu; size_t wo, bo; } want[7] = {
+        {MNISTCU_LAYER_CONV2D, 6, 24, 24, 1, MNISTCU__LN_W1, MNISTCU__LN_B1},
+        {MNISTCU_LAYER_MAXPOOL2D, 6, 12, 12, 1, 0, 0},
+        {MNISTCU_LAYER_CONV2D, 16, 8, 8, 1, MNISTCU__LN_W2, MNISTCU__LN_B2},
+        {MNISTCU_LAYER_MAXPOOL2D, 16, 4, 4, 1, 0, 0},
+        {MNISTCU_LAYER_DENSE, 120, 1, 1, 1, MNISTCU__LN_F1, MNISTCU__LN_G1},
+        {MNISTCU_LAYER_DENSE, 84, 1, 1, 1, MNISTCU__LN_F2, MNISTCU__LN_G2},
+        {MNISTCU_LAYER_DENSE, 10, 1, 1, 0, MNISTCU__LN_F3, MNISTCU__LN_G3}};
+    mnistcu__cuda *cu = mnistcu__cu(m->ctx);
+    mnistcu_act prev_act = MNISTCU_ACT_IDENTITY;
+    int i, k = 0, relu = 0, major = 0, coop = 0, sms = 0, optin = 0, per_sm = 0;
+    const size_t bytes = (size_t)MNISTCU__LS_END * sizeof(float);
+    if (B > MNISTCU__LN_B || m->inputs != 784 || m->classes != 10 || m->num_params != MNISTCU__LN_NP ||
+        m->mode != MNISTCU_MODE_TRAIN)
+        return 0;
+    if (m->layers[0].c != 1 || m->layers[0].h != 28 || m->layers[0].w != 28) return 0;
+    for (i = 0; i < m->num_layers; ++i) {
+        const mnistcu__layer *L = &m->layers[i];
+        if (L->passthrough) continue;
+        if (k == 7 || (int)L->d.kind != want[k].kind || L->oc != want[k].oc || L->oh != want[k].oh ||
+            L->ow != want[k].ow)
+            return 0;
+        if (L->d.kind == MNISTCU_LAYER_CONV2D &&
+            (L->d.kernel_h != 5 || L->d.kernel_w != 5 || L->sh != 1 || L->sw != 1 || L->d.padding != 0))
+            return 0;
+        if (L->d.kind == MNISTCU_LAYER_MAXPOOL2D &&
+            (L->d.kernel_h != 2 || L->d.kernel_w != 2 || L->sh != 2 || L->sw != 2))
+            return 0;
+        if (L->d.kind != MNISTCU_LAYER_MAXPOOL2D && (L->wo != want[k].wo || L->bo != want[k].bo || !L->nb)) return 0;
+        /* a relu after each convolution (on it or on its pool) and each hidden dense layer */
+        if (L->act == MNISTCU_ACT_RELU) ++relu;
+        else if (L->act != MNISTCU_ACT_IDENTITY) return 0;
+        if (L->d.kind == MNISTCU_LAYER_DENSE && (L->act == MNISTCU_ACT_RELU) != want[k].relu) return 0;
+        if (L->d.kind == MNISTCU_LAYER_MAXPOOL2D && (L->act == MNISTCU_ACT_RELU) == (prev_act == MNISTCU_ACT_RELU))
+            return 0; /* exactly one of a convolution and its pool has the relu */
+        prev_act = L->act;
+        ++k;
+    }
+    if (k != 7 || relu != 4) return 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cu->device) != cudaSuccess || major < 9 ||
+        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cu->device) != cudaSuccess || !coop ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cu->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cu->device) != cudaSuccess ||
+        (size_t)optin < bytes ||
+        cudaFuncSetAttribute(mnistcu__k_fused_lenet, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mnistcu__k_fused_lenet, MNISTCU__LN_T, bytes) !=
+            cudaSuccess ||
+        per_sm < 1) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    pl->slots = mnistcu__opt_slots(o);
+    if (pl->slots > 3) return 0;
+    pl->lenet = 1;
+    pl->grid = sms; /* a block a multiprocessor: samples to the first B, parameters to all */
+    pl->smem = bytes;
+    pl->ok = 1;
+    return 1;
+}
+
+/* Steps [step0, step0 + nsteps) of the epoch in the fused LeNet-5 kernel; the optimizer's scalars
+   are in cm->fused_opt already. */
+static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_dataset *ds, const mnistcu__fused_plan *pl,
+                                            size_t B, size_t n, size_t step0, size_t nsteps)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
+    mnistcu__lenet_args a;
+    void *args[1];
+    cudaError_t e;
+    memset(&a, 0, sizeof a);
+    a.u8 = dc->u8;
+    a.f32 = dc->f32;
+    a.labels = dc->labels;
+    a.idx = cm->idx;
+    a.n = n;
+    a.step0 = step0;
+    a.nsteps = (int)nsteps;
+    a.B = (int)B;
+    mnistcu__norm_for(m, ds, &a.scale, &a.shift);
+    a.params = m->params;
+    a.grads = m->grads;
+    a.state = m->state;
+    a.opt = cm->fused_opt;
+    a.lp = m->lossp;
+    a.stats = cm->stats;
+    a.stats_cap = cm->stats_cap;
+    a.rows = cm->lenet;
+    a.slots = pl->slots;
+    args[0] = &a;
+    e = cudaLaunchCooperativeKernel((const void *)mnistcu__k_fused_lenet, dim3((unsigned)pl->grid),
+                                    dim3(MNISTCU__LN_T), args, pl->smem, cu->stream);
+    if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "the fused LeNet-5 kernel");
+    MNISTCU__LAUNCHED(ctx, "fused_lenet");
+    return MNISTCU_OK;
+}
+
 /* Whether (and how) the fused kernel can train model m on ds at batch size B:
    one hidden layer, the own kernels, a resident labelled dataset, no
    augmentation, gradient clipping or l2 penalty, the unfused products unsplit
    (so that the chains are the same), and shared memory enough for a batch. */
 
 static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds, size_t B, size_t n,
-                                     const mnistcu_optim_desc *o, int aug_on, mnistcu__fused_plan *pl)
+                                     const mnistcu_optim_desc *o, int aug_on, int cnn, mnistcu__fused_plan *pl)
 {
     mnistcu__cuda *cu = mnistcu__cu(m->ctx);
     mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
@@ -15976,6 +16750,7 @@ static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds
     if (m->device != MNISTCU_DEVICE_CUDA || !cm || cm->streaming || !ds->device_copy || ds->targets || aug_on ||
         o->l2 != 0.0f || o->clip_norm != 0.0f || cu->precision != MNISTCU_PRECISION_FP32)
         return;
+    if (cnn && mnistcu__lenet_plan(m, B, o, pl)) return;
 #ifdef MNISTCU_CUBLAS
     if (cu->use_cublas) return;
 #endif
@@ -16051,6 +16826,9 @@ static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_
     mnistcu_result r;
     cudaError_t e;
     if ((r = mnistcu__cuda_alive(ctx))) return r;
+    if (pl->lenet && !cm->lenet &&
+        (r = mnistcu__cuda_malloc(ctx, (void **)&cm->lenet, mnistcu__lenet_floats() * sizeof(float), "fused LeNet-5 rows")))
+        return r;
     if (nsteps > cm->fused_cap) {
         mnistcu__opt *d = NULL;
         if ((r = mnistcu__cuda_malloc(ctx, (void **)&d, nsteps * sizeof(mnistcu__opt), "fused step scalars")))
@@ -16065,6 +16843,7 @@ static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_
     e = cudaMemcpyAsync(cm->fused_opt, ops, nsteps * sizeof(mnistcu__opt), cudaMemcpyHostToDevice, cu->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(cu->stream);
     if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "fused step scalars");
+    if (pl->lenet) return mnistcu__lenet_launch(m, ds, pl, B, n, step0, nsteps);
     memset(&a, 0, sizeof a);
     a.u8 = dc->u8;
     a.f32 = dc->f32;

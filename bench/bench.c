@@ -37,6 +37,9 @@
                 (same bits; default on)
      --head     off runs the last dense layer, the loss and its input gradient step by step instead of in
                 the classifier head kernel (same bits with own products; default on)
+     --fused-cnn  on trains P4 (LeNet-5) in the fused LeNet-5 kernel (opt-in: its sums run in other
+                orders, so the weights agree with the step by step path's to rounding, not bit for bit;
+                needs compute capability 9.0; the run fails if the kernel did not take every step)
      --fused-update  off takes every optimizer step in the optimizer's pass instead of in the dense
                 layers' weight gradient products (own products, SGD; same bits; default on)
      --precision  the GPU's matrix products: fp32 (default), tf32 or bf16 on the tensor cores (the
@@ -128,7 +131,7 @@ static void usage(void)
     fprintf(stderr, "usage: bench P1|P2|P3|P4|P5|P7 [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn]\n"
                     "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
                     "                               [--warmup-limit N] [--fused on|off] [--graph on|off]\n"
-                    "                               [--head on|off] [--fused-update on|off]\n"
+                    "                               [--head on|off] [--fused-update on|off] [--fused-cnn on|off]\n"
                     "                               [--precision fp32|tf32|bf16]\n"
                     "       bench P6 [the options above] [--spec SPEC] [--batch N] [--optim sgd|adam|adamw] [--lr X]\n"
                     "                [--momentum X] [--nesterov on|off] [--wd X] [--schedule onecycle|cosine|constant]\n"
@@ -146,7 +149,7 @@ int main(int argc, char **argv)
 {
     const char *config, *data = NULL, *device_arg = NULL, *gemm_arg = NULL, *cnn_arg = NULL, *layers;
     const char *dev_json, *gemm_json, *cnn_json, *precision_json, *precision_arg = NULL;
-    int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, no_graph = 0, no_head = 0, no_upd = 0, is_p1 = 0;
+    int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, no_graph = 0, no_head = 0, no_upd = 0, is_p1 = 0, fused_cnn = 0;
     int is_spec = 0, i, e;
     unsigned long long seed = 0;
     size_t limit = 0, warmup_limit = 0, want_params, warmup_images;
@@ -186,6 +189,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--graph")) no_graph = !strcmp(v, "off");
         else if (!strcmp(a, "--head")) no_head = !strcmp(v, "off");
         else if (!strcmp(a, "--fused-update")) no_upd = !strcmp(v, "off");
+        else if (!strcmp(a, "--fused-cnn")) fused_cnn = !strcmp(v, "on");
         else if (!strcmp(a, "--precision")) precision_arg = v;
         else if (!strcmp(a, "--spec")) p6_spec = v;
         else if (!strcmp(a, "--batch")) p6_batch = atoi(v);
@@ -423,6 +427,7 @@ int main(int argc, char **argv)
     td.no_graph = no_graph;
     td.no_head = no_head;
     td.no_fused_update = no_upd;
+    td.fused_cnn = fused_cnn;
 
     /* warm-up: P1 on a model of its own (P1's timed model starts fresh), else one epoch of the timed model */
     if (is_spec ? mnistcu_model_create_spec(ctx, layers, &net) : mnistcu_model_create_mlp(ctx, layers, &net))
@@ -464,6 +469,13 @@ int main(int argc, char **argv)
     for (e = 0; e < epochs; ++e) {
         t0 = now_s();
         if (mnistcu_train(net, train, &td, &tr)) { free(ms); return fail(ctx, "timed epoch"); }
+        if (fused_cnn && tr.fused_cnn_steps != tr.steps) {
+            fprintf(stderr, "bench: FAILED: --fused-cnn on, but the fused LeNet-5 kernel ran %lu of %lu steps\n",
+                    (unsigned long)tr.fused_cnn_steps, (unsigned long)tr.steps);
+            free(ms);
+            mnistcu_ctx_destroy(ctx);
+            return 1;
+        }
         ms[e] = 1e3 * (now_s() - t0);
         fprintf(stderr, "bench: epoch %d: %.3f ms, loss %.4f, train acc %.2f%%\n", e + 1, ms[e], tr.train_loss,
                 100.0 * tr.train_accuracy);
@@ -495,9 +507,10 @@ int main(int argc, char **argv)
            (unsigned long)want_params, batch, (double)lr, (double)momentum, (unsigned long)info.count,
            (unsigned long)warmup_images, (unsigned long)test_info.count, epochs, med);
     for (e = 0; e < epochs; ++e) printf("%s%.4f", e ? "," : "", ms[e]);
-    printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f,\"fused_steps\":%lu,\"graph_steps\":%lu,"
-           "\"fused_update_steps\":%lu}\n",
-           total_s, met.accuracy, tr.train_loss, (unsigned long)tr.fused_steps, (unsigned long)tr.graph_steps,
+    printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f,\"fused_steps\":%lu,\"fused_cnn_steps\":%lu,"
+           "\"graph_steps\":%lu,\"fused_update_steps\":%lu}\n",
+           total_s, met.accuracy, tr.train_loss, (unsigned long)tr.fused_steps, (unsigned long)tr.fused_cnn_steps,
+           (unsigned long)tr.graph_steps,
            (unsigned long)tr.fused_update_steps);
     fflush(stdout);
 

@@ -3,7 +3,9 @@
 #
 #   sh bench/run.sh          GPU (what `make bench` runs): P1, P2, P3 (MLPs), P4 (LeNet-5) and P5 (the
 #                            Fashion-MNIST CNN) with mnistcu (own kernels; cuBLAS when the build has it;
-#                            for P4/P5 also cuBLAS + cuDNN when cuDNN is found) and the peers of PEERS:
+#                            for P4/P5 also cuBLAS + cuDNN when cuDNN is found; P4 also in the opt-in
+#                            fused LeNet-5 kernel, --fused-cnn on, on a GPU of compute capability 9) and
+#                            the peers of PEERS:
 #                            PyTorch eager, PyTorch with the step captured in a CUDA graph (P4/P5 also
 #                            with cudnn.benchmark on), PyTorch with the step through torch.compile
 #                            (max-autotune kernels) captured in a CUDA graph (torch_bench.py --mode
@@ -70,6 +72,9 @@ rm -f "$OUTDIR/cuda_gemm.txt" "$OUTDIR/cuda_conv.txt" "$SUMMARY"
 echo 0 > "$STATUS"
 CUDA_ARCH=${CUDA_ARCH:-90}
 CONFIGS=${CONFIGS:-P1 P2 P3 P4 P5 P6}
+# the GPU's compute capability, major (the fused LeNet-5 kernel needs 9); 0 when unknown
+GPU_CC_MAJOR=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | cut -d. -f1)
+case $GPU_CC_MAJOR in ''|*[!0-9]*) GPU_CC_MAJOR=0 ;; esac
 P6_SEEDS=${P6_SEEDS:-1 2 3 4 5 6 7 8 9 10}
 EPOCHS=${EPOCHS:-6}
 CNN_EPOCHS=${CNN_EPOCHS:-3}
@@ -235,7 +240,8 @@ def label(r):
             return "mnistcu cpu %dt" % r["threads"]
         conv = r["config"] in ("P4", "P5") or r.get("model") in ("lenet5", "fashion-cnn")
         return ("mnistcu " + r["gemm"] + ("+cudnn" if conv and r.get("cnn") == "cudnn" else "")
-                + (" fused" if r.get("fused_steps") else "") + ("" if fp32(r) else " " + r["precision"]))
+                + (" fused-cnn" if r.get("fused_cnn_steps") else " fused" if r.get("fused_steps") else "")
+                + ("" if fp32(r) else " " + r["precision"]))
     return r["impl"] + ("" if r["device"] == "cuda" else " cpu %st" % r.get("threads"))
 def fp32(r):  # the reference precision; TF32 and BF16 rows are reported beside it, not counted as mnistcu's best
     return r.get("precision", "fp32") == "fp32"
@@ -398,6 +404,10 @@ gpu_configs() {
             case $C in
                 P4|P5)  # the CNNs: own kernels throughout, then cuBLAS for the products, then cuBLAS + cuDNN
                     run_json "mnistcu $C own" build/bench_cuda "$C" --device cuda --gemm own --cnn own --epochs "$EP" --data "$CD"
+                    if [ "$C" = P4 ] && [ "$GPU_CC_MAJOR" -ge 9 ] 2>/dev/null; then  # the opt-in fused LeNet-5 kernel
+                        run_json "mnistcu P4 own fused-cnn" build/bench_cuda P4 --device cuda --gemm own --cnn own --fused-cnn on \
+                            --epochs "$EP" --data "$CD"
+                    fi
                     if [ "$HAVE_CUBLAS" = 1 ]; then
                         run_json "mnistcu $C cublas" build/bench_cuda "$C" --device cuda --gemm cublas --cnn own --epochs "$EP" --data "$CD"
                     fi

@@ -452,6 +452,17 @@ elif [ "$status" -eq 0 ]; then
     else
         fail "--no-fused-update: the optimizer's pass, the same loss ($upd_loss; $(tail -n 1 "$TMP/out"))"
     fi
+    # LeNet-5 in the fused kernel (opt-in), on a GPU that has what it needs: every step there, a loss equal
+    # to the default path's to rounding; elsewhere it declines and trains step by step
+    run train --model lenet5 --limit 1000 --epochs 1 --lr 0.02 --momentum 0.9 --quiet --device cuda
+    cnn_loss=$(json_number train_loss)
+    run train --model lenet5 --limit 1000 --epochs 1 --lr 0.02 --momentum 0.9 --quiet --device cuda --fused-cnn
+    if [ "$status" -eq 0 ] && json_check 'j["fused_cnn_steps"] in (0, 16) and j["fused_cnn_steps"] == j["fused_steps"]' &&
+        json_check "abs(j['train_loss'] - $cnn_loss) <= 1e-4 * abs($cnn_loss)"; then
+        pass "--fused-cnn: LeNet-5 in the fused kernel (or declined), the default path's loss to rounding"
+    else
+        fail "--fused-cnn: LeNet-5 in the fused kernel, the default path's loss to rounding ($cnn_loss; $(tail -n 1 "$TMP/out"))"
+    fi
 elif [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ]; then
     pass "--device cuda without a usable GPU: exit 1 with one clear error"
 else
@@ -499,6 +510,12 @@ if [ "$status" -eq 0 ] && json_check 'j["fused_update_steps"] == 0 and j["epochs
     pass "--no-fused-update on the CPU: trains, fused_update_steps 0"
 else
     fail "--no-fused-update on the CPU: trains, fused_update_steps 0 ($(tail -n 1 "$TMP/out"))"
+fi
+run train --model lenet5 --limit 300 --epochs 1 --device cpu --quiet --fused-cnn
+if [ "$status" -eq 0 ] && json_check 'j["fused_cnn_steps"] == 0 and j["epochs"] == 1'; then
+    pass "--fused-cnn on the CPU: trains, fused_cnn_steps 0"
+else
+    fail "--fused-cnn on the CPU: trains, fused_cnn_steps 0 ($(tail -n 1 "$TMP/out"))"
 fi
 
 # ---- the training log and early stopping --------------------------------------------------

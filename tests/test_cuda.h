@@ -2142,6 +2142,202 @@ TEST cuda_fused_mlp_declines_what_it_cannot_do(void)
     PASS();
 }
 
+/* ---- the fused LeNet-5 kernel ----------------------------------------------------------
+   Opt-in (mnistcu_train_desc.fused_cnn) and not bitwise: its sums run in other
+   orders. Each case trains LeNet-5 from the same initial weights fused and step
+   by step; the fused run must have run every step in the kernel, and, per
+   tensor, the largest difference between the two runs' weights must stay within
+   1e-3 of the largest change the step by step run made (what a wrong gradient
+   of any one weight, or a wrong scale of the partial last batch, exceeds by
+   orders of magnitude: the kernel's orders measured 1e-7 to 1e-4 of it over
+   1 to 20 steps, bench/RESULTS.md), the last step's gradients within 1e-3 of
+   their largest, the mean loss within 1e-5 relative. A second fused run must
+   repeat the first to the bit. On a GPU without what the kernel needs (compute
+   capability 9.0, 216 KB of shared memory a block) it must decline, and the
+   training run step by step. */
+typedef struct tc_lenet_case {
+    const char *name;
+    size_t n;
+    int B, epochs, progress_every, cosine_per_step, pool_relu;
+    float smoothing;
+    mnistcu_optim_desc optim;
+} tc_lenet_case;
+
+static int tc_lenet_fits(void)
+{
+    int dev = 0, major = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return major >= 9 && optin >= 200000;
+}
+
+/* the initial weights, then the trained ones, then the last step's gradients: 3 * *np floats */
+static float *tc_lenet_train(const tc_lenet_case *c, int fused, size_t *np, mnistcu_train_result *res)
+{
+    mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
+    mnistcu_dataset *ds = NULL;
+    mnistcu_model *m = NULL;
+    mnistcu_model_desc md;
+    mnistcu_train_desc td;
+    tc_curve curve;
+    float *p = NULL;
+    const char *spec = c->pool_relu ? "1x28x28 conv5x5x6 maxpool2 relu conv5x5x16 relu maxpool2 flatten dense120 relu "
+                                      "dense84 relu dense10"
+                                    : "lenet5";
+    if (!ctx) return NULL;
+    ds = tc_u8_dataset(ctx, c->n, 784, 10, 11);
+    memset(&td, 0, sizeof td);
+    td.epochs = c->epochs;
+    td.batch_size = c->B;
+    td.optim = c->optim;
+    td.fused_cnn = fused;
+    if (c->progress_every) {
+        curve.n = 0;
+        td.progress_every = (size_t)c->progress_every;
+        td.progress = tc_record;
+        td.progress_user = &curve;
+    }
+    if (c->cosine_per_step) {
+        td.schedule.kind = MNISTCU_SCHEDULE_COSINE;
+        td.schedule.per_step = 1;
+        td.schedule.warmup = 2;
+    }
+    if (ds && mnistcu_model_desc_parse(ctx, spec, &md) == MNISTCU_OK) {
+        md.label_smoothing = c->smoothing;
+        if (mnistcu_model_create(ctx, &md, &m) == MNISTCU_OK) {
+            size_t n = mnistcu_model_num_params(m);
+            p = (float *)malloc(3 * n * sizeof(float));
+            *np = n;
+            if (!p || mnistcu_model_get_params(m, p, n) != MNISTCU_OK || mnistcu_train(m, ds, &td, res) != MNISTCU_OK ||
+                mnistcu_model_get_params(m, p + n, n) != MNISTCU_OK ||
+                mnistcu_model_get_grads(m, p + 2 * n, n) != MNISTCU_OK) {
+                free(p);
+                p = NULL;
+            }
+        }
+    }
+    if (!p) printf("    %s (%s): %s\n", c->name, fused ? "fused" : "step by step", mnistcu_ctx_error(ctx));
+    mnistcu_ctx_destroy(ctx);
+    return p;
+}
+
+TEST cuda_fused_lenet_close_to_step_by_step(void)
+{
+    static tc_lenet_case cases[3];
+    int i, ncases = 0, fits = tc_lenet_fits();
+    tc_lenet_case *c;
+    memset(cases, 0, sizeof cases);
+    /* P4's recipe, a partial last batch of 8 */
+    c = &cases[ncases++];
+    c->name = "lenet5, batch 64, SGD momentum, 200 samples";
+    c->n = 200; c->B = 64; c->epochs = 1;
+    c->optim.learning_rate = 0.02f; c->optim.momentum = 0.9f;
+    /* the relu on the first pool, smaller batches, chunks of 2 steps, Adam with a rate each step, smoothing */
+    c = &cases[ncases++];
+    c->name = "relu after pool 1, batch 24, Adam, per-step cosine, chunks of 2";
+    c->n = 100; c->B = 24; c->epochs = 2; c->progress_every = 2; c->cosine_per_step = 1; c->pool_relu = 1;
+    c->smoothing = 0.1f;
+    c->optim.kind = MNISTCU_OPTIM_ADAM; c->optim.learning_rate = 1e-3f;
+    /* Nesterov with weight decay, one sample in the last batch */
+    c = &cases[ncases++];
+    c->name = "batch 50, Nesterov, weight decay, 101 samples";
+    c->n = 101; c->B = 50; c->epochs = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f; c->optim.nesterov = 1; c->optim.weight_decay = 5e-4f;
+    for (i = 0; i < ncases; ++i) {
+        mnistcu_train_result ra, rb, rc;
+        size_t na = 0, nb = 0, nc = 0, steps, k, t;
+        float *pa, *pb, *pc;
+        double worst = 0.0, worst_g = 0.0, gmax = 0.0;
+        mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
+        mnistcu_model *m = NULL;
+        c = &cases[i];
+        memset(&ra, 0, sizeof ra);
+        memset(&rb, 0, sizeof rb);
+        memset(&rc, 0, sizeof rc);
+        pa = tc_lenet_train(c, 1, &na, &ra);
+        pb = tc_lenet_train(c, 0, &nb, &rb);
+        pc = tc_lenet_train(c, 1, &nc, &rc);
+        steps = (c->n + (size_t)c->B - 1) / (size_t)c->B * (size_t)c->epochs;
+        ASSERTm(c->name, ctx && pa && pb && pc && na == nb && nc == na);
+        ASSERT_EQm(c->name, steps, ra.steps);
+        ASSERT_EQm(c->name, fits ? steps : (size_t)0, ra.fused_cnn_steps);
+        ASSERT_EQm(c->name, ra.fused_cnn_steps, ra.fused_steps);
+        ASSERT_EQm(c->name, (size_t)0, rb.fused_steps);
+        ASSERT_EQm(c->name, 0, memcmp(pa, pc, 3 * na * sizeof(float))); /* its own run again: the same bits */
+        ASSERT_EQm(c->name, 0, memcmp(pa, pb, na * sizeof(float)));      /* the same initial weights */
+        ASSERT_EQm(c->name, MNISTCU_OK, mnistcu_model_create_spec(ctx, "lenet5", &m));
+        for (t = 0; t < (size_t)mnistcu_model_num_tensors(m); ++t) { /* per tensor, the layouts are the same */
+            mnistcu_tensor_info ti;
+            size_t off = 0, u;
+            double dmax = 0.0, cmax = 0.0;
+            ASSERT_EQm(c->name, MNISTCU_OK, mnistcu_model_tensor_info(m, (int)t, &ti));
+            for (u = 0; u < t; ++u) {
+                mnistcu_tensor_info tu;
+                mnistcu_model_tensor_info(m, (int)u, &tu);
+                off += tu.count;
+            }
+            for (k = off; k < off + ti.count; ++k) {
+                double d = fabs((double)pa[na + k] - (double)pb[na + k]), ch = fabs((double)pb[na + k] - (double)pb[k]);
+                ASSERTm(c->name, d == d);
+                if (d > dmax) dmax = d;
+                if (ch > cmax) cmax = ch;
+            }
+            ASSERTm(c->name, cmax > 0.0); /* it trained */
+            if (dmax / cmax > worst) worst = dmax / cmax;
+            ASSERT_LTEm(ti.name, dmax, 1e-3 * cmax);
+        }
+        for (k = 0; k < na; ++k) {
+            double d = fabs((double)pa[2 * na + k] - (double)pb[2 * na + k]);
+            if (fabs((double)pb[2 * na + k]) > gmax) gmax = fabs((double)pb[2 * na + k]);
+            if (d > worst_g) worst_g = d;
+        }
+        printf("    %-64s fused %lu of %lu steps, loss %.9g / %.9g, weights %.2e, gradients %.2e\n", c->name,
+               (unsigned long)ra.fused_cnn_steps, (unsigned long)ra.steps, ra.train_loss, rb.train_loss, worst,
+               gmax > 0.0 ? worst_g / gmax : worst_g);
+        ASSERT_LTEm(c->name, worst_g, 1e-3 * gmax);
+        ASSERT_IN_RANGEm(c->name, rb.train_loss, ra.train_loss, 1e-5 * (1.0 + fabs(rb.train_loss)));
+        mnistcu_model_destroy(m);
+        mnistcu_ctx_destroy(ctx);
+        free(pa);
+        free(pb);
+        free(pc);
+    }
+    PASS();
+}
+
+/* What it cannot do, it declines: training runs step by step and says so. */
+TEST cuda_fused_lenet_declines_what_it_cannot_do(void)
+{
+    tc_lenet_case c;
+    mnistcu_train_result r;
+    size_t np = 0;
+    float *p;
+    memset(&c, 0, sizeof c);
+    c.name = "batch 65";
+    c.n = 70; c.B = 65; c.epochs = 1;
+    c.optim.learning_rate = 0.02f;
+    p = tc_lenet_train(&c, 1, &np, &r);
+    ASSERT(p);
+    ASSERT_EQ((size_t)2, r.steps);
+    ASSERT_EQ((size_t)0, r.fused_cnn_steps);
+    free(p);
+    c.name = "clipping";
+    c.B = 64; c.optim.clip_norm = 1.0f;
+    p = tc_lenet_train(&c, 1, &np, &r);
+    ASSERT(p);
+    ASSERT_EQ((size_t)0, r.fused_cnn_steps);
+    free(p);
+    c.name = "batch 64";
+    c.optim.clip_norm = 0.0f;
+    p = tc_lenet_train(&c, 1, &np, &r);
+    ASSERT(p);
+    ASSERT_EQ(tc_lenet_fits() ? (size_t)2 : (size_t)0, r.fused_cnn_steps);
+    free(p);
+    PASS();
+}
+
 /* ---- the training step as a CUDA graph ------------------------------------------------
    Same bits as launching the kernels one by one: each case trains twice in fresh
    contexts of the same seed, with graphs (the default) and with no_graph, and
@@ -2740,6 +2936,8 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_cnn_runs_are_bitwise_identical);
     RUN_TEST(cuda_fused_mlp_equals_unfused_bitwise);
     RUN_TEST(cuda_fused_mlp_declines_what_it_cannot_do);
+    RUN_TEST(cuda_fused_lenet_close_to_step_by_step);
+    RUN_TEST(cuda_fused_lenet_declines_what_it_cannot_do);
     RUN_TEST(cuda_graph_step_equals_launched_bitwise);
     RUN_TEST(cuda_head_step_matches_step_by_step);
     RUN_TEST(cuda_fused_update_equals_pass_bitwise);
