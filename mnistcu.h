@@ -16647,7 +16647,7 @@ static int mnistcu__lenet_plan(mnistcu_model *m, size_t B, const mnistcu_optim_d
     int i, k = 0, relu = 0, major = 0, coop = 0, sms = 0, optin = 0, per_sm = 0;
     const size_t bytes = (size_t)MNISTCU__LS_END * sizeof(float);
     if (B > MNISTCU__LN_B || m->inputs != 784 || m->classes != 10 || m->num_params != MNISTCU__LN_NP ||
-        m->mode != MNISTCU_MODE_TRAIN)
+        m->mode != MNISTCU_MODE_TRAIN || cu->use_cublas || cu->use_cudnn) /* the own kernels' path only */
         return 0;
     if (m->layers[0].c != 1 || m->layers[0].h != 28 || m->layers[0].w != 28) return 0;
     for (i = 0; i < m->num_layers; ++i) {

@@ -2158,7 +2158,7 @@ TEST cuda_fused_mlp_declines_what_it_cannot_do(void)
 typedef struct tc_lenet_case {
     const char *name;
     size_t n;
-    int B, epochs, progress_every, cosine_per_step, pool_relu;
+    int B, epochs, progress_every, cosine_per_step, pool_relu, cublas;
     float smoothing;
     mnistcu_optim_desc optim;
 } tc_lenet_case;
@@ -2176,7 +2176,7 @@ static int tc_lenet_fits(void)
 /* the initial weights, then the trained ones, then the last step's gradients: 3 * *np floats */
 static float *tc_lenet_train(const tc_lenet_case *c, int fused, size_t *np, mnistcu_train_result *res)
 {
-    mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
+    mnistcu_ctx *ctx = tc_ctx_prec(c->cublas ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
     mnistcu_dataset *ds = NULL;
     mnistcu_model *m = NULL;
     mnistcu_model_desc md;
@@ -2329,6 +2329,16 @@ TEST cuda_fused_lenet_declines_what_it_cannot_do(void)
     ASSERT(p);
     ASSERT_EQ((size_t)0, r.fused_cnn_steps);
     free(p);
+#ifdef MNISTCU_CUBLAS
+    c.name = "cuBLAS's products";
+    c.optim.clip_norm = 0.0f;
+    c.cublas = 1;
+    p = tc_lenet_train(&c, 1, &np, &r);
+    ASSERT(p);
+    ASSERT_EQ((size_t)0, r.fused_cnn_steps);
+    free(p);
+    c.cublas = 0;
+#endif
     c.name = "batch 64";
     c.optim.clip_norm = 0.0f;
     p = tc_lenet_train(&c, 1, &np, &r);
