@@ -169,8 +169,9 @@ static void print_help(FILE *f)
           "  --no-fused-update     on the GPU, take every optimizer step in the optimizer's\n"
           "                        pass (default: with SGD, a wide dense layer's step in\n"
           "                        its weight gradient product where that is our kernel,\n"
-          "                        the same bits)\n"
-          "  --fused-cnn           on the GPU (compute capability 9.0), train LeNet-5's\n"
+          "                        the same bits)\n",
+          f);
+    fputs("  --fused-cnn           on the GPU (compute capability 9.0), train LeNet-5's\n"
           "                        shape (--model lenet5, batch at most 64, no --clip,\n"
           "                        --l2 or --augment, the own products) in one persistent\n"
           "                        kernel: about 3x faster, the same results on every run,\n"
