@@ -4217,7 +4217,8 @@ typedef struct mnistcu__cuda_model {
     void *prep;               /* l2 and clipping: per-block sums of squares (double), then the factor (float) */
     mnistcu__opt *fused_opt;  /* [fused_cap] the fused kernels' per-step optimizer scalars */
     size_t fused_cap;
-    float *lenet;             /* the fused LeNet-5 kernel's rows a sample (mnistcu__lenet_floats), made on first use */
+    float *lenet;             /* the fused LeNet-5 kernel's rows a sample (mnistcu__lenet_floats, and 16 bytes to
+                                 align them), made on first use */
     /* the training step as a CUDA graph (see >>cuda_graph) */
     mnistcu__dyn *dyn;        /* [dyn_cap] a chunk's per-step values, then the current step's, then the cursor */
     size_t dyn_cap;
@@ -16008,14 +16009,18 @@ enum { MNISTCU__LN_W1 = 0, MNISTCU__LN_B1 = 150, MNISTCU__LN_W2 = 156, MNISTCU__
        MNISTCU__LN_F1 = 2572, MNISTCU__LN_G1 = 33292, MNISTCU__LN_F2 = 33412, MNISTCU__LN_G2 = 43492,
        MNISTCU__LN_F3 = 43576, MNISTCU__LN_G3 = 44416, MNISTCU__LN_NP = 44426,
        MNISTCU__LN_P1 = 156, MNISTCU__LN_P2 = 2416 /* conv1's and conv2's parameters */ };
-/* shared memory, in floats, each part 16-byte aligned: the dense weights F1, F2, then the rest */
+/* shared memory, in floats, each part 16-byte aligned (the mbarrier 8-byte): the dense weights F1 [120][256],
+   F2 [84][120], conv2's weights and bias, dense10's (850 in 852), conv1's, the sample, conv1's argmax
+   offsets, conv2's pooled output, argmax offsets and argmax (bytes), the dense activations, logits and
+   their gradients, conv2's pooled gradient G2, conv1's G1, four partial rows, the mbarrier, conv1's
+   pooled maps P1 (6 planes of 152), the step's optimizer scalars */
 enum { MNISTCU__LS_F1 = 0, MNISTCU__LS_F2 = 30720, MNISTCU__LS_W2 = 40800, MNISTCU__LS_W3 = 43216,
-       MNISTCU__LS_W1 = 44068, MNISTCU__LS_X = 44224, MNISTCU__LS_OF1 = 45872,
-       MNISTCU__LS_P2 = 46736, MNISTCU__LS_OF2 = 46992, MNISTCU__LS_AM2 = 47248, MNISTCU__LS_H1 = 47312,
-       MNISTCU__LS_H2 = 47432, MNISTCU__LS_Z = 47516, MNISTCU__LS_DZ = 47532, MNISTCU__LS_DH2 = 47548,
-       MNISTCU__LS_DH1 = 47632, MNISTCU__LS_G2 = 47752, MNISTCU__LS_G1 = 48008, MNISTCU__LS_PART = 48872,
-       MNISTCU__LS_MB = 49896, MNISTCU__LS_P1X = 49900, MNISTCU__LS_OPT = 49900 + 6 * 152,
-       MNISTCU__LS_END = MNISTCU__LS_OPT + 32 /* the step's optimizer scalars */ };
+       MNISTCU__LS_W1 = 44068, MNISTCU__LS_X = 44224, MNISTCU__LS_OF1 = 45008,
+       MNISTCU__LS_P2 = 45872, MNISTCU__LS_OF2 = 46128, MNISTCU__LS_AM2 = 46384, MNISTCU__LS_H1 = 46448,
+       MNISTCU__LS_H2 = 46568, MNISTCU__LS_Z = 46652, MNISTCU__LS_DZ = 46668, MNISTCU__LS_DH2 = 46684,
+       MNISTCU__LS_DH1 = 46768, MNISTCU__LS_G2 = 46888, MNISTCU__LS_G1 = 47144, MNISTCU__LS_PART = 48008,
+       MNISTCU__LS_MB = 49032, MNISTCU__LS_P1X = 49036, MNISTCU__LS_OPT = MNISTCU__LS_P1X + 6 * 152,
+       MNISTCU__LS_END = MNISTCU__LS_OPT + 32 };
 typedef char mnistcu__ln_opt_fits[sizeof(mnistcu__opt) <= 32 * sizeof(float) ? 1 : -1];
 /* conv1's pooled maps P1 [6][12 x 12] lie at LS_P1X in planes of 152 floats: conv2's two-channel lanes
    (ic 2g, 2g + 1) then read distinct banks (2 * 152 = 16 mod 32) */
@@ -16607,7 +16612,8 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
                 for (k = 0; k < a.slots; ++k) a.state[(size_t)k * MNISTCU__LN_NP + (size_t)(p0 + l)] = sl[k];
             }
         }
-        if (gt >= GT - 32) { /* the step's statistics, by the last warp (it has no parameters): each lane
+        if (gt >= GT - 32) { /* the step's statistics, by the last warp (with parameters only on a GPU of
+                                fewer than 87 multiprocessors, and then after them): each lane the
                                 samples lane, lane + 32, then a fixed tree */
             double l = 0.0, c = 0.0;
             int lane = tid & 31, off;
@@ -16649,6 +16655,7 @@ static int mnistcu__lenet_plan(mnistcu_model *m, size_t B, const mnistcu_optim_d
     if (B > MNISTCU__LN_B || m->inputs != 784 || m->classes != 10 || m->num_params != MNISTCU__LN_NP ||
         m->mode != MNISTCU_MODE_TRAIN || cu->use_cublas || cu->use_cudnn) /* the own kernels' path only */
         return 0;
+    if ((uintptr_t)m->params & 15) return 0; /* 16-byte copies of the weights (an allocation hook may not align) */
     if (m->layers[0].c != 1 || m->layers[0].h != 28 || m->layers[0].w != 28) return 0;
     for (i = 0; i < m->num_layers; ++i) {
         const mnistcu__layer *L = &m->layers[i];
@@ -16724,7 +16731,7 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
     a.lp = m->lossp;
     a.stats = cm->stats;
     a.stats_cap = cm->stats_cap;
-    a.rows = cm->lenet;
+    a.rows = (float *)(((uintptr_t)cm->lenet + 15) & ~(uintptr_t)15); /* float4 rows, whatever the hook's alignment */
     a.slots = pl->slots;
     args[0] = &a;
     e = cudaLaunchCooperativeKernel((const void *)mnistcu__k_fused_lenet, dim3((unsigned)pl->grid),
@@ -16828,7 +16835,8 @@ static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_
     cudaError_t e;
     if ((r = mnistcu__cuda_alive(ctx))) return r;
     if (pl->lenet && !cm->lenet &&
-        (r = mnistcu__cuda_malloc(ctx, (void **)&cm->lenet, mnistcu__lenet_floats() * sizeof(float), "fused LeNet-5 rows")))
+        (r = mnistcu__cuda_malloc(ctx, (void **)&cm->lenet, (mnistcu__lenet_floats() + 4) * sizeof(float),
+                                  "fused LeNet-5 rows")))
         return r;
     if (nsteps > cm->fused_cap) {
         mnistcu__opt *d = NULL;
