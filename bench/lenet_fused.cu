@@ -88,9 +88,7 @@ __device__ __forceinline__ void bulk_copy(float *s, const float *g, unsigned byt
 }
 __device__ __forceinline__ void mbar_expect(unsigned mbar, unsigned bytes)
 {
-    unsigned long long st;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;\n" : "=l"(st) : "r"(mbar), "r"(bytes) : "memory");
-    (void)st;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(unsigned mbar, unsigned parity)
 {
