@@ -15239,7 +15239,8 @@ static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt 
     return MNISTCU_OK;
 }
 
-/* ---- the fused MLP step: many training steps in one kernel -----------------------
+/* >>cuda_fused ---------------------------------------------------------------------
+   The fused MLP step: many training steps in one kernel.
    For the commonest small model, one hidden layer (dense with its activation,
    then dense), the dozen launches of a step (gather, two products forward,
    loss, statistics, three products and a bias sum backward, the optimizer) cost
@@ -15974,7 +15975,8 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
 #endif
 }
 
-/* ---- the fused LeNet-5 step: a block a sample, then a thread a parameter ----------
+/* >>cuda_fused_lenet ---------------------------------------------------------------
+   The fused LeNet-5 step: a block a sample, then a thread group a parameter group.
    With mnistcu_train_desc.fused_cnn, LeNet-5's shape (1x28x28 conv5x5x6 relu
    maxpool2 conv5x5x16 relu maxpool2 flatten dense120 relu dense84 relu
    dense10) trains in one cooperative kernel of one block of 1024 threads a
