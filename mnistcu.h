@@ -16149,6 +16149,36 @@ static __device__ void mnistcu__ln_dense_end(unsigned mbar, unsigned *phase)
 #endif
 }
 
+/* A dense layer's forward pass with its relu, from shared memory: N outputs of K inputs (K a multiple
+   of 4), 8 lanes an output, lane r the float4s r, r + 8, ... of the input, then the sum over the lanes
+   (whole warps: N * 8 is a multiple of 32). The output goes to h (shared) and row (global). */
+template <int N, int K>
+static __device__ __forceinline__ void mnistcu__ln_dense_relu(const float *W, const float *x, const float *bias, float *h,
+                                                              float *row)
+{
+    const int tid = (int)threadIdx.x;
+    if (tid < N * 8) {
+        int jo = tid >> 3, r = tid & 7, t;
+        const float4 *wr = (const float4 *)(W + jo * K), *xv = (const float4 *)x;
+        float acc = 0.0f;
+#pragma unroll
+        for (t = 0; t < (K / 4 + 7) / 8; ++t)
+            if (r + 8 * t < K / 4) {
+                float4 wv = wr[r + 8 * t], x4 = xv[r + 8 * t];
+                acc = fmaf(x4.x, wv.x, acc);
+                acc = fmaf(x4.y, wv.y, acc);
+                acc = fmaf(x4.z, wv.z, acc);
+                acc = fmaf(x4.w, wv.w, acc);
+            }
+        acc = mnistcu__ln_sum(acc, 8);
+        if (r == 0) {
+            float v = mnistcu__ln_relu(acc + bias[jo]);
+            h[jo] = v;
+            row[jo] = v;
+        }
+    }
+}
+
 /* Phase A for sample b of the batch, in block-shared memory sm. */
 static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *sm, int b, int bsz, size_t s0,
                                           unsigned mbar, unsigned *mph)
@@ -16293,48 +16323,11 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
     __syncthreads();
     MNISTCU__LPROF(2);
     /* dense120 + relu: 8 lanes an output, lane r the float4s r, r+8, ... of k */
-    if (tid < D1 * 8) {
-        int jo = tid >> 3, r = tid & 7, t;
-        const float4 *wr = (const float4 *)(F1s + jo * D0), *xv = (const float4 *)P2;
-        float acc = 0.0f;
-#pragma unroll
-        for (t = 0; t < 8; ++t) {
-            float4 wv = wr[r + 8 * t], x4 = xv[r + 8 * t];
-            acc = fmaf(x4.x, wv.x, acc);
-            acc = fmaf(x4.y, wv.y, acc);
-            acc = fmaf(x4.z, wv.z, acc);
-            acc = fmaf(x4.w, wv.w, acc);
-        }
-        acc = mnistcu__ln_sum(acc, 8);
-        if (r == 0) {
-            float h = mnistcu__ln_relu(acc + w[MNISTCU__LN_G1 + jo]);
-            H1[jo] = h;
-            rows[MNISTCU__LR_H1 + b * D1 + jo] = h;
-        }
-    }
+    mnistcu__ln_dense_relu<D1, D0>(F1s, P2, w + MNISTCU__LN_G1, H1, rows + MNISTCU__LR_H1 + b * D1);
     __syncthreads();
     MNISTCU__LPROF(3);
     /* dense84 + relu */
-    if (tid < D2 * 8) {
-        int jo = tid >> 3, r = tid & 7, t;
-        const float4 *wr = (const float4 *)(F2s + jo * D1), *xv = (const float4 *)H1;
-        float acc = 0.0f;
-#pragma unroll
-        for (t = 0; t < 4; ++t)
-            if (r + 8 * t < D1 / 4) {
-                float4 wv = wr[r + 8 * t], x4 = xv[r + 8 * t];
-                acc = fmaf(x4.x, wv.x, acc);
-                acc = fmaf(x4.y, wv.y, acc);
-                acc = fmaf(x4.z, wv.z, acc);
-                acc = fmaf(x4.w, wv.w, acc);
-            }
-        acc = mnistcu__ln_sum(acc, 8);
-        if (r == 0) {
-            float h = mnistcu__ln_relu(acc + w[MNISTCU__LN_G2 + jo]);
-            H2[jo] = h;
-            rows[MNISTCU__LR_H2 + b * D2 + jo] = h;
-        }
-    }
+    mnistcu__ln_dense_relu<D2, D1>(F2s, H1, w + MNISTCU__LN_G2, H2, rows + MNISTCU__LR_H2 + b * D2);
     __syncthreads();
     MNISTCU__LPROF(4);
     /* dense10: a warp an output */

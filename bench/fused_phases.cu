@@ -29,28 +29,40 @@ static const char *const lnames[LPHASES] = {
     "A: conv2's input gradient, 4 parts", "A: G1; conv2's weight gradient", "A: conv1's weight gradient",
     "grid barrier A", "B: gradients, optimizer, stats", "grid barrier B"};
 
+/* A GPU context (the own kernels) and the first limit training images of dir (0: all), x/255. */
+static int open_train(const char *dir, size_t limit, mnistcu_ctx **ctx, mnistcu_dataset **train)
+{
+    mnistcu_ctx_desc cd;
+    mnistcu_dataset_desc dd;
+    memset(&cd, 0, sizeof cd);
+    cd.device = MNISTCU_DEVICE_CUDA;
+    cd.gemm = MNISTCU_GEMM_OWN;
+    cd.log_level = MNISTCU_LOG_SILENT;
+    if (mnistcu_ctx_create(ctx, &cd)) return 1;
+    memset(&dd, 0, sizeof dd);
+    dd.dir = dir;
+    dd.split = MNISTCU_SPLIT_TRAIN;
+    dd.norm = MNISTCU_NORM_UNIT;
+    dd.limit = limit;
+    if (mnistcu_dataset_load(*ctx, &dd, train)) {
+        fprintf(stderr, "%s\n", mnistcu_ctx_error(*ctx));
+        return 1;
+    }
+    return 0;
+}
+
 /* P4 in the fused LeNet-5 kernel: one epoch after a warm-up epoch */
 static int run_lenet(const char *dir)
 {
-    mnistcu_ctx_desc cd;
     mnistcu_ctx *ctx = NULL;
-    mnistcu_dataset_desc dd;
     mnistcu_dataset *train = NULL;
     mnistcu_model *m = NULL;
     mnistcu_train_desc td;
     mnistcu_train_result tr;
     long long prof[32], zero[32];
     int khz = 0, i;
-    memset(&cd, 0, sizeof cd);
-    cd.device = MNISTCU_DEVICE_CUDA;
-    cd.gemm = MNISTCU_GEMM_OWN;
-    cd.log_level = MNISTCU_LOG_SILENT;
-    if (mnistcu_ctx_create(&ctx, &cd)) return 1;
-    memset(&dd, 0, sizeof dd);
-    dd.dir = dir;
-    dd.split = MNISTCU_SPLIT_TRAIN;
-    dd.norm = MNISTCU_NORM_UNIT;
-    if (mnistcu_dataset_load(ctx, &dd, &train) || mnistcu_model_create_spec(ctx, "lenet5", &m)) {
+    if (open_train(dir, 0, &ctx, &train)) return 1;
+    if (mnistcu_model_create_spec(ctx, "lenet5", &m)) {
         fprintf(stderr, "%s\n", mnistcu_ctx_error(ctx));
         return 1;
     }
@@ -76,9 +88,7 @@ static int run_lenet(const char *dir)
 
 static int run(const char *dir, const char *cfg, const char *spec, int batch, float lr, size_t limit, int no_shuffle)
 {
-    mnistcu_ctx_desc cd;
     mnistcu_ctx *ctx = NULL;
-    mnistcu_dataset_desc dd;
     mnistcu_dataset *train = NULL;
     mnistcu_model *m = NULL;
     mnistcu_train_desc td;
@@ -86,17 +96,8 @@ static int run(const char *dir, const char *cfg, const char *spec, int batch, fl
     long long prof[16], zero[16];
     int khz = 0, i;
     size_t steps;
-    memset(&cd, 0, sizeof cd);
-    cd.device = MNISTCU_DEVICE_CUDA;
-    cd.gemm = MNISTCU_GEMM_OWN;
-    cd.log_level = MNISTCU_LOG_SILENT;
-    if (mnistcu_ctx_create(&ctx, &cd)) return 1;
-    memset(&dd, 0, sizeof dd);
-    dd.dir = dir;
-    dd.split = MNISTCU_SPLIT_TRAIN;
-    dd.norm = MNISTCU_NORM_UNIT;
-    dd.limit = limit;
-    if (mnistcu_dataset_load(ctx, &dd, &train) || mnistcu_model_create_mlp(ctx, spec, &m)) {
+    if (open_train(dir, limit, &ctx, &train)) return 1;
+    if (mnistcu_model_create_mlp(ctx, spec, &m)) {
         fprintf(stderr, "%s\n", mnistcu_ctx_error(ctx));
         return 1;
     }

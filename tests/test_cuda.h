@@ -1964,6 +1964,23 @@ static mnistcu_dataset *tc_u8_dataset(mnistcu_ctx *ctx, size_t count, int D, int
     return ds;
 }
 
+/* A training's progress reports every progress_every steps into curve (0: none), and a cosine schedule
+   stepped per batch after warmup epochs (cosine_per_step 0: none). */
+static void tc_train_extras(mnistcu_train_desc *td, int progress_every, tc_curve *curve, int cosine_per_step, int warmup)
+{
+    if (progress_every) {
+        curve->n = 0;
+        td->progress_every = (size_t)progress_every;
+        td->progress = tc_record;
+        td->progress_user = curve;
+    }
+    if (cosine_per_step) {
+        td->schedule.kind = MNISTCU_SCHEDULE_COSINE;
+        td->schedule.per_step = 1;
+        td->schedule.warmup = warmup;
+    }
+}
+
 static float *tc_fused_train(const tc_fused_case *c, int no_fused, size_t *np, mnistcu_train_result *res)
 {
     mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, c->precision);
@@ -1998,17 +2015,7 @@ static float *tc_fused_train(const tc_fused_case *c, int no_fused, size_t *np, m
     td.optim = c->optim;
     td.no_shuffle = c->no_shuffle;
     td.no_fused = no_fused;
-    if (c->progress_every) {
-        curve.n = 0;
-        td.progress_every = (size_t)c->progress_every;
-        td.progress = tc_record;
-        td.progress_user = &curve;
-    }
-    if (c->cosine_per_step) {
-        td.schedule.kind = MNISTCU_SCHEDULE_COSINE;
-        td.schedule.per_step = 1;
-        td.schedule.warmup = 3;
-    }
+    tc_train_extras(&td, c->progress_every, &curve, c->cosine_per_step, 3);
     if (!ds || mnistcu_model_create(ctx, &md, &m) != MNISTCU_OK || mnistcu_train(m, ds, &td, res) != MNISTCU_OK)
         printf("    %s (%s): %s\n", c->name, no_fused ? "step by step" : "fused", mnistcu_ctx_error(ctx));
     else {
@@ -2193,17 +2200,7 @@ static float *tc_lenet_train(const tc_lenet_case *c, int fused, size_t *np, mnis
     td.batch_size = c->B;
     td.optim = c->optim;
     td.fused_cnn = fused;
-    if (c->progress_every) {
-        curve.n = 0;
-        td.progress_every = (size_t)c->progress_every;
-        td.progress = tc_record;
-        td.progress_user = &curve;
-    }
-    if (c->cosine_per_step) {
-        td.schedule.kind = MNISTCU_SCHEDULE_COSINE;
-        td.schedule.per_step = 1;
-        td.schedule.warmup = 2;
-    }
+    tc_train_extras(&td, c->progress_every, &curve, c->cosine_per_step, 2);
     if (ds && mnistcu_model_desc_parse(ctx, spec, &md) == MNISTCU_OK) {
         md.label_smoothing = c->smoothing;
         if (mnistcu_model_create(ctx, &md, &m) == MNISTCU_OK) {
