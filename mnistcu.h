@@ -885,7 +885,7 @@ typedef struct mnistcu_train_desc {
                                             product where that is our kernel (with cuBLAS: where it also
                                             sums the bias gradient; see >>cuda_update; the same bits, one
                                             pass over the weights fewer); 1: in the optimizer's pass */
-    int fused_cnn;                       /* 1: on the GPU (compute capability 9.0 or later, 199 KB of shared
+    int fused_cnn;                       /* 1: on the GPU (compute capability 9.0 or later, 203 KB of shared
                                             memory a block), FP32, the own kernels, LeNet-5's shape (the
                                             "lenet5" preset: any optimizer and schedule without l2 or
                                             clipping, a loss against class labels, batches of at most 64,
@@ -15992,15 +15992,18 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         memory accelerator) while the convolutions run. The block leaves in
         global memory what the dense weight gradients need (the layers' inputs
         and output gradients, a row a sample) and its sample's share of the
-        convolutions' weight gradients.
-     B  8 lanes a group of 4 parameters, lane l the samples l, l + 8, ...: the
-        gradients, sums over the batch, and their optimizer steps.
+        convolutions' weight gradients. It also fetches its sample of the next
+        step (index, label, bytes) while this one runs.
+     B  a block a task (a tile of a dense layer's weights, or a run of
+        parameters whose gradient is a row sum): the task's rows of the batch
+        staged into shared memory in one round of loads, the sums over the
+        batch from there, and the optimizer steps.
    The max pools route by the first maximum of each window, the relus' gradient
    is taken where the output is above zero, as the step by step path does.
    Every sum is in a fixed order and nothing uses atomics: the same bits on
    every run. The orders are not the step by step path's, so the weights agree
    with it to rounding, not bit for bit; hence opt-in. Measured on an H100 (P4,
-   bench/RESULTS.md): 30.9 ms an epoch against 87.7 step by step; where the
+   bench/RESULTS.md): 28.1 ms an epoch against 88.4 step by step; where the
    time goes, phase by phase: bench/fused_phases.cu. bench/lenet_fused.cu is
    the design's first form as a standalone program. */
 enum { MNISTCU__LN_IH = 28, MNISTCU__LN_K = 5, MNISTCU__LN_C1 = 6, MNISTCU__LN_Q1 = 12, MNISTCU__LN_C2 = 16,
@@ -16015,14 +16018,17 @@ enum { MNISTCU__LN_W1 = 0, MNISTCU__LN_B1 = 150, MNISTCU__LN_W2 = 156, MNISTCU__
    F2 [84][120], conv2's weights and bias, dense10's (850 in 852), conv1's, the sample, conv1's argmax
    offsets, conv2's pooled output, argmax offsets and argmax (bytes), the dense activations, logits and
    their gradients, conv2's pooled gradient G2, conv1's G1, four partial rows, the mbarrier, conv1's
-   pooled maps P1 (6 planes of 152), the step's optimizer scalars */
+   pooled maps P1 (6 planes of 152), the step's optimizer scalars; then what the block fetches for its
+   next step's sample while this step runs (NI: [0] its index, [1] its label, [2] the label of the sample
+   in X, [3] whether it came so; NX: its 784 bytes or floats); phase B's task (mnistcu__ln_task) */
 enum { MNISTCU__LS_F1 = 0, MNISTCU__LS_F2 = 30720, MNISTCU__LS_W2 = 40800, MNISTCU__LS_W3 = 43216,
        MNISTCU__LS_W1 = 44068, MNISTCU__LS_X = 44224, MNISTCU__LS_OF1 = 45008,
        MNISTCU__LS_P2 = 45872, MNISTCU__LS_OF2 = 46128, MNISTCU__LS_AM2 = 46384, MNISTCU__LS_H1 = 46448,
        MNISTCU__LS_H2 = 46568, MNISTCU__LS_Z = 46652, MNISTCU__LS_DZ = 46668, MNISTCU__LS_DH2 = 46684,
        MNISTCU__LS_DH1 = 46768, MNISTCU__LS_G2 = 46888, MNISTCU__LS_G1 = 47144, MNISTCU__LS_PART = 48008,
        MNISTCU__LS_MB = 49032, MNISTCU__LS_P1X = 49036, MNISTCU__LS_OPT = MNISTCU__LS_P1X + 6 * 152,
-       MNISTCU__LS_END = MNISTCU__LS_OPT + 32 };
+       MNISTCU__LS_NI = MNISTCU__LS_OPT + 32, MNISTCU__LS_NX = MNISTCU__LS_NI + 4,
+       MNISTCU__LS_TASK = MNISTCU__LS_NX + 784, MNISTCU__LS_END = MNISTCU__LS_TASK + 16 };
 typedef char mnistcu__ln_opt_fits[sizeof(mnistcu__opt) <= 32 * sizeof(float) ? 1 : -1];
 /* conv1's pooled maps P1 [6][12 x 12] lie at LS_P1X in planes of 152 floats: conv2's two-channel lanes
    (ic 2g, 2g + 1) then read distinct banks (2 * 152 = 16 mod 32) */
@@ -16053,6 +16059,7 @@ typedef struct mnistcu__lenet_args {
     size_t stats_cap;
     float *rows;         /* mnistcu__lenet_floats() */
     int slots;           /* optimizer state slots (at most 3) */
+    int fetch;           /* the dataset is 16-byte aligned: each block fetches its next sample early */
 } mnistcu__lenet_args;
 
 /* bench/fused_phases.cu defines MNISTCU_FUSED_PROFILE: thread 0 of block 0 then sums the clock cycles
@@ -16179,9 +16186,32 @@ static __device__ __forceinline__ void mnistcu__ln_dense_relu(const float *W, co
     }
 }
 
-/* Phase A for sample b of the batch, in block-shared memory sm. */
+/* A copy of 4 or 16 bytes (bytes) from global to shared memory: asynchronous where it can be (the
+   caller waits), else plain. */
+static __device__ __forceinline__ void mnistcu__ln_copy(void *dst, const void *src, int bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (bytes == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                     "l"(src)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                     "l"(src)
+                     : "memory");
+#else
+    if (bytes == 16) *(float4 *)dst = *(const float4 *)src;
+    else *(float *)dst = *(const float *)src;
+#endif
+}
+
+/* Phase A for sample b of the batch, in block-shared memory sm; first: the block's first sample of
+   the step, more: a step follows in this launch. The block's first sample of each step after the
+   launch's first comes early: fetched during the last (NI[3] says so, its bytes in NX, its label in
+   NI[1]); the copies are in flight through phase A and B (phase B waits for them). The flag lives in
+   shared memory, not in a register kept through the step. */
 static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *sm, int b, int bsz, size_t s0,
-                                          unsigned mbar, unsigned *mph)
+                                          unsigned mbar, unsigned *mph, int first, int more)
 {
     enum { IH = MNISTCU__LN_IH, KS = MNISTCU__LN_K, C1 = MNISTCU__LN_C1, Q1 = MNISTCU__LN_Q1, C2 = MNISTCU__LN_C2,
            O2 = MNISTCU__LN_O2, D0 = MNISTCU__LN_D0, D1 = MNISTCU__LN_D1, D2 = MNISTCU__LN_D2, D3 = MNISTCU__LN_D3,
@@ -16197,11 +16227,15 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
     float *DA = sm + MNISTCU__LS_DA, *PT = sm + MNISTCU__LS_PT, *rows = a->rows;
     int *OF1 = (int *)(sm + MNISTCU__LS_OF1), *OF2 = (int *)(sm + MNISTCU__LS_OF2);
     uint8_t *AM2 = (uint8_t *)(sm + MNISTCU__LS_AM2);
-    const uint32_t src = a->idx[s0 + (size_t)b];
+    int *NI = (int *)(sm + MNISTCU__LS_NI);
+    const float *NX = sm + MNISTCU__LS_NX;
+    const int pre = first && NI[3], fetch = first && more && a->fetch && s0 + (size_t)a->B + blockIdx.x < a->n;
+    const uint32_t src = pre ? 0u : a->idx[s0 + (size_t)b];
     int j;
 
-    /* the convolutions' and dense10's weights first (asynchronous copies where there are: else they
-       would queue behind the dense layers' 163 KB), then the dense layers', then the sample */
+    /* the convolutions' and dense10's weights and the sample first (asynchronous copies where there
+       are); the dense layers' 163 KB after the block barrier below, so that none of the block's small
+       copies queues behind them */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     for (j = tid; j < MNISTCU__LN_P1 / 4 + MNISTCU__LN_P2 / 4 + (D3 * D2 + 8) / 4 + 2; j += NT) {
         float *d;
@@ -16225,21 +16259,38 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(d)), "l"(g)
                          : "memory");
     }
+    if (fetch && tid == 0) mnistcu__ln_copy(NI, a->idx + s0 + (size_t)a->B + blockIdx.x, 4);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 #else
     for (j = tid; j < MNISTCU__LN_P1; j += NT) W1s[j] = w[MNISTCU__LN_W1 + j];
     for (j = tid; j < MNISTCU__LN_P2; j += NT) W2s[j] = w[MNISTCU__LN_W2 + j];
     for (j = tid; j < D3 * D2 + D3; j += NT) W3s[j] = w[MNISTCU__LN_F3 + j];
+    if (fetch && tid == 0) NI[0] = (int)a->idx[s0 + (size_t)a->B + blockIdx.x];
 #endif
-    mnistcu__ln_dense_begin(sm, w, mbar, b);
     for (j = tid; j < IH * IH; j += NT) {
-        float raw = a->u8 ? (float)a->u8[(size_t)src * (IH * IH) + j] : a->f32[(size_t)src * (IH * IH) + j];
+        float raw = pre ? (a->u8 ? (float)((const uint8_t *)NX)[j] : NX[j])
+                        : a->u8 ? (float)a->u8[(size_t)src * (IH * IH) + j] : a->f32[(size_t)src * (IH * IH) + j];
         X[j] = fmaf(raw, a->scale, a->shift); /* as the gather's one rounding */
     }
+    if (tid == 0) NI[2] = pre ? NI[1] : a->labels[src];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #endif
     __syncthreads();
+    mnistcu__ln_dense_begin(sm, w, mbar, b);
+    if (first && tid == 0) NI[3] = fetch; /* read by the next step's first sample only: block barriers between */
+    if (fetch) { /* the next sample's bytes (49 or 196 copies of 16) and label, waited for in phase B */
+        const uint32_t ns = (uint32_t)NI[0];
+        if (tid < (a->u8 ? 49 : 196))
+            mnistcu__ln_copy((float *)NX + 4 * tid,
+                             a->u8 ? (const void *)(a->u8 + (size_t)ns * (IH * IH) + 16 * tid)
+                                   : (const void *)(a->f32 + (size_t)ns * (IH * IH) + 4 * tid),
+                             16);
+        if (tid == 0) mnistcu__ln_copy(NI + 1, a->labels + ns, 4);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+    }
     MNISTCU__LPROF(0);
     /* conv1 + relu + pool: a thread a window's 4 outputs */
     if (tid < C1 * QQ) {
@@ -16342,7 +16393,7 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
     MNISTCU__LPROF(5);
     /* the loss row, its gradient and the prediction, as the loss kernel makes them */
     if (tid == 0) {
-        int32_t y = a->labels[src], pred;
+        int32_t y = NI[2], pred;
         float loss;
         mnistcu__loss_row(&a->lp, Z, y, NULL, (size_t)D3, a->lp.sum ? 1.0f : 1.0f / (float)bsz, DZ, &loss, &pred);
         rows[MNISTCU__LR_LOSS + b] = loss;
@@ -16485,68 +16536,188 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
     }
 }
 
-/* Phase B for the group of 4 parameters from p0 (each tensor starts at a multiple of 4; the last group
-   has 2), lane l of its 8 (the samples l, l + 8, ...): its share of the 4 gradients, the sums over
-   the batch; float4 loads of the rows a sample. */
-static __device__ __forceinline__ float4 mnistcu__ln_grad4(const float *rows, int p0, int l, int bsz)
+/* Phase B's tasks: each a block's share of the gradients' sums over the batch. A task stages what it
+   needs of the rows a sample into shared memory in one round of loads, then sums from there; so each
+   row reaches a multiprocessor once, not once a parameter. Two kinds:
+     a weight tile: outputs o0 .. o0+O-1 of a dense layer and inputs i0 .. i0+I-1, each gradient the
+       output gradient's column times the input's row over the batch (the rows' fields xf and yf);
+     a row sum: entries i0 .. i0+I-1 of field yf over the batch (the biases, the convolutions' shares).
+   In order: F1 in 60 tiles of 8 x 64, F2 in 21 of 12 x 40, dense10 in one, conv2's shares in 38 sums
+   of 64 (the last 48), conv1's in 2 (80 and 76), the three dense biases: 125 tasks, at most one a
+   block on an H100's 132 multiprocessors. The weight tiles are summed in register tiles (8 lanes a
+   2 x 4 block of weights, each lane a float4 of inputs and a float2 of output gradients a sample: 8
+   fmas for 2 loads), the row sums 8 lanes a parameter. */
+enum { MNISTCU__LT_F1 = 60, MNISTCU__LT_F2 = MNISTCU__LT_F1 + 21, MNISTCU__LT_F3 = MNISTCU__LT_F2 + 1,
+       MNISTCU__LT_C2 = MNISTCU__LT_F3 + 38, MNISTCU__LT_C1 = MNISTCU__LT_C2 + 2, MNISTCU__LT_END = MNISTCU__LT_C1 + 3 };
+typedef struct mnistcu__ln_task {
+    int p0;      /* the parameter of (o0, i0), or of entry i0 */
+    int ld;      /* a weight tile: the weight's row length (its input field's too) */
+    int xf, xs;  /* a weight tile: the output gradient's field and row length; xf < 0: a row sum */
+    int yf, ys;  /* the input's field (or the summed one) and its row length */
+    int o0, O, i0, I;
+    int quad;    /* a weight tile, summed in 2 x 4 register tiles */
+    int v4, xv4; /* the summed (or input) rows, the output gradient's, staged in 16-byte copies (their
+                    column counts, offsets and strides multiples of 4), else in 4-byte ones */
+    int L;       /* lanes a parameter (quad: a 2 x 4 tile), a power of 2 */
+    int S;       /* the staged rows' stride: I rounded up to 32, plus 32 / L (the lanes' rows in distinct banks) */
+} mnistcu__ln_task;
+typedef char mnistcu__ln_task_fits[sizeof(mnistcu__ln_task) <= 16 * sizeof(float) ? 1 : -1]; /* LS_TASK */
+
+static __device__ mnistcu__ln_task mnistcu__ln_task_of(int k)
 {
     enum { D0 = MNISTCU__LN_D0, D1 = MNISTCU__LN_D1, D2 = MNISTCU__LN_D2, D3 = MNISTCU__LN_D3 };
-    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float *x = rows, *y;
-    int b, xs, ys;
-    float d;
-    if (p0 >= MNISTCU__LN_G3) { /* dense10's bias: rows of 10, not 16-byte aligned */
-        int c0 = p0 - MNISTCU__LN_G3;
-        for (b = l; b < bsz; b += 8) {
-            const float *r = rows + MNISTCU__LR_DZ + b * D3 + c0;
-            s.x += r[0];
-            s.y += r[1];
-            if (c0 + 2 < D3) {
-                s.z += r[2];
-                s.w += r[3];
+    mnistcu__ln_task t;
+    t.xf = -1;
+    t.xs = 0;
+    t.o0 = 0;
+    t.O = 1;
+    t.quad = 0;
+    t.v4 = 1;
+    t.xv4 = 1;
+    t.L = 8;
+    if (k < MNISTCU__LT_F1) {
+        t.O = 8; t.o0 = 8 * (k >> 2); t.I = 64; t.i0 = 64 * (k & 3); t.quad = 1;
+        t.p0 = MNISTCU__LN_F1; t.ld = D0; t.xf = MNISTCU__LR_DH1; t.xs = D1; t.yf = MNISTCU__LR_P2; t.ys = D0;
+    } else if (k < MNISTCU__LT_F2) {
+        k -= MNISTCU__LT_F1;
+        t.O = 12; t.o0 = 12 * (k / 3); t.I = 40; t.i0 = 40 * (k % 3); t.quad = 1;
+        t.p0 = MNISTCU__LN_F2; t.ld = D1; t.xf = MNISTCU__LR_DH2; t.xs = D2; t.yf = MNISTCU__LR_H1; t.ys = D1;
+    } else if (k < MNISTCU__LT_F3) { /* dense10's output gradient rows of 10: 4-byte copies */
+        t.O = D3; t.I = D2; t.i0 = 0; t.quad = 1; t.xv4 = 0;
+        t.p0 = MNISTCU__LN_F3; t.ld = D2; t.xf = MNISTCU__LR_DZ; t.xs = D3; t.yf = MNISTCU__LR_H2; t.ys = D2;
+    } else if (k < MNISTCU__LT_C2) {
+        k -= MNISTCU__LT_F3;
+        t.i0 = 64 * k; t.I = MNISTCU__MIN(64, MNISTCU__LN_P2 - t.i0);
+        t.p0 = MNISTCU__LN_W2; t.yf = MNISTCU__LR_PART2; t.ys = MNISTCU__LN_P2;
+    } else if (k < MNISTCU__LT_C1) {
+        k -= MNISTCU__LT_C2;
+        t.i0 = 80 * k; t.I = k ? MNISTCU__LN_P1 - 80 : 80;
+        t.p0 = MNISTCU__LN_W1; t.yf = MNISTCU__LR_PART1; t.ys = MNISTCU__LN_P1;
+    } else {
+        k -= MNISTCU__LT_C1;
+        t.i0 = 0;
+        t.I = k == 0 ? D1 : k == 1 ? D2 : D3;
+        t.v4 = k < 2;
+        t.p0 = k == 0 ? MNISTCU__LN_G1 : k == 1 ? MNISTCU__LN_G2 : MNISTCU__LN_G3;
+        t.yf = k == 0 ? MNISTCU__LR_DH1 : k == 1 ? MNISTCU__LR_DH2 : MNISTCU__LR_DZ;
+        t.ys = t.I;
+    }
+    t.S = (t.I + 31) / 32 * 32 + 32 / t.L;
+    t.p0 += t.xf >= 0 ? t.o0 * t.ld + t.i0 : t.i0;
+    return t;
+}
+
+/* The task's rows of the batch into shared memory: the input's (or summed) columns at Ys [b][S], a
+   weight tile's output gradient columns at Xs [b][O]; asynchronous copies of 16 bytes (v4) or 4 where
+   there are (no registers held, all in flight at once: one round of loads), the caller's block
+   barrier after. */
+static __device__ void mnistcu__ln_stage(const float *rows, const mnistcu__ln_task *t, int bsz, float *Ys, float *Xs)
+{
+    const int w = t->v4 ? 4 : 1, wx = t->xv4 ? 4 : 1, I = t->I / w, O = t->xf >= 0 ? t->O / wx : 0;
+    const int ny = bsz * I, n = ny + bsz * O;
+    int e;
+    for (e = (int)threadIdx.x; e < n; e += MNISTCU__LN_T) {
+        const float *src;
+        float *dst;
+        if (e < ny) {
+            const int b = e / I, c = e - b * I;
+            src = rows + t->yf + b * t->ys + t->i0 + w * c;
+            dst = Ys + b * t->S + w * c;
+            mnistcu__ln_copy(dst, src, 4 * w);
+        } else {
+            const int f = e - ny, b = f / O, c = f - b * O;
+            src = rows + t->xf + b * t->xs + t->o0 + wx * c;
+            dst = Xs + wx * f;
+            mnistcu__ln_copy(dst, src, 4 * wx);
+        }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+/* A task's sums over the batch (from the staging) and each parameter's optimizer step. */
+static __device__ void mnistcu__ln_task_run(const mnistcu__lenet_args *a, const mnistcu__ln_task *tk, int bsz,
+                                           const mnistcu__opt *os, float *Ys, float *Xs)
+{
+    const int tid = (int)threadIdx.x, e = tid / tk->L, l = tid & (tk->L - 1);
+    int oi = 0, ii = e, p = -1, s, b;
+    float g = 0.0f, wl = 0.0f, st[3] = {0.0f, 0.0f, 0.0f};
+    if (tk->quad) { /* tile e: outputs 2 oi, 2 oi + 1 and inputs 4 ii .. 4 ii + 3; lane l's parameter, (l >> 2, l & 3) */
+        oi = e / (tk->I / 4);
+        ii = e - oi * (tk->I / 4);
+        if (e < tk->O * tk->I / 8) p = tk->p0 + (2 * oi + (l >> 2)) * tk->ld + 4 * ii + (l & 3);
+    } else if (tk->xf >= 0) {
+        oi = e / tk->I;
+        ii = e - oi * tk->I;
+        if (l == 0 && e < tk->O * tk->I) p = tk->p0 + oi * tk->ld + ii;
+    } else if (l == 0 && e < tk->I) {
+        p = tk->p0 + ii;
+    }
+    if (p >= 0) { /* the parameter and its state, in flight with the rows' loads */
+        wl = a->params[p];
+        for (s = 0; s < a->slots; ++s) st[s] = a->state[(size_t)s * MNISTCU__LN_NP + (size_t)p];
+    }
+    mnistcu__ln_stage(a->rows, tk, bsz, Ys, Xs);
+    __syncthreads();
+    MNISTCU__LPROF(19);
+    if (tk->quad && (tid & ~31) < tk->O * tk->I) { /* the warps with tiles (8 lanes a tile of 8) */
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        int u;
+        if (e < tk->O * tk->I / 8) {
+            const float *y = Ys + 4 * ii, *x = Xs + 2 * oi;
+#pragma unroll 2
+            for (b = l; b < bsz; b += 8) {
+                const float4 yv = *(const float4 *)(y + b * tk->S);
+                const float2 xv = *(const float2 *)(x + b * tk->O);
+                acc[0] = fmaf(xv.x, yv.x, acc[0]);
+                acc[1] = fmaf(xv.x, yv.y, acc[1]);
+                acc[2] = fmaf(xv.x, yv.z, acc[2]);
+                acc[3] = fmaf(xv.x, yv.w, acc[3]);
+                acc[4] = fmaf(xv.y, yv.x, acc[4]);
+                acc[5] = fmaf(xv.y, yv.y, acc[5]);
+                acc[6] = fmaf(xv.y, yv.z, acc[6]);
+                acc[7] = fmaf(xv.y, yv.w, acc[7]);
             }
         }
-        return s;
-    }
-    if (p0 < MNISTCU__LN_W2) { x = rows + MNISTCU__LR_PART1 + p0; xs = MNISTCU__LN_P1; }
-    else if (p0 < MNISTCU__LN_F1) { x = rows + MNISTCU__LR_PART2 + (p0 - MNISTCU__LN_W2); xs = MNISTCU__LN_P2; }
-    else if (p0 >= MNISTCU__LN_G1 && p0 < MNISTCU__LN_F2) { x = rows + MNISTCU__LR_DH1 + (p0 - MNISTCU__LN_G1); xs = D1; }
-    else if (p0 >= MNISTCU__LN_G2 && p0 < MNISTCU__LN_F3) { x = rows + MNISTCU__LR_DH2 + (p0 - MNISTCU__LN_G2); xs = D2; }
-    else xs = 0;
-    if (xs) { /* a sum of rows */
-        for (b = l; b < bsz; b += 8) {
-            float4 v = *(const float4 *)(x + b * xs);
-            s.x += v.x;
-            s.y += v.y;
-            s.z += v.z;
-            s.w += v.w;
+        /* the sums over the 8 lanes, each lane keeping half of what is left at each of 3 levels: lane l
+           ends with tile entry l's (7 shuffles, not 24) */
+#pragma unroll
+        for (u = 0; u < 4; ++u) {
+            const float keep = (l & 4) ? acc[u + 4] : acc[u], give = (l & 4) ? acc[u] : acc[u + 4];
+            acc[u] = keep + __shfl_xor_sync(0xffffffffu, give, 4);
         }
-        return s;
+#pragma unroll
+        for (u = 0; u < 2; ++u) {
+            const float keep = (l & 2) ? acc[u + 2] : acc[u], give = (l & 2) ? acc[u] : acc[u + 2];
+            acc[u] = keep + __shfl_xor_sync(0xffffffffu, give, 2);
+        }
+        {
+            const float keep = (l & 1) ? acc[1] : acc[0], give = (l & 1) ? acc[0] : acc[1];
+            g = keep + __shfl_xor_sync(0xffffffffu, give, 1);
+        }
+    } else if (!tk->quad) {
+        if (e < tk->O * tk->I) {
+            const float *y = Ys + ii;
+            if (tk->xf >= 0) {
+                const float *x = Xs + oi;
+#pragma unroll 4
+                for (b = l; b < bsz; b += tk->L) g = fmaf(x[b * tk->O], y[b * tk->S], g);
+            } else {
+#pragma unroll 4
+                for (b = l; b < bsz; b += tk->L) g += y[b * tk->S];
+            }
+        }
+        g = mnistcu__ln_sum(g, tk->L);
     }
-    /* a weight: the output gradient's column times the input's row, over the batch */
-    if (p0 < MNISTCU__LN_G1) {
-        int r = p0 - MNISTCU__LN_F1;
-        x = rows + MNISTCU__LR_DH1 + (r >> 8); xs = D1;
-        y = rows + MNISTCU__LR_P2 + (r & 255); ys = D0;
-    } else if (p0 < MNISTCU__LN_G2) {
-        int r = p0 - MNISTCU__LN_F2, i = r / D1;
-        x = rows + MNISTCU__LR_DH2 + i; xs = D2;
-        y = rows + MNISTCU__LR_H1 + (r - i * D1); ys = D1;
-    } else {
-        int r = p0 - MNISTCU__LN_F3, c = r / D2;
-        x = rows + MNISTCU__LR_DZ + c; xs = D3;
-        y = rows + MNISTCU__LR_H2 + (r - c * D2); ys = D2;
+    MNISTCU__LPROF(20);
+    if (p >= 0) { /* the step on the copies, then stored */
+        mnistcu__opt_one(os, 0, &wl, g, st);
+        a->grads[p] = g;
+        a->params[p] = wl;
+        for (s = 0; s < a->slots; ++s) a->state[(size_t)s * MNISTCU__LN_NP + (size_t)p] = st[s];
     }
-#pragma unroll 8
-    for (b = l; b < bsz; b += 8) {
-        float4 v = *(const float4 *)(y + b * ys);
-        d = x[b * xs];
-        s.x = fmaf(d, v.x, s.x);
-        s.y = fmaf(d, v.y, s.y);
-        s.z = fmaf(d, v.z, s.z);
-        s.w = fmaf(d, v.w, s.w);
-    }
-    return s;
+    MNISTCU__LPROF(21);
 }
 
 __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnistcu__lenet_args a)
@@ -16555,21 +16726,21 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
     extern __shared__ float mnistcu__ln_sm[];
     cooperative_groups::grid_group grid = cooperative_groups::this_grid();
     float *sm = mnistcu__ln_sm;
-    const int tid = (int)threadIdx.x, gt = (int)blockIdx.x * MNISTCU__LN_T + tid;
-    const int GT = (int)gridDim.x * MNISTCU__LN_T;
+    const int tid = (int)threadIdx.x;
     const unsigned mbar = (unsigned)__cvta_generic_to_shared(sm + MNISTCU__LS_MB);
     unsigned mph = 0;
     int q;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (tid == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar) : "memory");
 #endif
+    if (tid == 0) ((int *)(sm + MNISTCU__LS_NI))[3] = 0; /* the launch's first samples come by their own loads */
     __syncthreads();
     MNISTCU__LPROF(18);
     for (q = 0; q < a.nsteps; ++q) {
         const size_t step = a.step0 + (size_t)q, s0 = step * (size_t)a.B;
         const int bsz = (int)MNISTCU__MIN((size_t)a.B, a.n - s0);
         mnistcu__opt *os = (mnistcu__opt *)(sm + MNISTCU__LS_OPT);
-        int b, i;
+        int b, k;
         if (tid == 0) { /* the step's optimizer scalars, for one parameter at a time (its slots 1 apart);
                            the grid barrier below publishes them to the block */
             *os = a.opt[q];
@@ -16577,39 +16748,24 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
         }
         for (b = (int)blockIdx.x; b < bsz; b += (int)gridDim.x) {
             __syncthreads(); /* the block's shared memory is free again */
-            mnistcu__ln_sample(&a, sm, b, bsz, s0, mbar, &mph);
+            mnistcu__ln_sample(&a, sm, b, bsz, s0, mbar, &mph, b == (int)blockIdx.x, q + 1 < a.nsteps);
         }
         MNISTCU__LPROF(14);
         grid.sync();
         MNISTCU__LPROF(15);
-        /* groups of 4 parameters, 8 lanes a group; after the sums over the lanes, lane l < 4 takes the
-           step of parameter l of the group (whole warps: the sums are over lanes) */
-        for (i = gt; i < ((MNISTCU__LN_NP + 3) / 4 * 8 + 31) / 32 * 32; i += GT) {
-            int p0 = (i >> 3) * 4, l = i & 7, off, k, mine = l < 4 && p0 + l < MNISTCU__LN_NP;
-            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            float wl = 0.0f, sl[3] = {0.0f, 0.0f, 0.0f};
-            if (mine) { /* this lane's parameter and state, loaded while the sums' loads are in flight */
-                wl = a.params[p0 + l];
-                for (k = 0; k < a.slots; ++k) sl[k] = a.state[(size_t)k * MNISTCU__LN_NP + (size_t)(p0 + l)];
-            }
-            if (p0 < MNISTCU__LN_NP) s = mnistcu__ln_grad4(a.rows, p0, l, bsz);
-            for (off = 1; off < 8; off <<= 1) {
-                s.x = s.x + __shfl_xor_sync(0xffffffffu, s.x, off);
-                s.y = s.y + __shfl_xor_sync(0xffffffffu, s.y, off);
-                s.z = s.z + __shfl_xor_sync(0xffffffffu, s.z, off);
-                s.w = s.w + __shfl_xor_sync(0xffffffffu, s.w, off);
-            }
-            if (mine) { /* the step on the copies, then stored */
-                float g = l == 0 ? s.x : l == 1 ? s.y : l == 2 ? s.z : s.w;
-                mnistcu__opt_one(os, 0, &wl, g, sl);
-                a.grads[p0 + l] = g;
-                a.params[p0 + l] = wl;
-                for (k = 0; k < a.slots; ++k) a.state[(size_t)k * MNISTCU__LN_NP + (size_t)(p0 + l)] = sl[k];
-            }
+        /* the tasks, a block each (then again from the grid's size on a GPU of fewer multiprocessors) */
+        for (k = (int)blockIdx.x; k < MNISTCU__LT_END; k += (int)gridDim.x) {
+            mnistcu__ln_task *tk = (mnistcu__ln_task *)(sm + MNISTCU__LS_TASK); /* read from shared memory
+                                                                                    when needed, not kept */
+            float *Ys = sm + MNISTCU__LS_F1; /* F1's place: free until the next step */
+            __syncthreads(); /* the last task's reads of the staging and of tk are done */
+            if (tid == 0) *tk = mnistcu__ln_task_of(k);
+            __syncthreads();
+            mnistcu__ln_task_run(&a, tk, bsz, os, Ys, Ys + 64 * tk->S);
         }
-        if (gt >= GT - 32) { /* the step's statistics, by the last warp (with parameters only on a GPU of
-                                fewer than 87 multiprocessors, and then after them): each lane the
-                                samples lane, lane + 32, then a fixed tree */
+        if (blockIdx.x == gridDim.x - 1 && tid >= MNISTCU__LN_T - 32) { /* the step's statistics, by the last warp (with a task only on a GPU of fewer
+                                than 127 multiprocessors, and then after it): each lane the samples
+                                lane, lane + 32, then a fixed tree */
             double l = 0.0, c = 0.0;
             int lane = tid & 31, off;
             for (b = lane; b < bsz; b += 32) {
@@ -16625,6 +16781,9 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
                 a.stats[a.stats_cap + step] = c;
             }
         }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.wait_all;\n" ::: "memory"); /* the next sample's copies: the barrier publishes them */
+#endif
         MNISTCU__LPROF(16);
         grid.sync();
         MNISTCU__LPROF(17);
@@ -16728,6 +16887,7 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
     a.stats_cap = cm->stats_cap;
     a.rows = (float *)(((uintptr_t)cm->lenet + 15) & ~(uintptr_t)15); /* float4 rows, whatever the hook's alignment */
     a.slots = pl->slots;
+    a.fetch = ((uintptr_t)(dc->u8 ? (const void *)dc->u8 : (const void *)dc->f32) & 15) == 0;
     args[0] = &a;
     e = cudaLaunchCooperativeKernel((const void *)mnistcu__k_fused_lenet, dim3((unsigned)pl->grid),
                                     dim3(MNISTCU__LN_T), args, pl->smem, cu->stream);

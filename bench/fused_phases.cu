@@ -21,13 +21,15 @@ static const char *const names[NPHASES] = {
     "statistics (block 0)", "dh; W2 gradient slice sums", "W2, b2, b1 updates", "dW1 tiles", "W1 update",
     "store own params (chunk)"};
 
-#define LPHASES 18 /* the LeNet-5 kernel's MNISTCU__LPROF(0) .. (17); (18) marks its start */
+#define LPHASES 22 /* the LeNet-5 kernel's MNISTCU__LPROF(0) .. (21); (18) marks its start */
 static const char *const lnames[LPHASES] = {
     "A: weights, the sample into smem", "A: conv1 + relu + pool", "A: conv2 + relu + pool; F1, F2 in",
     "A: dense120", "A: dense84", "A: dense10", "A: the loss row", "A: dh2", "A: dh1",
     "A: conv2's pooled gradient, 4 parts", "A: their sum (G2)", "A: routed into conv2's map",
     "A: conv2's input gradient, 4 parts", "A: G1; conv2's weight gradient", "A: conv1's weight gradient",
-    "grid barrier A", "B: gradients, optimizer, stats", "grid barrier B"};
+    "grid barrier A", "B: stats; next sample's copies", "grid barrier B", "", "B: rows staged (with param loads)",
+    "B: sums", "B: steps stored"};
+static const int lorder[LPHASES - 1] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 19, 20, 21, 16, 17};
 
 /* A GPU context (the own kernels) and the first limit training images of dir (0: all), x/255. */
 static int open_train(const char *dir, size_t limit, mnistcu_ctx **ctx, mnistcu_dataset **train)
@@ -80,8 +82,8 @@ static int run_lenet(const char *dir)
     cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
     printf("P4: %lu steps (%lu in the fused LeNet-5 kernel), %.3f ms, loss %.4f; clock %.0f MHz; us per step:\n",
            (unsigned long)tr.steps, (unsigned long)tr.fused_cnn_steps, 1e3 * tr.seconds, tr.train_loss, khz / 1e3);
-    for (i = 0; i < LPHASES; ++i)
-        printf("  %-36s %8.3f\n", lnames[i], (double)prof[i] / (khz * 1e-3) / (double)tr.steps);
+    for (i = 0; i < LPHASES - 1; ++i)
+        printf("  %-36s %8.3f\n", lnames[lorder[i]], (double)prof[lorder[i]] / (khz * 1e-3) / (double)tr.steps);
     mnistcu_ctx_destroy(ctx);
     return 0;
 }
