@@ -11304,6 +11304,7 @@ static double mnistcu__cuda_step_loss(const mnistcu_model *m, size_t step);
 typedef struct mnistcu__fused_plan {
     int ok;
     int lenet;               /* 1: the fused LeNet-5 kernel (mnistcu_train_desc.fused_cnn), 0: the MLP kernel */
+    int pair;                /* the LeNet-5 kernel in clusters of 2 blocks a sample (a helper beside each) */
     int grid, nu_max, per_max, slots, prefetch;
     size_t smem;
     const mnistcu__layer *L1, *L2;
@@ -15993,7 +15994,12 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         global memory what the dense weight gradients need (the layers' inputs
         and output gradients, a row a sample) and its sample's share of the
         convolutions' weight gradients. It also fetches its sample of the next
-        step (index, label, bytes) while this one runs.
+        step (index, label, bytes) while this one runs. Where as many clusters
+        of 2 blocks as samples fit at once (sm_90), a sample has a pair: its
+        block hands conv1's pooled maps, conv2's pooled gradient and the
+        pool's argmax offsets to the other by bulk copies, and that helper
+        makes the sample's share of conv2's weight gradient while the
+        sample's block goes on (about 2 us a step less; the same bits).
      B  a block a task (a tile of a dense layer's weights, or a run of
         parameters whose gradient is a row sum): the task's rows of the batch
         staged into shared memory in one round of loads, the sums over the
@@ -16003,7 +16009,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
    Every sum is in a fixed order and nothing uses atomics: the same bits on
    every run. The orders are not the step by step path's, so the weights agree
    with it to rounding, not bit for bit; hence opt-in. Measured on an H100 (P4,
-   bench/RESULTS.md): 28.1 ms an epoch against 88.4 step by step; where the
+   bench/RESULTS.md): 24.4-26.5 ms an epoch against 90.3 step by step; where the
    time goes, phase by phase: bench/fused_phases.cu. bench/lenet_fused.cu is
    the design's first form as a standalone program. */
 enum { MNISTCU__LN_IH = 28, MNISTCU__LN_K = 5, MNISTCU__LN_C1 = 6, MNISTCU__LN_Q1 = 12, MNISTCU__LN_C2 = 16,
@@ -16060,6 +16066,7 @@ typedef struct mnistcu__lenet_args {
     float *rows;         /* mnistcu__lenet_floats() */
     int slots;           /* optimizer state slots (at most 3) */
     int fetch;           /* the dataset is 16-byte aligned: each block fetches its next sample early */
+    int pair;            /* launched in clusters of 2: block 2c takes the sample, block 2c + 1 helps it */
 } mnistcu__lenet_args;
 
 /* bench/fused_phases.cu defines MNISTCU_FUSED_PROFILE: thread 0 of block 0 then sums the clock cycles
@@ -16205,13 +16212,95 @@ static __device__ __forceinline__ void mnistcu__ln_copy(void *dst, const void *s
 #endif
 }
 
+/* This sample's share of conv2's weight gradient into its row: a thread a weight, its 16 windows. */
+static __device__ void mnistcu__ln_conv2_share(const float *sm, float *rows, int b)
+{
+    const float *P1 = sm + MNISTCU__LS_P1X, *G2 = sm + MNISTCU__LS_G2;
+    const int *OF2 = (const int *)(sm + MNISTCU__LS_OF2);
+    int j;
+    for (j = (int)threadIdx.x; j < MNISTCU__LN_P2; j += MNISTCU__LN_T) {
+        float acc = 0.0f;
+        int wi;
+        if (j < 2400) {
+            int oc = j / 150, rr = j - oc * 150, ic = rr / 25, kk = rr - ic * 25, ky = kk / MNISTCU__LN_K;
+            const float *base = P1 + ic * MNISTCU__LN_PS + ky * MNISTCU__LN_Q1 + (kk - ky * MNISTCU__LN_K);
+#pragma unroll
+            for (wi = 0; wi < 16; ++wi) acc = fmaf(G2[oc * 16 + wi], base[OF2[oc * 16 + wi]], acc);
+        } else {
+            for (wi = 0; wi < 16; ++wi) acc += G2[(j - 2400) * 16 + wi];
+        }
+        rows[MNISTCU__LR_PART2 + b * MNISTCU__LN_P2 + j] = acc;
+    }
+}
+
+/* A pair's handover (sm_90): once conv2's pooled gradient is made, the sample block's thread 0 sends
+   conv1's pooled maps, that gradient and the pool's argmax offsets into the helper's shared memory by
+   bulk copies (the tensor memory accelerator), which complete on the helper's mbarrier: no fence at
+   the cluster's scope, whose release would wait for the block's global writes. The sample block
+   rewrites those arrays only in the next step, after the helper has passed the grid barrier, so after
+   the copies completed. */
+enum { MNISTCU__LN_SEND = (6 * MNISTCU__LN_PS + 2 * 256) * 4 }; /* bytes */
+static __device__ void mnistcu__ln_pair_send(float *sm)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static const int off[3] = {MNISTCU__LS_P1X, MNISTCU__LS_G2, MNISTCU__LS_OF2};
+    static const int len[3] = {6 * MNISTCU__LN_PS * 4, 256 * 4, 256 * 4};
+    unsigned rmb, src, dst;
+    int i;
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the block's writes, to the copies */
+    asm volatile("mapa.shared::cluster.u32 %0, %1, 1;\n"
+                 : "=r"(rmb)
+                 : "r"((unsigned)__cvta_generic_to_shared(sm + MNISTCU__LS_MB)));
+    for (i = 0; i < 3; ++i) {
+        src = (unsigned)__cvta_generic_to_shared(sm + off[i]);
+        asm volatile("mapa.shared::cluster.u32 %0, %1, 1;\n" : "=r"(dst) : "r"(src));
+        asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                         dst),
+                     "r"(src), "r"(len[i]), "r"(rmb)
+                     : "memory");
+    }
+#else
+    (void)sm;
+#endif
+}
+
+/* The cluster barrier of a pair (sm_90): after the mbarriers' initialisation, and before either block
+   leaves (its shared memory must outlive the other's copies). */
+static __device__ __forceinline__ void mnistcu__ln_pair_sync(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+/* The helper of a pair, for sample b: it waits for its sample block's handover (mnistcu__ln_pair_send)
+   on its own mbarrier, then makes the sample's share of conv2's weight gradient while the sample
+   block goes on to conv2's input gradient. */
+static __device__ void mnistcu__ln_helper(float *sm, float *rows, int b, unsigned mbar, unsigned *mph)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"((unsigned)MNISTCU__LN_SEND)
+                     : "memory");
+    mnistcu__ln_dense_end(mbar, mph); /* every thread waits for the phase */
+    mnistcu__ln_conv2_share(sm, rows, b);
+#else
+    (void)sm;
+    (void)rows;
+    (void)b;
+    (void)mbar;
+    (void)mph;
+#endif
+}
+
 /* Phase A for sample b of the batch, in block-shared memory sm; first: the block's first sample of
    the step, more: a step follows in this launch. The block's first sample of each step after the
    launch's first comes early: fetched during the last (NI[3] says so, its bytes in NX, its label in
    NI[1]); the copies are in flight through phase A and B (phase B waits for them). The flag lives in
    shared memory, not in a register kept through the step. */
 static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *sm, int b, int bsz, size_t s0,
-                                          unsigned mbar, unsigned *mph, int first, int more)
+                                          unsigned mbar, unsigned *mph, int first, int more, int unit)
 {
     enum { IH = MNISTCU__LN_IH, KS = MNISTCU__LN_K, C1 = MNISTCU__LN_C1, Q1 = MNISTCU__LN_Q1, C2 = MNISTCU__LN_C2,
            O2 = MNISTCU__LN_O2, D0 = MNISTCU__LN_D0, D1 = MNISTCU__LN_D1, D2 = MNISTCU__LN_D2, D3 = MNISTCU__LN_D3,
@@ -16229,7 +16318,7 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
     uint8_t *AM2 = (uint8_t *)(sm + MNISTCU__LS_AM2);
     int *NI = (int *)(sm + MNISTCU__LS_NI);
     const float *NX = sm + MNISTCU__LS_NX;
-    const int pre = first && NI[3], fetch = first && more && a->fetch && s0 + (size_t)a->B + blockIdx.x < a->n;
+    const int pre = first && NI[3], fetch = first && more && a->fetch && s0 + (size_t)a->B + (size_t)unit < a->n;
     const uint32_t src = pre ? 0u : a->idx[s0 + (size_t)b];
     int j;
 
@@ -16259,13 +16348,13 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(d)), "l"(g)
                          : "memory");
     }
-    if (fetch && tid == 0) mnistcu__ln_copy(NI, a->idx + s0 + (size_t)a->B + blockIdx.x, 4);
+    if (fetch && tid == 0) mnistcu__ln_copy(NI, a->idx + s0 + (size_t)a->B + (size_t)unit, 4);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 #else
     for (j = tid; j < MNISTCU__LN_P1; j += NT) W1s[j] = w[MNISTCU__LN_W1 + j];
     for (j = tid; j < MNISTCU__LN_P2; j += NT) W2s[j] = w[MNISTCU__LN_W2 + j];
     for (j = tid; j < D3 * D2 + D3; j += NT) W3s[j] = w[MNISTCU__LN_F3 + j];
-    if (fetch && tid == 0) NI[0] = (int)a->idx[s0 + (size_t)a->B + blockIdx.x];
+    if (fetch && tid == 0) NI[0] = (int)a->idx[s0 + (size_t)a->B + (size_t)unit];
 #endif
     for (j = tid; j < IH * IH; j += NT) {
         float raw = pre ? (a->u8 ? (float)((const uint8_t *)NX)[j] : NX[j])
@@ -16442,6 +16531,7 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
         G2[tid] = P2[tid] > 0.0f ? s : 0.0f; /* the relu' */
     }
     __syncthreads();
+    if (a->pair && tid == 0) mnistcu__ln_pair_send(sm); /* to the helper */
     MNISTCU__LPROF(10);
     /* routed through the pool's argmax into conv2's output map, in F1's place */
     for (j = tid; j < C2 * 256; j += NT) {
@@ -16489,20 +16579,7 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
         float s = (PT[tid] + PT[C1 * QQ + tid]) + (PT[2 * C1 * QQ + tid] + PT[3 * C1 * QQ + tid]);
         G1[tid] = P1[tid / QQ * PS + tid % QQ] > 0.0f ? s : 0.0f;
     }
-    /* this sample's share of conv2's weight gradient: a thread a weight, its 16 windows */
-    for (j = tid; j < MNISTCU__LN_P2; j += NT) {
-        float acc = 0.0f;
-        int wi;
-        if (j < 2400) {
-            int oc = j / 150, rr = j - oc * 150, ic = rr / 25, kk = rr - ic * 25, ky = kk / KS;
-            const float *base = P1 + ic * PS + ky * Q1 + (kk - ky * KS);
-#pragma unroll
-            for (wi = 0; wi < 16; ++wi) acc = fmaf(G2[oc * 16 + wi], base[OF2[oc * 16 + wi]], acc);
-        } else {
-            for (wi = 0; wi < 16; ++wi) acc += G2[(j - 2400) * 16 + wi];
-        }
-        rows[MNISTCU__LR_PART2 + b * MNISTCU__LN_P2 + j] = acc;
-    }
+    if (!a->pair) mnistcu__ln_conv2_share(sm, rows, b); /* else the helper's */
     __syncthreads();
     MNISTCU__LPROF(13);
     /* this sample's share of conv1's weight gradient: 8 lanes a kernel row (5 weights), each 18 windows;
@@ -16735,6 +16812,7 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
 #endif
     if (tid == 0) ((int *)(sm + MNISTCU__LS_NI))[3] = 0; /* the launch's first samples come by their own loads */
     __syncthreads();
+    if (a.pair) mnistcu__ln_pair_sync(); /* the helper's mbarrier is ready before any copy reaches it */
     MNISTCU__LPROF(18);
     for (q = 0; q < a.nsteps; ++q) {
         const size_t step = a.step0 + (size_t)q, s0 = step * (size_t)a.B;
@@ -16746,9 +16824,14 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
             *os = a.opt[q];
             os->n = 1;
         }
-        for (b = (int)blockIdx.x; b < bsz; b += (int)gridDim.x) {
-            __syncthreads(); /* the block's shared memory is free again */
-            mnistcu__ln_sample(&a, sm, b, bsz, s0, mbar, &mph, b == (int)blockIdx.x, q + 1 < a.nsteps);
+        {   /* a unit a sample: a block, or a pair of them (the sample's block and its helper) */
+            const int unit = a.pair ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
+            const int units = a.pair ? (int)(gridDim.x >> 1) : (int)gridDim.x;
+            for (b = unit; b < bsz; b += units) {
+                __syncthreads(); /* the block's shared memory is free again */
+                if (a.pair && (blockIdx.x & 1)) mnistcu__ln_helper(sm, a.rows, b, mbar, &mph);
+                else mnistcu__ln_sample(&a, sm, b, bsz, s0, mbar, &mph, b == unit, q + 1 < a.nsteps, unit);
+            }
         }
         MNISTCU__LPROF(14);
         grid.sync();
@@ -16788,6 +16871,7 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
         grid.sync();
         MNISTCU__LPROF(17);
     }
+    if (a.pair) mnistcu__ln_pair_sync(); /* neither block of a pair leaves while the other may copy */
 }
 
 /* Whether model m is LeNet-5's shape for the fused kernel at batch size B (the caller checked the
@@ -16852,6 +16936,31 @@ static int mnistcu__lenet_plan(mnistcu_model *m, size_t B, const mnistcu_optim_d
     pl->lenet = 1;
     pl->grid = sms; /* a block a multiprocessor: samples to the first B, parameters to all */
     pl->smem = bytes;
+    pl->pair = 0;
+#if CUDART_VERSION >= 12000
+    {   /* clusters of 2, a pair a sample, where as many pairs as samples fit at once (then a pair never
+           takes two samples of a step: the helper's copies of one are done before the step's barrier) */
+        cudaLaunchConfig_t cfg = cudaLaunchConfig_t(); /* zeroed: dim3's constructors forbid memset */
+        cudaLaunchAttribute at[1];
+        int nc = 0;
+        memset(at, 0, sizeof at);
+        cfg.gridDim = dim3((unsigned)(sms & ~1));
+        cfg.blockDim = dim3(MNISTCU__LN_T);
+        cfg.dynamicSmemBytes = bytes;
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 2;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&nc, (const void *)mnistcu__k_fused_lenet, &cfg) == cudaSuccess &&
+            (size_t)MNISTCU__MIN(nc, sms / 2) >= B) {
+            pl->pair = 1;
+            pl->grid = 2 * MNISTCU__MIN(nc, sms / 2);
+        }
+        (void)cudaGetLastError();
+    }
+#endif
     pl->ok = 1;
     return 1;
 }
@@ -16889,8 +16998,34 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
     a.slots = pl->slots;
     a.fetch = ((uintptr_t)(dc->u8 ? (const void *)dc->u8 : (const void *)dc->f32) & 15) == 0;
     args[0] = &a;
-    e = cudaLaunchCooperativeKernel((const void *)mnistcu__k_fused_lenet, dim3((unsigned)pl->grid),
-                                    dim3(MNISTCU__LN_T), args, pl->smem, cu->stream);
+    e = cudaErrorNotSupported;
+#if CUDART_VERSION >= 12000
+    if (pl->pair) { /* cooperative, in clusters of 2 */
+        cudaLaunchConfig_t cfg = cudaLaunchConfig_t();
+        cudaLaunchAttribute at[2];
+        memset(at, 0, sizeof at);
+        cfg.gridDim = dim3((unsigned)pl->grid);
+        cfg.blockDim = dim3(MNISTCU__LN_T);
+        cfg.dynamicSmemBytes = pl->smem;
+        cfg.stream = cu->stream;
+        at[0].id = cudaLaunchAttributeCooperative;
+        at[0].val.cooperative = 1;
+        at[1].id = cudaLaunchAttributeClusterDimension;
+        at[1].val.clusterDim.x = 2;
+        at[1].val.clusterDim.y = 1;
+        at[1].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 2;
+        a.pair = 1;
+        e = cudaLaunchKernelExC(&cfg, (const void *)mnistcu__k_fused_lenet, args);
+        if (e != cudaSuccess) (void)cudaGetLastError(); /* then without clusters, a block a sample */
+    }
+#endif
+    if (e != cudaSuccess) {
+        a.pair = 0;
+        e = cudaLaunchCooperativeKernel((const void *)mnistcu__k_fused_lenet, dim3((unsigned)pl->grid),
+                                        dim3(MNISTCU__LN_T), args, pl->smem, cu->stream);
+    }
     if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "the fused LeNet-5 kernel");
     MNISTCU__LAUNCHED(ctx, "fused_lenet");
     return MNISTCU_OK;
