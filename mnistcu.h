@@ -15997,9 +15997,10 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         step (index, label, bytes) while this one runs. Where as many clusters
         of 2 blocks as samples fit at once (sm_90), a sample has a pair: its
         block hands conv1's pooled maps, conv2's pooled gradient and the
-        pool's argmax offsets to the other by bulk copies, and that helper
-        makes the sample's share of conv2's weight gradient while the
-        sample's block goes on (about 2 us a step less; the same bits).
+        pool's argmax to the other by bulk copies; that helper makes half of
+        conv2's input gradient (sent back the same way) and the sample's
+        share of conv2's weight gradient while the sample's block goes on
+        (about 2.7 us a step less; the same bits).
      B  a block a task (a tile of a dense layer's weights, or a run of
         parameters whose gradient is a row sum): the task's rows of the batch
         staged into shared memory in one round of loads, the sums over the
@@ -16009,7 +16010,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
    Every sum is in a fixed order and nothing uses atomics: the same bits on
    every run. The orders are not the step by step path's, so the weights agree
    with it to rounding, not bit for bit; hence opt-in. Measured on an H100 (P4,
-   bench/RESULTS.md): 24.4-26.5 ms an epoch against 90.3 step by step; where the
+   bench/RESULTS.md): 23.9-27.4 ms an epoch against 90.6 step by step; where the
    time goes, phase by phase: bench/fused_phases.cu. bench/lenet_fused.cu is
    the design's first form as a standalone program. */
 enum { MNISTCU__LN_IH = 28, MNISTCU__LN_K = 5, MNISTCU__LN_C1 = 6, MNISTCU__LN_Q1 = 12, MNISTCU__LN_C2 = 16,
@@ -16233,27 +16234,81 @@ static __device__ void mnistcu__ln_conv2_share(const float *sm, float *rows, int
     }
 }
 
-/* A pair's handover (sm_90): once conv2's pooled gradient is made, the sample block's thread 0 sends
-   conv1's pooled maps, that gradient and the pool's argmax offsets into the helper's shared memory by
-   bulk copies (the tensor memory accelerator), which complete on the helper's mbarrier: no fence at
-   the cluster's scope, whose release would wait for the block's global writes. The sample block
-   rewrites those arrays only in the next step, after the helper has passed the grid barrier, so after
-   the copies completed. */
-enum { MNISTCU__LN_SEND = (6 * MNISTCU__LN_PS + 2 * 256) * 4 }; /* bytes */
-static __device__ void mnistcu__ln_pair_send(float *sm)
+/* conv2's pooled gradient G2 routed through the pool's argmax offsets into conv2's output map, with a
+   border of 4 zeros (DA, in F1's place). */
+static __device__ void mnistcu__ln_route(float *sm)
+{
+    const float *G2 = sm + MNISTCU__LS_G2;
+    const uint8_t *AM2 = (const uint8_t *)(sm + MNISTCU__LS_AM2);
+    float *DA = sm + MNISTCU__LS_DA;
+    int j;
+    for (j = (int)threadIdx.x; j < MNISTCU__LN_C2 * 256; j += MNISTCU__LN_T) {
+        int oc = j >> 8, yy = (j >> 4) & 15, xx = j & 15, y = yy - 4, x = xx - 4;
+        float v = 0.0f;
+        if ((unsigned)y < MNISTCU__LN_O2 && (unsigned)x < MNISTCU__LN_O2) {
+            int k = oc * 16 + (y >> 1) * 4 + (x >> 1);
+            if (AM2[k] == ((y & 1) << 1 | (x & 1))) v = G2[k];
+        }
+        DA[oc * MNISTCU__LN_DAOC + yy * MNISTCU__LN_DAROW + xx] = v;
+    }
+}
+
+/* conv2's input gradient, output channel groups og0 .. og0 + nog - 1 of 4 (4 channels each): a thread
+   4 outputs of a row for a group, the partial sums PT[og] (their sum, G1, is the caller's). */
+static __device__ void mnistcu__ln_conv2_dx(float *sm, int og0, int nog)
+{
+    enum { KS = MNISTCU__LN_K, C1 = MNISTCU__LN_C1, Q1 = MNISTCU__LN_Q1, QQ = MNISTCU__LN_Q1 * MNISTCU__LN_Q1 };
+    const float *W2s = sm + MNISTCU__LS_W2, *DA = sm + MNISTCU__LS_DA;
+    float *PT = sm + MNISTCU__LS_PT;
+    const int tid = (int)threadIdx.x;
+    if (tid < nog * 216) {
+        int og = og0 + tid / 216, tile = tid % 216, ic = tile / 36, rem = tile - ic * 36, y = rem / 3, oi, ky, kx, i;
+        int x0 = 4 * (rem - y * 3);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float *dst = PT + og * (C1 * QQ) + ic * QQ + y * Q1 + x0;
+        for (oi = 0; oi < 4; ++oi) {
+            int oc = 4 * og + oi;
+            const float *wc = W2s + oc * 150 + ic * 25;
+#pragma unroll
+            for (ky = 0; ky < KS; ++ky) {
+                const float4 *row =
+                    (const float4 *)(DA + oc * MNISTCU__LN_DAOC + (y + 4 - ky) * MNISTCU__LN_DAROW + x0);
+                float4 u0 = row[0], u1 = row[1];
+                float vals[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+                for (kx = 0; kx < KS; ++kx) {
+                    float wv = wc[ky * KS + kx];
+#pragma unroll
+                    for (i = 0; i < 4; ++i) acc[i] = fmaf(vals[i + 4 - kx], wv, acc[i]);
+                }
+            }
+        }
+#pragma unroll
+        for (i = 0; i < 4; ++i) dst[i] = acc[i];
+    }
+}
+
+/* A pair's handovers (sm_90), each by bulk copies of the tensor memory accelerator from this block's
+   shared memory into the same places in the other block's, completing on the other's mbarrier (no
+   fence at the cluster's scope, whose release would wait for the block's global writes). Once conv2's
+   pooled gradient is made, the sample's block sends conv1's pooled maps, that gradient and the pool's
+   argmax and its offsets (SEND bytes); the helper sends back its half of conv2's input gradient's
+   partial sums (BACK bytes). Neither block rewrites what it sent before the step's grid barrier A, and
+   the other waits for the copies before it reaches that barrier. */
+enum { MNISTCU__LN_SEND = (6 * MNISTCU__LN_PS + 2 * 256 + 64) * 4,
+       MNISTCU__LN_BACK = 2 * MNISTCU__LN_C1 * MNISTCU__LN_Q1 * MNISTCU__LN_Q1 * 4 };
+static __device__ void mnistcu__ln_bulk_to(float *sm, unsigned rank, int n, const int *off, const int *len)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    static const int off[3] = {MNISTCU__LS_P1X, MNISTCU__LS_G2, MNISTCU__LS_OF2};
-    static const int len[3] = {6 * MNISTCU__LN_PS * 4, 256 * 4, 256 * 4};
     unsigned rmb, src, dst;
     int i;
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the block's writes, to the copies */
-    asm volatile("mapa.shared::cluster.u32 %0, %1, 1;\n"
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                  : "=r"(rmb)
-                 : "r"((unsigned)__cvta_generic_to_shared(sm + MNISTCU__LS_MB)));
-    for (i = 0; i < 3; ++i) {
+                 : "r"((unsigned)__cvta_generic_to_shared(sm + MNISTCU__LS_MB)), "r"(rank));
+    for (i = 0; i < n; ++i) {
         src = (unsigned)__cvta_generic_to_shared(sm + off[i]);
-        asm volatile("mapa.shared::cluster.u32 %0, %1, 1;\n" : "=r"(dst) : "r"(src));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(dst) : "r"(src), "r"(rank));
         asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                          dst),
                      "r"(src), "r"(len[i]), "r"(rmb)
@@ -16261,7 +16316,27 @@ static __device__ void mnistcu__ln_pair_send(float *sm)
     }
 #else
     (void)sm;
+    (void)rank;
+    (void)n;
+    (void)off;
+    (void)len;
 #endif
+}
+/* This block's mbarrier's arrival for a phase that also waits for bytes copies will bring (sm_90). */
+static __device__ __forceinline__ void mnistcu__ln_expect(unsigned mbar, unsigned bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(bytes) : "memory");
+#else
+    (void)mbar;
+    (void)bytes;
+#endif
+}
+static __device__ void mnistcu__ln_pair_send(float *sm)
+{
+    const int off[4] = {MNISTCU__LS_P1X, MNISTCU__LS_G2, MNISTCU__LS_OF2, MNISTCU__LS_AM2};
+    const int len[4] = {6 * MNISTCU__LN_PS * 4, 256 * 4, 256 * 4, 256};
+    mnistcu__ln_bulk_to(sm, 1, 4, off, len);
 }
 
 /* The cluster barrier of a pair (sm_90): after the mbarriers' initialisation, and before either block
@@ -16274,18 +16349,34 @@ static __device__ __forceinline__ void mnistcu__ln_pair_sync(void)
 #endif
 }
 
-/* The helper of a pair, for sample b: it waits for its sample block's handover (mnistcu__ln_pair_send)
-   on its own mbarrier, then makes the sample's share of conv2's weight gradient while the sample
-   block goes on to conv2's input gradient. */
-static __device__ void mnistcu__ln_helper(float *sm, float *rows, int b, unsigned mbar, unsigned *mph)
+/* The helper of a pair, for sample b: conv2's weights into its shared memory; it waits for its sample
+   block's handover on its own mbarrier, routes conv2's pooled gradient itself, makes output channel
+   groups 2 and 3 of conv2's input gradient and sends their partial sums back (the sample's block makes
+   groups 0 and 1 meanwhile), then the sample's share of conv2's weight gradient. */
+static __device__ void mnistcu__ln_helper(const float *w, float *sm, float *rows, int b, unsigned mbar, unsigned *mph)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"((unsigned)MNISTCU__LN_SEND)
-                     : "memory");
+    const int tid = (int)threadIdx.x;
+    int j;
+    for (j = tid; j < 2400 / 4; j += MNISTCU__LN_T)
+        mnistcu__ln_copy(sm + MNISTCU__LS_W2 + 4 * j, w + MNISTCU__LN_W2 + 4 * j, 16);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    if (tid == 0) mnistcu__ln_expect(mbar, MNISTCU__LN_SEND);
     mnistcu__ln_dense_end(mbar, mph); /* every thread waits for the phase */
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    mnistcu__ln_route(sm);
+    __syncthreads();
+    mnistcu__ln_conv2_dx(sm, 2, 2);
+    __syncthreads();
+    if (tid == 0) {
+        const int off[1] = {MNISTCU__LS_PT + 2 * MNISTCU__LN_C1 * MNISTCU__LN_Q1 * MNISTCU__LN_Q1};
+        const int len[1] = {MNISTCU__LN_BACK};
+        mnistcu__ln_bulk_to(sm, 0, 1, off, len);
+    }
     mnistcu__ln_conv2_share(sm, rows, b);
 #else
+    (void)w;
     (void)sm;
     (void)rows;
     (void)b;
@@ -16313,7 +16404,7 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
     float *DZ = sm + MNISTCU__LS_DZ, *DH2 = sm + MNISTCU__LS_DH2, *DH1 = sm + MNISTCU__LS_DH1;
     const int PS = MNISTCU__LN_PS;
     float *G2 = sm + MNISTCU__LS_G2, *G1 = sm + MNISTCU__LS_G1, *PART = sm + MNISTCU__LS_PART;
-    float *DA = sm + MNISTCU__LS_DA, *PT = sm + MNISTCU__LS_PT, *rows = a->rows;
+    float *PT = sm + MNISTCU__LS_PT, *rows = a->rows;
     int *OF1 = (int *)(sm + MNISTCU__LS_OF1), *OF2 = (int *)(sm + MNISTCU__LS_OF2);
     uint8_t *AM2 = (uint8_t *)(sm + MNISTCU__LS_AM2);
     int *NI = (int *)(sm + MNISTCU__LS_NI);
@@ -16533,44 +16624,16 @@ static __device__ void mnistcu__ln_sample(const mnistcu__lenet_args *a, float *s
     __syncthreads();
     if (a->pair && tid == 0) mnistcu__ln_pair_send(sm); /* to the helper */
     MNISTCU__LPROF(10);
-    /* routed through the pool's argmax into conv2's output map, in F1's place */
-    for (j = tid; j < C2 * 256; j += NT) {
-        int oc = j >> 8, yy = (j >> 4) & 15, xx = j & 15, y = yy - 4, x = xx - 4;
-        float v = 0.0f;
-        if ((unsigned)y < O2 && (unsigned)x < O2) {
-            int k = oc * 16 + (y >> 1) * 4 + (x >> 1);
-            if (AM2[k] == ((y & 1) << 1 | (x & 1))) v = G2[k];
-        }
-        DA[oc * MNISTCU__LN_DAOC + yy * MNISTCU__LN_DAROW + xx] = v;
-    }
+    mnistcu__ln_route(sm); /* conv2's pooled gradient through the pool's argmax into conv2's output map */
     __syncthreads();
     MNISTCU__LPROF(11);
-    /* conv2's input gradient: a thread 4 outputs of a row for 4 of the 16 output channels (og), the
-       partial sums PT[og] */
-    if (tid < 4 * 216) {
-        int og = tid / 216, tile = tid - og * 216, ic = tile / 36, rem = tile - ic * 36, y = rem / 3, oi, ky, kx, i;
-        int x0 = 4 * (rem - y * 3);
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        float *dst = PT + og * (C1 * QQ) + ic * QQ + y * Q1 + x0;
-        for (oi = 0; oi < 4; ++oi) {
-            int oc = 4 * og + oi;
-            const float *wc = W2s + oc * 150 + ic * 25;
-#pragma unroll
-            for (ky = 0; ky < KS; ++ky) {
-                const float4 *row =
-                    (const float4 *)(DA + oc * MNISTCU__LN_DAOC + (y + 4 - ky) * MNISTCU__LN_DAROW + x0);
-                float4 u0 = row[0], u1 = row[1];
-                float vals[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-#pragma unroll
-                for (kx = 0; kx < KS; ++kx) {
-                    float wv = wc[ky * KS + kx];
-#pragma unroll
-                    for (i = 0; i < 4; ++i) acc[i] = fmaf(vals[i + 4 - kx], wv, acc[i]);
-                }
-            }
-        }
-#pragma unroll
-        for (i = 0; i < 4; ++i) dst[i] = acc[i];
+    if (a->pair) { /* half of conv2's input gradient here, half in the helper, whose partial sums arrive on
+                      this block's mbarrier */
+        if (tid == 0) mnistcu__ln_expect(mbar, MNISTCU__LN_BACK);
+        mnistcu__ln_conv2_dx(sm, 0, 2);
+        mnistcu__ln_dense_end(mbar, mph);
+    } else {
+        mnistcu__ln_conv2_dx(sm, 0, 4);
     }
     __syncthreads();
     MNISTCU__LPROF(12);
@@ -16829,7 +16892,7 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
             const int units = a.pair ? (int)(gridDim.x >> 1) : (int)gridDim.x;
             for (b = unit; b < bsz; b += units) {
                 __syncthreads(); /* the block's shared memory is free again */
-                if (a.pair && (blockIdx.x & 1)) mnistcu__ln_helper(sm, a.rows, b, mbar, &mph);
+                if (a.pair && (blockIdx.x & 1)) mnistcu__ln_helper(a.params, sm, a.rows, b, mbar, &mph);
                 else mnistcu__ln_sample(&a, sm, b, bsz, s0, mbar, &mph, b == unit, q + 1 < a.nsteps, unit);
             }
         }
