@@ -890,7 +890,7 @@ typedef struct mnistcu_train_desc {
                                             "lenet5" preset: any optimizer and schedule without l2 or
                                             clipping, a loss against class labels, batches of at most 64,
                                             a resident dataset, no augmentation) trains in one persistent
-                                            kernel (see >>cuda_fused_lenet): about 3x faster. Its sums run
+                                            kernel (see >>cuda_fused_lenet): about 3.5x faster. Its sums run
                                             in other orders than the step by step path's, so its weights
                                             agree with that path's to rounding, not bit for bit (the same
                                             bits on every run of its own); 0: off */
