@@ -16871,7 +16871,12 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
     unsigned mph = 0;
     int q;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (tid == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar) : "memory");
+    if (tid == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); /* for the other block's copies */
+    }
+#elif defined(__CUDA_ARCH__)
+    a.pair = 0; /* code built for an older GPU has no bulk copies: a block a sample (the plan checks too) */
 #endif
     if (tid == 0) ((int *)(sm + MNISTCU__LS_NI))[3] = 0; /* the launch's first samples come by their own loads */
     __syncthreads();
@@ -17001,10 +17006,13 @@ static int mnistcu__lenet_plan(mnistcu_model *m, size_t B, const mnistcu_optim_d
     pl->smem = bytes;
     pl->pair = 0;
 #if CUDART_VERSION >= 12000
-    {   /* clusters of 2, a pair a sample, where as many pairs as samples fit at once (then a pair never
-           takes two samples of a step: the helper's copies of one are done before the step's barrier) */
+    {   /* clusters of 2, a pair a sample, where the kernel's code was built for sm_90 or later (ptxVersion:
+           the target it came from; the pair's copies are compiled only there) and as many pairs as samples
+           fit at once (then a pair never takes two samples of a step: the helper's copies of one are done
+           before the step's barrier) */
         cudaLaunchConfig_t cfg = cudaLaunchConfig_t(); /* zeroed: dim3's constructors forbid memset */
         cudaLaunchAttribute at[1];
+        cudaFuncAttributes fa;
         int nc = 0;
         memset(at, 0, sizeof at);
         cfg.gridDim = dim3((unsigned)(sms & ~1));
@@ -17016,7 +17024,9 @@ static int mnistcu__lenet_plan(mnistcu_model *m, size_t B, const mnistcu_optim_d
         at[0].val.clusterDim.z = 1;
         cfg.attrs = at;
         cfg.numAttrs = 1;
-        if (cudaOccupancyMaxActiveClusters(&nc, (const void *)mnistcu__k_fused_lenet, &cfg) == cudaSuccess &&
+        memset(&fa, 0, sizeof fa);
+        if (cudaFuncGetAttributes(&fa, mnistcu__k_fused_lenet) == cudaSuccess && fa.ptxVersion >= 90 &&
+            cudaOccupancyMaxActiveClusters(&nc, (const void *)mnistcu__k_fused_lenet, &cfg) == cudaSuccess &&
             (size_t)MNISTCU__MIN(nc, sms / 2) >= B) {
             pl->pair = 1;
             pl->grid = 2 * MNISTCU__MIN(nc, sms / 2);
