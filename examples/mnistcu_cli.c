@@ -174,7 +174,7 @@ static void print_help(FILE *f)
     fputs("  --fused-cnn           on the GPU (compute capability 9.0), train LeNet-5's\n"
           "                        shape (--model lenet5, batch at most 64, no --clip,\n"
           "                        --l2 or --augment, the own products) in one persistent\n"
-          "                        kernel: about 3.5x faster, the same bits on every run,\n"
+          "                        kernel: about 4x faster, the same bits on every run,\n"
           "                        but its sums run in other orders, so its weights agree\n"
           "                        with the default path's to rounding, not bit for bit\n"
           "  --progress-every N    steps between progress-bar updates on a terminal\n"

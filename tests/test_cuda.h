@@ -556,6 +556,7 @@ TEST cuda_optimizers_match_cpu(void)
         float *v = tu_random_floats(&rng, slots * n, 0.5f, 1), *dw, *dg, *dv;
         float *gw, *gv;
         mnistcu__segs all;
+        mnistcu__opt_memo mm;
         char msg[64];
         size_t i;
         int step;
@@ -564,9 +565,10 @@ TEST cuda_optimizers_match_cpu(void)
         dw = tc_up(w, n), dg = tc_up(gr, n), dv = tc_up(v, slots * n);
         memset(&all, 0, sizeof all);
         all.count = 1, all.total = all.len[0] = n;
+        memset(&mm, 0, sizeof mm);
         for (step = 1; step <= 3; ++step) {
             mnistcu__opt k;
-            mnistcu__opt_make(&o, (uint64_t)step, n, &k);
+            mnistcu__opt_make(&o, (uint64_t)step, n, &k, &mm);
             mnistcu__cpu_optim(c, &k, w, gr, v, 1.0f);
             mnistcu__k_optim<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(k, dw, dg, dv, NULL, NULL, all);
         }
@@ -1052,6 +1054,7 @@ TEST cuda_gemm_skinny_agrees_bitwise(void)
         float *dA = tc_up(A, (size_t)K * M), *dB = tc_up(B, (size_t)K * N), *dC, *ddb, *dbr, *h, *h2;
         float *dw1 = tc_up(w0, nw), *dv1 = tc_up(v0, nw), *dw2 = tc_up(w0, nw), *dv2 = tc_up(v0, nw), *dg;
         mnistcu_optim_desc od;
+        mnistcu__opt_memo mm;
         mnistcu__wupd u;
         mnistcu__segs todo;
         int c, n, r, s;
@@ -1098,7 +1101,8 @@ TEST cuda_gemm_skinny_agrees_bitwise(void)
         od.kind = MNISTCU_OPTIM_SGD;
         od.learning_rate = 0.05f, od.momentum = 0.9f, od.nesterov = 1, od.weight_decay = 0.01f;
         memset(&u, 0, sizeof u);
-        mnistcu__opt_make(&od, 3, nw, &u.opt);
+        memset(&mm, 0, sizeof mm);
+        mnistcu__opt_make(&od, 3, nw, &u.opt, &mm);
         u.w = dw1, u.s = dv1, u.bw = dw1 + nc, u.bs = dv1 + nc;
         cudaFree(ddb);
         cudaFree(dC);

@@ -279,9 +279,43 @@ TEST augment_fixed_point_math(void)
     PASS();
 }
 
+/* The optimizer's scalars made with the decimals kept between steps are the
+   bits made from scratch, whichever of the seven floats changes, to a NaN or
+   to negative zero included (a kept decimal that missed a change fails). */
+TEST optimizer_scalars_with_kept_decimals(void)
+{
+    static const float vals[] = {0.1f, 0.1f, 0.01f, -0.0f, 0.0f, 0.9f, 0.999f, 1e-8f, 0.30000001f, 3e38f};
+    mnistcu__opt_memo kept;
+    mnistcu_optim_desc o;
+    int i, f;
+    memset(&kept, 0, sizeof kept);
+    memset(&o, 0, sizeof o);
+    o.kind = MNISTCU_OPTIM_ADAM;
+    o.learning_rate = 0.001f, o.beta1 = 0.9f, o.beta2 = 0.999f, o.alpha = 0.99f, o.dampening = 0.0f;
+    for (i = 0; i < 70; ++i) {
+        mnistcu__opt a, b;
+        mnistcu__opt_memo fresh;
+        float v = i == 69 ? mnistcu__nan() : vals[(i * 7 + i / 10) % 10];
+        f = i % 7;
+        if (f == 0) o.learning_rate = v;
+        if (f == 1) o.beta1 = v;
+        if (f == 2) o.beta2 = v;
+        if (f == 3) o.alpha = v;
+        if (f == 4) o.dampening = v;
+        if (f == 5) o.lr_decay = v;
+        if (f == 6) o.weight_decay = v;
+        memset(&fresh, 0, sizeof fresh);
+        mnistcu__opt_make(&o, (uint64_t)(i + 1), 100, &a, &kept);
+        mnistcu__opt_make(&o, (uint64_t)(i + 1), 100, &b, &fresh);
+        ASSERT_MEM_EQ(&b, &a, sizeof a);
+    }
+    PASS();
+}
+
 SUITE(cpu_ops_suite)
 {
     RUN_TEST(augment_fixed_point_math);
+    RUN_TEST(optimizer_scalars_with_kept_decimals);
     RUN_TEST(plateau_matches_pytorch);
     RUN_TEST(cpu_gemm_matches_reference);
     RUN_TEST(cpu_gemm_same_bits_for_any_thread_count);
