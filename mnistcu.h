@@ -1011,8 +1011,10 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
    kernel does. */
 #ifdef __CUDA_ARCH__
 #define MNISTCU__MUL(a, b) __fmul_rn(a, b)
+#define MNISTCU__ADD(a, b) __fadd_rn(a, b) /* likewise a sum with a product inside a function (expf) */
 #else
 #define MNISTCU__MUL(a, b) ((a) * (b))
+#define MNISTCU__ADD(a, b) ((a) + (b))
 #endif
 /* Fused multiply-add where the target has it: one rounding, whatever the
    compiler would fuse. Strict ISO modes (-std=c99) do not contract a*b+c, which
@@ -3805,27 +3807,54 @@ static void mnistcu__cpu_bias_grad(float *db, const float *dz, size_t B, size_t 
         for (j = 0; j < OUT; ++j) db[j] += dz[i * OUT + j];
 }
 
+/* The first arg-max of a row of C logits (*arg) and its value. */
+static MNISTCU__HD float mnistcu__row_max(const float *z, size_t C, size_t *arg)
+{
+    float m = z[0];
+    size_t j;
+    *arg = 0;
+    for (j = 1; j < C; ++j)
+        if (z[j] > m) {
+            m = z[j];
+            *arg = j;
+        }
+    return m;
+}
+
+/* Softmax cross-entropy's end for one row of logits z with max m, where s is
+   the sum of e^(z[j] - m) in order and g (may be NULL) holds each e^(z[j] - m):
+   the loss, and g = (softmax(z) - onehot(label)) * grad_scale. Its sums and
+   products are each rounded (MNISTCU__ADD, MNISTCU__MUL), and so is s's, so the
+   fused MLP kernel, which makes a row's e^(z[j] - m) on many threads and this
+   end on one, has the same bits as mnistcu__softmax_ce_row in any kernel. */
+static MNISTCU__HD void mnistcu__softmax_ce_end(const float *z, int32_t label, size_t C, float m, float s,
+                                                float grad_scale, float *g, float *loss)
+{
+    size_t j;
+    *loss = MNISTCU__ADD(m, logf(s)) - z[label];
+    if (g) {
+        const float inv = 1.0f / s;
+        for (j = 0; j < C; ++j) g[j] = MNISTCU__MUL(MNISTCU__MUL(g[j], inv), grad_scale);
+        g[label] -= grad_scale;
+    }
+}
+
 /* Softmax cross-entropy of one row of C logits, fused with its gradient:
    loss = logsumexp(z) - z[label]; g = (softmax(z) - onehot(label)) * grad_scale.
    g may be NULL (evaluation); *pred gets the first arg-max. */
 static MNISTCU__HD void mnistcu__softmax_ce_row(const float *z, int32_t label, size_t C, float grad_scale, float *g,
                                                 float *loss, int32_t *pred)
 {
-    float m = z[0], s = 0.0f;
-    size_t j, arg = 0;
-    for (j = 1; j < C; ++j)
-        if (z[j] > m) {
-            m = z[j];
-            arg = j;
-        }
-    for (j = 0; j < C; ++j) s += expf(z[j] - m);
-    *loss = (m + logf(s)) - z[label];
-    *pred = (int32_t)arg;
-    if (g) {
-        float inv = 1.0f / s;
-        for (j = 0; j < C; ++j) g[j] = expf(z[j] - m) * inv * grad_scale;
-        g[label] -= grad_scale;
+    size_t j, arg;
+    const float m = mnistcu__row_max(z, C, &arg);
+    float s = 0.0f;
+    for (j = 0; j < C; ++j) {
+        const float e = expf(z[j] - m);
+        s = MNISTCU__ADD(s, e);
+        if (g) g[j] = e;
     }
+    *pred = (int32_t)arg;
+    mnistcu__softmax_ce_end(z, label, C, m, s, grad_scale, g, loss);
 }
 
 /* ---- losses ----------------------------------------------------------------
@@ -3853,13 +3882,9 @@ typedef struct mnistcu__lossp {
 static MNISTCU__HD void mnistcu__loss_row(const mnistcu__lossp *lp, const float *z, int32_t y, const float *t,
                                           size_t C, float grad_scale, float *g, float *loss, int32_t *pred)
 {
-    float mx = z[0], acc = 0.0f, e = lp->sum ? grad_scale : grad_scale / (float)C;
-    size_t j, arg = 0;
-    for (j = 1; j < C; ++j)
-        if (z[j] > mx) {
-            mx = z[j];
-            arg = j;
-        }
+    float acc = 0.0f, e = lp->sum ? grad_scale : grad_scale / (float)C;
+    size_t j, arg;
+    const float mx = mnistcu__row_max(z, C, &arg);
     switch (lp->kind) {
     case MNISTCU_LOSS_MSE:
         for (j = 0; j < C; ++j) {
@@ -13971,6 +13996,33 @@ static __device__ void mnistcu__stats_block(const volatile float *loss, const vo
     }
 }
 
+/* mnistcu__stats_block's sums made by one warp, the same bits: each of the
+   block's warps' shuffle trees in turn, then their results in order. */
+static __device__ void mnistcu__stats_warp(const float *loss, const int32_t *pred, const int32_t *labels, int B,
+                                           double *loss_out, double *correct_out)
+{
+    const int lane = (int)(threadIdx.x & 31u);
+    double lsum = 0.0, csum = 0.0;
+    int w, i, o;
+    for (w = 0; w < MNISTCU__THREADS / 32; ++w) {
+        double l = 0.0, c = 0.0;
+        for (i = 32 * w + lane; i < B; i += MNISTCU__THREADS) {
+            l += (double)loss[i];
+            c += pred[i] == labels[i] ? 1.0 : 0.0;
+        }
+        for (o = 16; o > 0; o >>= 1) {
+            l += __shfl_down_sync(0xffffffffu, l, o);
+            c += __shfl_down_sync(0xffffffffu, c, o);
+        }
+        lsum += l; /* lane 0's: warp w's sum */
+        csum += c;
+    }
+    if (lane == 0) {
+        *loss_out = lsum;
+        *correct_out = csum;
+    }
+}
+
 __global__ void mnistcu__k_step_stats(const float *loss, const int32_t *pred, const int32_t *labels, int B,
                                       double *loss_out, double *correct_out, const mnistcu__dyn *dyn)
 {
@@ -15283,10 +15335,13 @@ static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt 
         z = act2(h W2^T + b2).
      -- barrier: all of z is written --
      3. Each block computes the loss gradient dz [b][C] of the whole batch (it
-        is small), block 0 also the step's statistics.
+        is small; softmax cross-entropy's e^(z - max) a thread each, the rest
+        a thread a row), block 0 also the step's statistics (where the next
+        step's phase 1 leaves its last warp idle, that warp makes them then,
+        off the path to the next barrier; measured, bench/RESULTS.md).
      4. Each block, for its units only: dh = (dz W2[:,u]) * act1', then the
         gradients of its W2 columns, b1 entries and W1 rows and their optimizer
-        update; block 0 updates b2.
+        update; the last block updates b2.
    Nothing is written while another block may still read it: W2 and b2 are read
    in phase 2 and updated in phase 4, after the second barrier, and read again
    only after the next step's first; h is rewritten in the next step's phase 1,
@@ -15681,6 +15736,8 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
     float *sm = (float *)mnistcu__fsm4, *xs, *loc, *lst, *hs, *dhs, *dzs, *zs, *stg, *gs, *ls;
     int32_t *labs, *labs_next, *prs;
     uint32_t *srow, *srow_next;
+    int pend = 0, pb = 0; /* block 0: step pstep's statistics (pb rows) wait for the next step's idle warp */
+    size_t pstep = 0;
     float *P = a.params, *Gd = a.grads;
     int q, ldx, ldw, nu4, nb1, nw2;
     uint4 v[MNISTCU__FUSED_PV];
@@ -15767,6 +15824,9 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
                 hs[ui * B + r] = v;
             }
         }
+        if (pend && t >= T - 32) /* the step before's labels are in labs_next until this step's end */
+            mnistcu__stats_warp(ls, prs, labs_next, pb, a.stats + pstep, a.stats + a.stats_cap + pstep);
+        pend = 0;
         if (t < bn) srow_next[t] = nidx;
         for (e = t + T; e < bn; e += T) srow_next[e] = a.idx[off + (size_t)B + (size_t)e]; /* batches above T */
         MNISTCU__FPROF(2);
@@ -15834,16 +15894,55 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
                 if (e + u * T < b * C) zs[e + u * T] = zv[u];
         }
         __syncthreads();
+        if (a.lp.kind == MNISTCU_LOSS_SOFTMAX_CE && a.lp.smoothing == 0.0f) {
+            /* mnistcu__softmax_ce_row's steps, its e^(z - max) a thread each (one
+               thread a row took about 2 us here): a row's max (in ls, until its
+               loss), every e, then a row's sum in order and the end */
+            for (e = t; e < b; e += T) {
+                size_t arg;
+                ls[e] = mnistcu__row_max(zs + e * C, (size_t)C, &arg);
+                prs[e] = (int32_t)arg;
+            }
+            __syncthreads();
+            {   /* row r of element e, stepped without a division */
+                const int dq = T / C, dr = T - dq * C;
+                int r = t / C, c = t - r * C;
+                for (e = t; e < b * C; e += T) {
+                    dzs[e] = expf(zs[e] - ls[r]);
+                    r += dq;
+                    c += dr;
+                    if (c >= C) {
+                        c -= C;
+                        ++r;
+                    }
+                }
+            }
+            __syncthreads();
+        }
         for (e = t; e < b; e += T) {
             int c;
-            mnistcu__loss_row(&a.lp, zs + e * C, labs[e], NULL, (size_t)C, gscale, dzs + e * C, &ls[e], &prs[e]);
+            if (a.lp.kind == MNISTCU_LOSS_SOFTMAX_CE && a.lp.smoothing == 0.0f) {
+                float sum = 0.0f;
+                for (c = 0; c < C; ++c) sum = MNISTCU__ADD(sum, dzs[e * C + c]);
+                mnistcu__softmax_ce_end(zs + e * C, labs[e], (size_t)C, ls[e], sum, gscale, dzs + e * C, &ls[e]);
+            } else {
+                mnistcu__loss_row(&a.lp, zs + e * C, labs[e], NULL, (size_t)C, gscale, dzs + e * C, &ls[e], &prs[e]);
+            }
             if (a.act2 != MNISTCU_ACT_IDENTITY)
                 for (c = 0; c < C; ++c)
                     dzs[e * C + c] = mnistcu__act_backward_one((mnistcu_act)a.act2, dzs[e * C + c], zs[e * C + c]);
         }
         __syncthreads();
         MNISTCU__FPROF(7);
-        if (j == 0) mnistcu__stats_block(ls, prs, labs, b, sl, sc, a.stats + step, a.stats + a.stats_cap + step);
+        /* block 0's statistics, on the path every block waits for: where the next
+           step's phase 1 leaves the last warp idle, that warp makes them then */
+        if (j == 0 && more && (nu + 1) / 2 * bn <= T - 32) {
+            pend = 1;
+            pstep = step;
+            pb = b;
+        } else if (j == 0) {
+            mnistcu__stats_block(ls, prs, labs, b, sl, sc, a.stats + step, a.stats + a.stats_cap + step);
+        }
         MNISTCU__FPROF(8);
         /* 4. this block's units: dh with the old W2 columns; where the skinny
            kernel takes the W2 gradient, its slice sums (a thread each); then
