@@ -620,8 +620,10 @@ int main(int argc, char **argv)
     a.p2 = d_p2; a.h1 = d_h1; a.h2 = d_h2; a.dz = d_dz; a.dh2 = d_dh2; a.dh1 = d_dh1;
     a.part2 = d_part2; a.part1 = d_part1; a.lrow = d_lrow; a.crow = d_crow;
     a.loss = d_loss; a.correct = d_corr; a.ph = d_ph;
-    mnistcu__opt_make(&od, 1, NP, &a.o_first);
-    mnistcu__opt_make(&od, 2, NP, &a.o_next);
+    mnistcu__opt_memo memo;
+    memset(&memo, 0, sizeof memo);
+    mnistcu__opt_make(&od, 1, NP, &a.o_first, &memo);
+    mnistcu__opt_make(&od, 2, NP, &a.o_next, &memo);
 
     auto launch = [&](int step0, int nsteps, int first) {
         a.step0 = step0; a.nsteps = nsteps; a.first_step = first;

@@ -2037,7 +2037,7 @@ static float *tc_fused_train(const tc_fused_case *c, int no_fused, size_t *np, m
 
 TEST cuda_fused_mlp_equals_unfused_bitwise(void)
 {
-    static tc_fused_case cases[9];
+    static tc_fused_case cases[10];
     int i, ncases = 0;
     tc_fused_case *c;
     memset(cases, 0, sizeof cases);
@@ -2097,6 +2097,13 @@ TEST cuda_fused_mlp_equals_unfused_bitwise(void)
     c->D = 52; c->H = 48; c->C = 10; c->B = 40; c->n = 150; c->epochs = 2;
     c->hidden = MNISTCU_LAYER_RELU; c->u8 = 1;
     c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+    /* a batch over the block's 256 threads: its statistics made by one warp in the next step's
+       phase 1 (the batch after it has 50 rows), and in place where the next has 300 */
+    c = &cases[ncases++];
+    c->name = "40-64-10 relu, batch 300 of 650, statistics by one warp";
+    c->D = 40; c->H = 64; c->C = 10; c->B = 300; c->n = 650; c->epochs = 1;
+    c->hidden = MNISTCU_LAYER_RELU;
+    c->optim.learning_rate = 0.1f;
     for (i = 0; i < ncases; ++i) {
         mnistcu_train_result ra, rb;
         size_t na = 0, nb = 0, steps;
@@ -2149,6 +2156,13 @@ TEST cuda_fused_mlp_declines_what_it_cannot_do(void)
     p = tc_fused_train(&c, 0, &np, &r);
     ASSERT(p);
     ASSERT_EQ((size_t)5, r.fused_steps);
+    free(p);
+    c.name = "40 classes"; /* more than MNISTCU__FUSED_MAX_C */
+    c.D = 40; c.C = 40;
+    p = tc_fused_train(&c, 0, &np, &r);
+    ASSERT(p);
+    ASSERT_EQ((size_t)5, r.steps);
+    ASSERT_EQ((size_t)0, r.fused_steps);
     free(p);
     PASS();
 }
