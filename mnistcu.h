@@ -90,8 +90,9 @@
    WHAT IT DOES NOT DO (YET)
      No multi-GPU. No half-precision storage: weights, gradients and optimizer
      state are FP32 always (mnistcu_ctx_desc.precision only changes how the
-     GPU's matrix products multiply). CUDA graphs are measured, not used
-     (bench/RESULTS.md); the fused training step covers one-hidden-layer MLPs.
+     GPU's matrix products multiply). The fused training step covers
+     one-hidden-layer MLPs of at most 32 classes (and, opt-in, LeNet-5's
+     shape); other models replay each step from a CUDA graph.
 
    CONFIGURATION MACROS (define before including the implementation)
      MNISTCU_STATIC            make every function static to the including file
