@@ -159,7 +159,7 @@ static void print_help(FILE *f)
           "                        rather than in the fused kernel (same bits, slower;\n"
           "                        the fused kernel needs the own products, no --clip,\n"
           "                        --l2 or --augment, a batch that fits shared memory,\n"
-          "                        at most 32 classes)\n"
+          "                        more than 16 hidden units if 32 inputs or more)\n"
           "  --no-graph            on the GPU, launch each step's kernels one by one\n"
           "                        (default: each step replayed from a CUDA graph, with\n"
           "                        the same results)\n"

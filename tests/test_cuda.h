@@ -701,10 +701,11 @@ static mnistcu_dataset *tc_synthetic(mnistcu_ctx *ctx, size_t n, size_t F, int c
     float *x = tu_random_floats(&rng, n * F, 0, 1);
     int32_t *y = (int32_t *)malloc(n * sizeof(int32_t));
     mnistcu_dataset *ds = NULL;
-    size_t i, j;
-    for (i = 0; i < n; ++i) { /* a learnable rule: the class of the largest of the first `classes` features */
+    size_t i, j, m = (size_t)classes < F ? (size_t)classes : F;
+    for (i = 0; i < n; ++i) { /* a learnable rule: the class of the largest of the first `classes` features
+                                 (of all F where there are fewer) */
         size_t best = 0;
-        for (j = 1; j < (size_t)classes; ++j)
+        for (j = 1; j < m; ++j)
             if (x[i * F + j] > x[i * F + best]) best = j;
         y[i] = (int32_t)best;
     }
@@ -2037,7 +2038,7 @@ static float *tc_fused_train(const tc_fused_case *c, int no_fused, size_t *np, m
 
 TEST cuda_fused_mlp_equals_unfused_bitwise(void)
 {
-    static tc_fused_case cases[10];
+    static tc_fused_case cases[12];
     int i, ncases = 0;
     tc_fused_case *c;
     memset(cases, 0, sizeof cases);
@@ -2104,6 +2105,12 @@ TEST cuda_fused_mlp_equals_unfused_bitwise(void)
     c->D = 40; c->H = 64; c->C = 10; c->B = 300; c->n = 650; c->epochs = 1;
     c->hidden = MNISTCU_LAYER_RELU;
     c->optim.learning_rate = 0.1f;
+    /* many classes: a block's logits over several rows, the loss rows' e^(z - max) in rounds, Adam */
+    c = &cases[ncases++];
+    c->name = "256-64-256 relu, 256 classes, batch 16, Adam";
+    c->D = 256; c->H = 64; c->C = 256; c->B = 16; c->n = 60; c->epochs = 2;
+    c->hidden = MNISTCU_LAYER_RELU;
+    c->optim.kind = MNISTCU_OPTIM_ADAM; c->optim.learning_rate = 1e-3f;
     for (i = 0; i < ncases; ++i) {
         mnistcu_train_result ra, rb;
         size_t na = 0, nb = 0, steps;
@@ -2157,8 +2164,8 @@ TEST cuda_fused_mlp_declines_what_it_cannot_do(void)
     ASSERT(p);
     ASSERT_EQ((size_t)5, r.fused_steps);
     free(p);
-    c.name = "40 classes"; /* more than MNISTCU__FUSED_MAX_C */
-    c.D = 40; c.C = 40;
+    c.name = "16 units over 64 inputs"; /* W1's gradient in the skinny kernel's slices step by step */
+    c.D = 64;
     p = tc_fused_train(&c, 0, &np, &r);
     ASSERT(p);
     ASSERT_EQ((size_t)5, r.steps);
