@@ -2038,7 +2038,7 @@ static float *tc_fused_train(const tc_fused_case *c, int no_fused, size_t *np, m
 
 TEST cuda_fused_mlp_equals_unfused_bitwise(void)
 {
-    static tc_fused_case cases[12];
+    static tc_fused_case cases[13];
     int i, ncases = 0;
     tc_fused_case *c;
     memset(cases, 0, sizeof cases);
@@ -2105,6 +2105,12 @@ TEST cuda_fused_mlp_equals_unfused_bitwise(void)
     c->D = 40; c->H = 64; c->C = 10; c->B = 300; c->n = 650; c->epochs = 1;
     c->hidden = MNISTCU_LAYER_RELU;
     c->optim.learning_rate = 0.1f;
+    /* 13 classes (9 logits a block), units not a multiple of 16, chunks of 5 steps, Adam */
+    c = &cases[ncases++];
+    c->name = "48-100-13 relu, batch 64, chunks of 5, Adam";
+    c->D = 48; c->H = 100; c->C = 13; c->B = 64; c->n = 400; c->epochs = 2;
+    c->hidden = MNISTCU_LAYER_RELU; c->progress_every = 5;
+    c->optim.kind = MNISTCU_OPTIM_ADAM; c->optim.learning_rate = 1e-3f;
     /* many classes: a block's logits over several rows, the loss rows' e^(z - max) in rounds, Adam */
     c = &cases[ncases++];
     c->name = "256-64-256 relu, 256 classes, batch 16, Adam";
