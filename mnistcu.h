@@ -878,7 +878,7 @@ typedef struct mnistcu_train_desc {
     int no_graph;                        /* 0: on the GPU, a step that does not run in the fused kernel is
                                             captured once into a CUDA graph and replayed (same bits, fewer
                                             launches; see >>cuda_graph); 1: its kernels launched one by one */
-    int no_head;                         /* 0: on the GPU in FP32, a model ending in a dense layer of at
+    int no_head;                         /* 0: on the GPU, a model ending in a dense layer of at
                                             most 32 outputs runs that layer's forward pass, the loss and its
                                             gradients but the weights' in one kernel (see >>cuda_head; the
                                             same bits with the own products, within rounding with cuBLAS's);
@@ -14065,7 +14065,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
 }
 
 /* >>cuda_head ----------------------------------------------------------------------
-   The classifier head: an FP32 training step's last dense layer (identity, at
+   The classifier head: a training step's last dense layer (identity, at
    most MNISTCU__HEAD_MAX_C outputs), its loss and the step's statistics, its bias
    gradient and its input gradient, in one kernel, where the step by step path
    takes a product, the loss kernel(s), a column sum, a second product and the
@@ -14087,6 +14087,17 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_loss_stats(
    rows in order (mnistcu__k_bias_grad's sums; where the skinny kernel takes
    the layer's weight gradient, it sums them there instead, the same bits,
    >>cuda_skinny), and puts the ticket back to 0.
+   In TF32 and BF16 contexts the head computes in FP32 too (reduced precision
+   is a permission): its logits' product has at most 32 outputs a row, which
+   our kernels keep in FP32 up to a batch of 1024 (MNISTCU__TC_MIN_TILES); the
+   step by step path may run the input gradient's product (K = the classes)
+   and, with cuBLAS, the logits' on the tensor cores, so there the two agree
+   within the reduced precision's bound, not to the bit. Measured on the H200
+   (ncu, caches flushed, P3 in TF32 with cuBLAS): the step by step path's last
+   layer, loss, statistics, column sum, input gradient product and ReLU
+   derivative took 41 us of the step, the head 16-20; epochs in TF32 with
+   cuBLAS, same call: P3 16.3 -> 14.3-14.7 ms, P2 35.9 -> 27.6, LeNet-5 108.4
+   -> 97.0, the Fashion CNN 163 -> 154 (bench/RESULTS.md).
    Measured on the H100 (ncu, one replayed step, caches flushed): P3's head
    (512 rows, 1024 inputs) 15.9 us where the step by step path took 14.4 for
    the product with its bias, 8 for the loss and statistics, a second product
@@ -14262,19 +14273,60 @@ typedef struct mnistcu__segs {
 
 /* One optimizer step over the ranges todo of the flat parameter arena
    (mnistcu__opt_one, see >>cpu_ops); coef: NULL, or the clipping factor in
-   device memory. */
+   device memory. SGD, with or without momentum, takes MNISTCU__OPT_ILP
+   parameters a thread a pass, a block's stride apart (each load coalesced),
+   every load of the pass issued before the first step: one parameter a
+   thread waited for its loads each time. P3's pass over 1.86 million
+   parameters in TF32: 15.3 -> 8.2 us (ncu on the H200, caches flushed), its
+   epoch 14.3-14.5 -> 12.8 ms. The same operations on the same values
+   (mnistcu__sgd_step), so the same bits. */
+#define MNISTCU__OPT_ILP 4
+
+static __device__ __forceinline__ size_t mnistcu__seg_index(const mnistcu__segs &todo, size_t j)
+{
+    int q = 0;
+    while (j >= todo.len[q]) j -= todo.len[q++];
+    return j + todo.off[q];
+}
+
 __global__ void mnistcu__k_optim(mnistcu__opt o, float *w, const float *g, float *state, const float *coef,
                                  const mnistcu__dyn *dyn, mnistcu__segs todo)
 {
     MNISTCU__PDL_WAIT();
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t j;
     float c = coef ? *coef : 1.0f;
     if (dyn) o = dyn->opt; /* a step replayed from a graph: this step's scalars */
-    for (j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < todo.total; j += (size_t)gridDim.x * blockDim.x) {
-        size_t i = j;
-        int q = 0;
-        while (i >= todo.len[q]) i -= todo.len[q++];
-        i += todo.off[q];
+    if (o.kind == MNISTCU_OPTIM_SGD) {
+        const int keep_v = o.has_momentum, read_v = o.has_momentum && !o.first; /* the first step sets v */
+        for (j = (size_t)blockIdx.x * blockDim.x * MNISTCU__OPT_ILP + threadIdx.x; j < todo.total;
+             j += stride * MNISTCU__OPT_ILP) {
+            size_t ix[MNISTCU__OPT_ILP];
+            float p[MNISTCU__OPT_ILP], d[MNISTCU__OPT_ILP], v[MNISTCU__OPT_ILP];
+            int u;
+#pragma unroll
+            for (u = 0; u < MNISTCU__OPT_ILP; ++u) {
+                const size_t jj = j + (size_t)u * blockDim.x;
+                ix[u] = jj < todo.total ? mnistcu__seg_index(todo, jj) : 0;
+            }
+#pragma unroll
+            for (u = 0; u < MNISTCU__OPT_ILP; ++u)
+                if (j + (size_t)u * blockDim.x < todo.total) {
+                    d[u] = coef ? g[ix[u]] * c : g[ix[u]];
+                    p[u] = w[ix[u]];
+                    v[u] = read_v ? state[ix[u]] : 0.0f;
+                }
+#pragma unroll
+            for (u = 0; u < MNISTCU__OPT_ILP; ++u)
+                if (j + (size_t)u * blockDim.x < todo.total) {
+                    w[ix[u]] = mnistcu__sgd_step(&o, p[u], d[u], &v[u]);
+                    if (keep_v) state[ix[u]] = v[u];
+                }
+        }
+        return;
+    }
+    for (j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < todo.total; j += stride) {
+        const size_t i = mnistcu__seg_index(todo, j);
         mnistcu__opt_one(&o, i, w, coef ? g[i] * c : g[i], state);
     }
 }
@@ -14900,8 +14952,8 @@ static int mnistcu__cuda_gemm_x_takes(mnistcu_ctx *ctx, int ta, int tb, size_t M
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     size_t S;
     const int blas = cu->use_cublas && !(ta && !tb && db);
-    if (mnistcu__gemm_skinny_ok(ta, tb, M, N, K)) /* mnistcu__k_gemm_skinny, with more in FP32 contexts only */
-        return cu->precision == MNISTCU_PRECISION_FP32 ? -1 : 0;
+    if (mnistcu__gemm_skinny_ok(ta, tb, M, N, K)) /* mnistcu__k_gemm_skinny: FP32 in every context, as the plain path's */
+        return -1;
     if (M == 0 || N == 0 || blas || cu->precision != MNISTCU_PRECISION_FP32 ||
         !mnistcu__gemm_wide_ok(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) ||
         (S = mnistcu__gemm_wide_split(M, N, K)) == 0 || (db && (S > 1 || !ta || tb)))
@@ -15160,8 +15212,8 @@ static int mnistcu__cuda_head_layer(const mnistcu_model *m)
     int h = m->num_layers - 1;
     const mnistcu__layer *H;
     while (h >= 0 && m->layers[h].passthrough) --h;
-    /* FP32 only: in TF32 or BF16 the step by step products may run on the tensor cores, as asked */
-    if (m->head_off || h < 0 || mnistcu__cu(m->ctx)->precision != MNISTCU_PRECISION_FP32) return -1;
+    /* in TF32 and BF16 contexts too, its products in FP32 (>>cuda_head) */
+    if (m->head_off || h < 0) return -1;
     H = &m->layers[h];
     if (H->d.kind != MNISTCU_LAYER_DENSE || H->act != MNISTCU_ACT_IDENTITY || H->oc < 1 ||
         H->oc > MNISTCU__HEAD_MAX_C || (size_t)H->oc != m->classes || H->out != m->logits || H->c < 1)
@@ -15315,7 +15367,10 @@ static mnistcu_result mnistcu__cuda_update(mnistcu_model *m, const mnistcu__opt 
         }
     }
     if (!todo.total) return MNISTCU_OK;
-    mnistcu__launch(mnistcu__k_optim, mnistcu__blocks(todo.total), MNISTCU__THREADS, 0, st, *k, m->params, m->grads, m->state,
+    mnistcu__launch(mnistcu__k_optim,
+                    mnistcu__blocks(k->kind == MNISTCU_OPTIM_SGD ? (todo.total + MNISTCU__OPT_ILP - 1) / MNISTCU__OPT_ILP
+                                                                 : todo.total),
+                    MNISTCU__THREADS, 0, st, *k, m->params, m->grads, m->state,
                                                                                coef, mnistcu__cuda_dyn(m), todo);
     MNISTCU__LAUNCHED(m->ctx, "optimizer");
     return MNISTCU_OK;

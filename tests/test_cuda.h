@@ -2780,23 +2780,53 @@ TEST cuda_head_step_matches_step_by_step(void)
         free(a.p);
         free(b.p);
     }
-    if (tc_has_tensor_cores()) { /* TF32 asked: no head, the products the step by step path's (on the tensor
-                                    cores where they pay; the last layer's weight gradient, skinny, in FP32) */
-        mnistcu_ctx *g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32);
-        mnistcu_dataset *ds = g ? tc_synthetic(g, 64, 784, 10, 11) : NULL;
-        mnistcu_model *m = NULL;
-        mnistcu_train_desc td;
-        mnistcu_train_result res;
-        memset(&td, 0, sizeof td);
-        td.epochs = 1;
-        td.batch_size = 16;
-        td.no_fused = 1;
-        ASSERT(ds != NULL);
-        ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(g, "784 dense32 relu dense10", &m));
-        ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res));
-        ASSERT_EQ((size_t)4, res.steps);
-        ASSERT_EQ((size_t)0, res.head_steps);
-        mnistcu_ctx_destroy(g);
+    if (tc_has_tensor_cores()) {
+        /* TF32 asked: the head takes the last layer in FP32 all the same. With our products, the step by step
+           path keeps the last layer's products (4 and 8 output tiles here) in FP32 too, and puts the first
+           layer's weight gradient (26 tiles) on the tensor cores: so the same bits with and without the head,
+           and not FP32's. With cuBLAS's, whose step by step path runs the last layer in TF32: within TF32's
+           rounding. */
+        int gp;
+        for (gp = 0; gp < 2; ++gp) {
+            float *w[3] = {NULL, NULL, NULL}; /* TF32 with the head, without it, FP32 with it */
+            size_t np = 0, k, differs = 0;
+            int run;
+#ifndef MNISTCU_CUBLAS
+            if (gp) break;
+#endif
+            for (run = 0; run < 3; ++run) {
+                mnistcu_ctx *g = tc_ctx_prec(gp ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN,
+                                             run == 2 ? MNISTCU_PRECISION_FP32 : MNISTCU_PRECISION_TF32);
+                mnistcu_dataset *ds = g ? tc_synthetic(g, 512, 784, 10, 11) : NULL;
+                mnistcu_model *m = NULL;
+                mnistcu_train_desc td;
+                mnistcu_train_result res;
+                memset(&td, 0, sizeof td);
+                td.epochs = 1;
+                td.batch_size = 256;
+                td.no_fused = 1;
+                td.no_head = run == 1;
+                td.optim.learning_rate = 0.05f;
+                ASSERT(ds != NULL);
+                ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(g, "784 dense128 relu dense10", &m));
+                ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &res));
+                ASSERT_EQ((size_t)2, res.steps);
+                ASSERT_EQ((size_t)(run == 1 ? 0 : 2), res.head_steps);
+                np = m->num_params;
+                w[run] = tc_down(m->params, np);
+                mnistcu_ctx_destroy(g);
+            }
+            for (k = 0; k < np; ++k) differs += memcmp(&w[0][k], &w[2][k], sizeof(float)) != 0;
+            printf("    TF32 (%s products), head against step by step: weights %.2e apart; %lu of %lu not FP32's\n",
+                   gp ? "cuBLAS's" : "our", tc_relerr(w[0], w[1], np), (unsigned long)differs, (unsigned long)np);
+            if (!gp) {
+                ASSERT_ARRAY_EQ_BITS_F(w[0], w[1], np);
+                ASSERT(differs > 0); /* the tensor cores took the first layer's weight gradient */
+            } else {
+                ASSERT(tc_relerr(w[0], w[1], np) <= 1e-3);
+            }
+            free(w[0]), free(w[1]), free(w[2]);
+        }
     }
     PASS();
 }
@@ -2916,28 +2946,40 @@ TEST cuda_fused_update_equals_pass_bitwise(void)
             if (i == 5) continue;
 #endif
             if (i == 6) {
-                mnistcu_ctx *g;
-                mnistcu_dataset *ds;
-                mnistcu_model *m = NULL;
-                mnistcu_train_desc td;
+                /* TF32: the first layer's product, on the tensor cores, leaves its step to the pass; the last
+                   layer's, the skinny kernel's (FP32 in every context), takes it: the same bits as without */
+                float *w[2] = {NULL, NULL};
+                size_t np = 0;
+                int run;
                 if (!tc_has_tensor_cores()) continue;
-                g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32);
-                ds = g ? tc_synthetic(g, d.n, 784, 10, 11) : NULL;
-                memset(&td, 0, sizeof td);
-                td.epochs = 1;
-                td.batch_size = (int)d.B;
-                td.no_fused = 1;
-                td.optim = d.optim;
-                ASSERT(ds != NULL);
-                ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(g, wide, &m));
-                ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, &a.res));
-                mnistcu_ctx_destroy(g);
+                for (run = 0; run < 2; ++run) {
+                    mnistcu_ctx *g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32);
+                    mnistcu_dataset *ds = g ? tc_synthetic(g, d.n, 784, 10, 11) : NULL;
+                    mnistcu_model *m = NULL;
+                    mnistcu_train_desc td;
+                    mnistcu_train_result res;
+                    memset(&td, 0, sizeof td);
+                    td.epochs = 1;
+                    td.batch_size = (int)d.B;
+                    td.no_fused = 1;
+                    td.no_fused_update = run;
+                    td.optim = d.optim;
+                    ASSERT(ds != NULL);
+                    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_spec(g, wide, &m));
+                    ASSERT_EQ(MNISTCU_OK, mnistcu_train(m, ds, &td, run ? &res : &a.res));
+                    if (run) ASSERT_EQ((size_t)0, res.fused_update_steps);
+                    np = m->num_params;
+                    w[run] = tc_down(m->params, np);
+                    mnistcu_ctx_destroy(g);
+                }
+                ASSERT_ARRAY_EQ_BITS_F(w[0], w[1], np);
+                free(w[0]), free(w[1]);
             } else {
                 ASSERTm(d.name, tc_graph_train(&d, 0, i == 5, &a));
                 free(a.p);
             }
             ASSERT_EQm(d.name, (size_t)2, a.res.steps);
-            ASSERT_EQm(d.name, (size_t)(i == 0 ? 1 : 0), a.res.fused_update_steps);
+            ASSERT_EQm(d.name, (size_t)(i == 0 || i == 6 ? 1 : 0), a.res.fused_update_steps);
         }
     }
     PASS();
