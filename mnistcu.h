@@ -14841,12 +14841,20 @@ static int mnistcu__gemm_wide_ok(int ta, int tb, size_t M, size_t N, size_t K, c
    own split would add them in a kernel of its own and ours would follow. Measured on the H100 (ncu, one P3 step):
    784 -> 1024 at batch 512, 32.2 us against 25.2 + 6.1 + 4.5; 1024 -> 1024,
    38.5 against 31.4 + 7.6 + 4.5. It loses where the output is narrow or short
-   (1024 -> 10: 15.8 against 14.4; the Fashion CNN's first dense layer at batch
-   64 made P5 4-7% slower) and in TF32 (P3 4-7% slower), hence the limits.
+   (1024 -> 10: 15.8 against 14.4) and in TF32 (P3 4-7% slower), hence the
+   limits. Few rows over a long K take 16 parts: the Fashion CNN's first dense
+   layer at batch 64 (3200 -> 256) in 4 made P5 4-7% slower, but in 16 it takes
+   10.3 + 5.3 us against cuBLAS's 10.2 + 6.6 and a bias pass of 2.4 (ncu, H200,
+   caches flushed), P5 223.8-224.2 -> 222.5-222.6 ms an epoch in one call.
    0 < K / S, S | K. */
 static size_t mnistcu__blas_split(size_t M, size_t N, size_t K)
 {
     size_t tiles = ((M + 127) / 128) * ((N + 63) / 64), S;
+    if (M < 256 && tiles <= 8 && K >= 2048) { /* few rows, a long K: up to 16 parts */
+        for (S = 16; S > 1; S /= 2)
+            if (K % S == 0 && K / S >= 128) return S;
+        return 1;
+    }
     if (M < 256 || N < 256 || tiles >= 132 || K < 512) return 1;
     for (S = 4; S > 1; S /= 2)
         if (K % S == 0 && K / S >= 128) return S;

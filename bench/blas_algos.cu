@@ -51,6 +51,8 @@ static const shape SHAPES[] = {
     {"P3 dW1 TN 1024x784x512", 1, 0, 1024, 784, 512},    {"P3 dW2 TN 1024x1024x512", 1, 0, 1024, 1024, 512},
     {"P3 dh1 NN 512x1024x1024", 0, 0, 512, 1024, 1024},  {"P5 conv2 fwd NN 128x7744x576", 0, 0, 128, 7744, 576},
     {"P5 conv2 dW NT 128x576x7744", 0, 1, 128, 576, 7744}, {"P5 conv2 dX TN 576x7744x128", 1, 0, 576, 7744, 128},
+    {"P5 dense1 fwd NT 64x256x3200", 0, 1, 64, 256, 3200},  {"P5 dense1 dW TN 256x3200x64", 1, 0, 256, 3200, 64},
+    {"P5 dense1 dX NN 64x3200x256", 0, 0, 64, 3200, 256},
 };
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 #define WS_BYTES ((size_t)32 << 20)
@@ -273,6 +275,30 @@ int main(void)
                 CB(cublasSetStream(h, 0));
                 CB(cublasSetStream(h2, 0));
             }
+    }
+    /* K in S slices as one strided batch (the header's split for products with a bias or an activation,
+       mnistcu__blas_split), the product alone: the parts' sum is another pass (2-6 us in the steps) */
+    printf("\n| NT shape, K in S slices (strided batch, FP32), us | S=1 | S=2 | S=4 | S=8 | S=16 |\n|---|---|---|---|---|---|\n");
+    for (si = 0; si < NSHAPES; ++si) {
+        const shape &s = SHAPES[si];
+        operands *o = &ops[si];
+        float *part;
+        int S;
+        if (s.ta || !s.tb) continue;
+        CK(cudaMalloc((void **)&part, (size_t)16 * s.M * s.N * 4));
+        printf("| %s |", s.name);
+        for (S = 1; S <= 16; S *= 2) {
+            const float one = 1.0f, zero = 0.0f;
+            const int kc = s.K / S;
+            float t;
+            if (s.K % S) { printf(" - |"); continue; }
+            TIME_MEDIAN(t, 10, CB(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, s.N, s.M, kc, &one, o->B, s.K, kc,
+                                                            o->A, s.K, kc, &zero, part, s.N, (long long)s.M * s.N, S)));
+            printf(" %.1f |", t * 1e3);
+        }
+        printf("\n");
+        fflush(stdout);
+        CK(cudaFree(part));
     }
     if (bad) printf("blas_algos: FAILED: a product was wrong\n");
     return bad;

@@ -107,7 +107,8 @@ static int tc_gemm_all(mnistcu_gemm path, char *msg, size_t msg_size)
     static const size_t dims[][3] = {{1, 1, 1}, {1, 10, 784}, {7, 37, 100}, {33, 100, 784}, {64, 128, 784},
                                      {65, 63, 17}, {128, 784, 64}, {100, 784, 33}, {200, 1024, 300},
                                      {6, 25, 36864}, {128, 576, 7744}, {131, 300, 1000}, {576, 7744, 128},
-                                     {256, 512, 784}, {10, 1024, 512}, {16, 33, 1024}, {3, 40, 1}, {1, 300, 5}};
+                                     {256, 512, 784}, {10, 1024, 512}, {16, 33, 1024}, {3, 40, 1}, {1, 300, 5},
+                                     {64, 256, 3200}, {40, 100, 2056}};
     return tc_gemm_dims(path, dims, sizeof dims / sizeof dims[0], msg, msg_size);
 }
 
@@ -165,6 +166,9 @@ TEST cuda_gemm_cublas_matches_cpu(void)
 {
 #ifdef MNISTCU_CUBLAS
     char msg[256];
+    /* few rows over a long K: the fused forward products of tc_gemm_all split in 16 and 8 parts */
+    ASSERT_EQ((size_t)16, mnistcu__blas_split(64, 256, 3200));
+    ASSERT_EQ((size_t)8, mnistcu__blas_split(40, 100, 2056));
     if (!tc_gemm_all(MNISTCU_GEMM_CUBLAS, msg, sizeof msg)) FAILm(msg);
     PASS();
 #else
