@@ -4167,6 +4167,21 @@ static void mnistcu__cpu_optim(mnistcu_ctx *ctx, const mnistcu__opt *o, float *w
 #include <cudnn.h>
 #endif
 
+/* What a stream's products use: the stream, the split-K parts and counters, and a
+   cuBLAS handle with its workspace. The context's own are fields of mnistcu__cuda;
+   a step's branch swaps in a second set while it is launched (>>cuda_side). */
+typedef struct mnistcu__cuda_lane {
+    cudaStream_t stream;
+    float *splitk;
+    size_t splitk_floats;
+    int *wide_flags;
+#ifdef MNISTCU_CUBLAS
+    cublasHandle_t blas;
+    void *blas_ws, *blas_ws_raw;
+    size_t blas_ws_bytes;
+#endif
+} mnistcu__cuda_lane;
+
 typedef struct mnistcu__cuda {
     int device;
     cudaStream_t stream;       /* compute */
@@ -4197,6 +4212,11 @@ typedef struct mnistcu__cuda {
     void *dnn_ws;              /* cuDNN's workspace, grown on demand */
     size_t dnn_ws_bytes;
 #endif
+    mnistcu__cuda_lane *side;  /* the second stream of a step's branches (>>cuda_side); NULL until the first */
+    cudaEvent_t side_fork, side_join;
+    int side_broken;           /* it could not be made: no branches */
+    int side_off;              /* 1: no branches (the tests compare steps with and without) */
+    uint64_t side_forks;       /* branches launched so far (the tests) */
 } mnistcu__cuda;
 
 /* A dataset's copy on the GPU (resident mode). */
@@ -4410,6 +4430,10 @@ static void mnistcu__launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                          const float *bias, int act);
+static int mnistcu__cuda_side_ready(mnistcu_ctx *ctx);
+static mnistcu_result mnistcu__cuda_fork(mnistcu_ctx *ctx);
+static mnistcu_result mnistcu__cuda_unfork(mnistcu_ctx *ctx, mnistcu_result r);
+static mnistcu_result mnistcu__cuda_join(mnistcu_ctx *ctx);
 /* A weight gradient's optimizer step in its product's epilogue (>>cuda_update):
    the layer's parameters and their state (w and s for the weights, bw and bs
    for the bias), the step's scalars (opt, or dyn's in a replayed graph). */
@@ -5173,13 +5197,14 @@ static int mnistcu__conv_direct(const mnistcu__layer *L)
            (L->d.kernel_h == 3 || L->d.kernel_h == 5) && (size_t)L->oc * L->d.kernel_h * L->d.kernel_w <= 8192;
 }
 
-/* CPU: col and dcol of one sample [K][P]. GPU: col [K][B*P] and the product [OC][B*P] (none for the direct kernels). */
+/* CPU: col and dcol of one sample [K][P]. GPU: col [K][B*P], the product [OC][B*P] and dcol [K][B*P] (the
+   input gradient's beside the weight gradient's branch, >>cuda_side); none for the direct kernels. */
 static size_t mnistcu__conv_scratch(const mnistcu__layer *L, size_t B, int cuda)
 {
     size_t K = (size_t)L->c * (size_t)L->d.kernel_h * (size_t)L->d.kernel_w, P = (size_t)L->oh * (size_t)L->ow, n;
     if (!cuda) return mnistcu__mul3(2, K, P, &n) ? n : SIZE_MAX;
     if (mnistcu__conv_direct(L)) return 0;
-    return mnistcu__mul3(K + (size_t)L->oc, B, P, &n) ? n : SIZE_MAX;
+    return K <= SIZE_MAX / 2 - (size_t)L->oc && mnistcu__mul3(2 * K + (size_t)L->oc, B, P, &n) ? n : SIZE_MAX;
 }
 
 /* Input k = (c, i, j) of output position p of one sample x [C][H][W]; 0 in the padding. */
@@ -6630,6 +6655,22 @@ static mnistcu_result mnistcu__conv_cuda_forward(mnistcu_model *m, mnistcu__laye
     return MNISTCU_OK;
 }
 
+/* The columns path's weight gradient dW [OC][K] = dprod [OC][BP] . col^T [BP][K] and bias gradient,
+   on the stream the context launches on now (the branch's, >>cuda_side). */
+static mnistcu_result mnistcu__conv_cuda_dw(mnistcu_model *m, mnistcu__layer *L, size_t OC, size_t K, size_t BP,
+                                            const float *dprod, const float *col)
+{
+    mnistcu_ctx *ctx = m->ctx;
+    mnistcu_result r;
+    if ((r = mnistcu__cuda_gemm(ctx, 0, 1, OC, K, BP, dprod, BP, col, BP, m->grads + L->wo, K, NULL, 0))) return r;
+    if (L->nb) {
+        mnistcu__launch(mnistcu__k_row_sum, (unsigned)OC, MNISTCU__THREADS, 0, mnistcu__cuda_stream(ctx), dprod, BP,
+                        m->grads + L->bo);
+        MNISTCU__LAUNCHED(ctx, "row_sum");
+    }
+    return MNISTCU_OK;
+}
+
 static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__layer *L, size_t B, float *dy, float *dx)
 {
 #ifdef MNISTCU_CUDNN
@@ -6640,8 +6681,9 @@ static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__lay
     cudaStream_t st = mnistcu__cuda_stream(ctx);
     mnistcu__geom g = mnistcu__geom_of(L);
     size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, BP = B * P, OC = (size_t)L->oc;
-    float *col = m->scratch, *dprod = m->scratch + K * BP;
+    float *col = m->scratch, *dprod = m->scratch + K * BP, *dcol;
     mnistcu_result r;
+    int side;
     if (mnistcu__grid_1d_ok(OC * BP))
         mnistcu__launch(mnistcu__k_conv_dout4, mnistcu__blocks4(OC * BP), MNISTCU__THREADS, 0, st, dy, L->out,
                         L->dy_done ? (int)MNISTCU_ACT_IDENTITY : (int)L->act, (int)B, (int)OC, (int)P, dprod);
@@ -6654,25 +6696,26 @@ static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__lay
         MNISTCU__LAUNCHED(ctx, "im2col");
     }
     m->scratch_layer = 0;
-    /* dW [OC][K] = dprod [OC][BP] . col^T [BP][K] */
-    if ((r = mnistcu__cuda_gemm(ctx, 0, 1, OC, K, BP, dprod, BP, col, BP, m->grads + L->wo, K, NULL, 0))) return r;
-    if (L->nb) {
-        mnistcu__launch(mnistcu__k_row_sum, (unsigned)OC, MNISTCU__THREADS, 0, st, dprod, BP, m->grads + L->bo);
-        MNISTCU__LAUNCHED(ctx, "row_sum");
-    }
-    if (!dx) return MNISTCU_OK;
-    /* dcol [K][BP] = W^T [K][OC] . dprod [OC][BP], into col's place */
-    if ((r = mnistcu__cuda_gemm(ctx, 1, 0, K, BP, OC, m->params + L->wo, K, dprod, BP, col, BP, NULL, 0))) return r;
+    /* with an input gradient, the weight and bias gradients are a branch (>>cuda_side) beside it, which
+       reads col while the input gradient's product writes dcol after dprod in the scratch */
+    side = dx && mnistcu__cuda_side_ready(ctx);
+    if (side && (r = mnistcu__cuda_fork(ctx))) return r;
+    r = mnistcu__conv_cuda_dw(m, L, OC, K, BP, dprod, col);
+    if (side && (r = mnistcu__cuda_unfork(ctx, r))) return r;
+    if (r || !dx) return r;
+    /* dcol [K][BP] = W^T [K][OC] . dprod [OC][BP], into col's place (or, beside the branch, after dprod) */
+    dcol = side ? dprod + OC * BP : col;
+    if ((r = mnistcu__cuda_gemm(ctx, 1, 0, K, BP, OC, m->params + L->wo, K, dprod, BP, dcol, BP, NULL, 0))) return r;
     if (g.sh == 1 && g.sw == 1 && mnistcu__grid_yz_ok((size_t)g.c, B))
         mnistcu__launch(g.kh == 3 && g.kw == 3   ? mnistcu__k_col2im_s1<3>
                         : g.kh == 5 && g.kw == 5 ? mnistcu__k_col2im_s1<5>
                                                  : mnistcu__k_col2im_s1<0>,
                         mnistcu__grid_plane((size_t)g.h * g.w, (size_t)g.c, B), MNISTCU__PLANE_THREADS, 0, st,
-                        (const float *)col, g, (int)B, dx);
+                        (const float *)dcol, g, (int)B, dx);
     else
-        mnistcu__launch(mnistcu__k_col2im, mnistcu__blocks(B * L->in_size), MNISTCU__THREADS, 0, st, col, g, (int)B, dx);
+        mnistcu__launch(mnistcu__k_col2im, mnistcu__blocks(B * L->in_size), MNISTCU__THREADS, 0, st, dcol, g, (int)B, dx);
     MNISTCU__LAUNCHED(ctx, "col2im");
-    return MNISTCU_OK;
+    return side ? mnistcu__cuda_join(ctx) : MNISTCU_OK;
 }
 #endif
 
@@ -14577,10 +14620,141 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
     return MNISTCU_OK;
 }
 
+/* >>cuda_side ----------------------------------------------------------------------
+   A step's branches. Some of a backward pass's work needs nothing that the work
+   after it makes: a convolution's weight and bias gradients (read by nothing
+   but the optimizer) beside its input gradient. A product that fills few of the
+   multiprocessors leaves room for the other: P5's second convolution, its two
+   gradient products side by side on two streams, 82.2 -> 71.4 us (cuBLAS's,
+   bench/blas_algos.cu, H200). The branch runs on a second stream, from an event
+   the main stream records (mnistcu__cuda_fork), with its own split-K parts and
+   counters and its own cuBLAS handle and workspace, swapped into the context's
+   fields while it is launched, so that every launch path of the products
+   serves it unchanged; the main stream waits for its end event
+   (mnistcu__cuda_join) before anything reads what it wrote or rewrites what it
+   reads. The same kernels on the same values: the same bits (tests). A CUDA
+   graph captures the branch as two paths from a fork. The second stream is
+   made the first time a branch is wanted outside a capture (a capture cannot
+   allocate), and a step without it runs the branch's work in line. The
+   columns path's scratch holds dcol apart from col for it (17.8 MB more for
+   P5). Measured on the H200, one call, the same losses to the bit: P5 with
+   cuBLAS's products 223.5-224.1 -> 207.7-207.9 ms an epoch, with ours 316.3
+   -> 283.1, in TF32 149.0 -> 142.7 (bench/RESULTS.md). */
+static void mnistcu__cuda_lane_swap(mnistcu__cuda *cu, mnistcu__cuda_lane *l)
+{
+#define MNISTCU__SWAP(T, a, b) \
+    do {                       \
+        T t_ = a;              \
+        a = b;                 \
+        b = t_;                \
+    } while (0)
+    MNISTCU__SWAP(cudaStream_t, cu->stream, l->stream);
+    MNISTCU__SWAP(float *, cu->splitk, l->splitk);
+    MNISTCU__SWAP(size_t, cu->splitk_floats, l->splitk_floats);
+    MNISTCU__SWAP(int *, cu->wide_flags, l->wide_flags);
+#ifdef MNISTCU_CUBLAS
+    MNISTCU__SWAP(cublasHandle_t, cu->blas, l->blas);
+    MNISTCU__SWAP(void *, cu->blas_ws, l->blas_ws);
+    MNISTCU__SWAP(void *, cu->blas_ws_raw, l->blas_ws_raw);
+    MNISTCU__SWAP(size_t, cu->blas_ws_bytes, l->blas_ws_bytes);
+#endif
+#undef MNISTCU__SWAP
+}
+
+static void mnistcu__cuda_side_free(mnistcu_ctx *ctx)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    mnistcu__cuda_lane *l = cu->side;
+    if (l) {
+        if (l->stream) cudaStreamSynchronize(l->stream);
+#ifdef MNISTCU_CUBLAS
+        if (l->blas) cublasDestroy(l->blas);
+        mnistcu__cuda_free(ctx, l->blas_ws_raw);
+#endif
+        mnistcu__cuda_free(ctx, l->splitk);
+        mnistcu__cuda_free(ctx, l->wide_flags);
+        if (l->stream) cudaStreamDestroy(l->stream);
+        mnistcu__free(ctx, l);
+        cu->side = NULL;
+    }
+    if (cu->side_fork) cudaEventDestroy(cu->side_fork);
+    if (cu->side_join) cudaEventDestroy(cu->side_join);
+    cu->side_fork = cu->side_join = NULL;
+}
+
+/* Can a branch run now? Makes the second stream the first time (not in a capture). */
+static int mnistcu__cuda_side_ready(mnistcu_ctx *ctx)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    mnistcu__cuda_lane *l;
+    int ok;
+    if (cu->side_off || cu->side_broken) return 0;
+    if (cu->side) return 1;
+    if (cudaStreamIsCapturing(cu->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    l = (mnistcu__cuda_lane *)mnistcu__calloc(ctx, sizeof *l);
+    ok = l != NULL && cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking) == cudaSuccess &&
+         cudaEventCreateWithFlags(&cu->side_fork, cudaEventDisableTiming) == cudaSuccess &&
+         cudaEventCreateWithFlags(&cu->side_join, cudaEventDisableTiming) == cudaSuccess;
+#ifdef MNISTCU_CUBLAS
+    if (ok && cu->use_cublas) /* its own handle, on its stream, our workspace made at its first product */
+        ok = cublasCreate(&l->blas) == CUBLAS_STATUS_SUCCESS &&
+             cublasSetStream(l->blas, l->stream) == CUBLAS_STATUS_SUCCESS &&
+             cublasSetMathMode(l->blas, CUBLAS_DEFAULT_MATH) == CUBLAS_STATUS_SUCCESS;
+    if (l) l->blas_ws_bytes = cu->blas_ws_bytes;
+#endif
+    cu->side = l;
+    if (!ok) {
+        mnistcu__cuda_side_free(ctx);
+        (void)cudaGetLastError();
+        cu->side_broken = 1;
+        mnistcu__log(ctx, MNISTCU_LOG_INFO, "no second stream: a step's branches run in line");
+        return 0;
+    }
+    return 1;
+}
+
+/* From here the launches go to the second stream, after what the main stream has queued. */
+static mnistcu_result mnistcu__cuda_fork(mnistcu_ctx *ctx)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    cudaError_t e = cudaEventRecord(cu->side_fork, cu->stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(cu->side->stream, cu->side_fork, 0);
+    if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "a step's branch");
+    mnistcu__cuda_lane_swap(cu, cu->side);
+    cu->side_forks++;
+    return MNISTCU_OK;
+}
+
+/* Back to the main stream; the branch's end recorded. r: the branch's result, returned. */
+static mnistcu_result mnistcu__cuda_unfork(mnistcu_ctx *ctx, mnistcu_result r)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    cudaError_t e;
+    mnistcu__cuda_lane_swap(cu, cu->side);
+    e = cudaEventRecord(cu->side_join, cu->side->stream);
+    if (r) { /* a failed branch: joined at once */
+        if (e == cudaSuccess) cudaStreamWaitEvent(cu->stream, cu->side_join, 0);
+        return r;
+    }
+    return mnistcu__cuda_check(ctx, e, "a step's branch");
+}
+
+/* The main stream waits for the branch. */
+static mnistcu_result mnistcu__cuda_join(mnistcu_ctx *ctx)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    return mnistcu__cuda_check(ctx, cudaStreamWaitEvent(cu->stream, cu->side_join, 0), "a step's branch");
+}
+
 static void mnistcu__cuda_ctx_free(mnistcu_ctx *ctx)
 {
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     if (!cu) return;
+    mnistcu__cuda_side_free(ctx);
 #ifdef MNISTCU_CUBLAS
     if (cu->blas) cublasDestroy(cu->blas);
 #endif

@@ -2410,12 +2410,14 @@ typedef struct tc_graph_run {
     uint64_t steps;
     uint64_t bn_pool;         /* passes in which a batch norm took the max pool after it */
     uint64_t conv_pool;       /* backward passes in which a first convolution routed its max pool's gradient */
+    uint64_t side_forks;      /* branches launched on the second stream (graph captures count once) */
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
     mnistcu_train_result res;
     tc_curve curve;
 } tc_graph_run;
 
 static int tc_upd_off;    /* mnistcu_train_desc.no_fused_update of the runs below */
+static int tc_side_off;   /* the runs below without a second stream (>>cuda_side) */
 static int tc_want_state; /* tc_graph_train also copies the optimizer state (ns floats after the buffers) */
 
 static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_graph_run *out)
@@ -2430,6 +2432,7 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
     tc_cnn_path = MNISTCU_CNN_OWN;
     memset(out, 0, sizeof *out);
     if (!ctx) return 0;
+    mnistcu__cu(ctx)->side_off = tc_side_off;
     ds = c->u8 ? tc_u8_dataset(ctx, c->n, c->F ? (int)c->F : 784, c->classes ? c->classes : 10, 11)
                : tc_synthetic(ctx, c->n, c->F ? c->F : 784, c->classes ? c->classes : 10, 11);
     if (c->validation) val = tc_synthetic(ctx, 50, 784, 10, 12);
@@ -2479,10 +2482,51 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
         out->steps = m->steps;
         out->bn_pool = m->bn_pool_steps;
         out->conv_pool = m->conv_pool_steps;
+        out->side_forks = mnistcu__cu(ctx)->side_forks;
         for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
     }
     mnistcu_ctx_destroy(ctx);
     return ok;
+}
+
+/* A columns-path convolution's weight and bias gradients as a branch on a second stream beside its input
+   gradient (>>cuda_side): the same bits as in line, with our products and cuBLAS's, launched and in graphs. */
+TEST cuda_conv_branch_equals_in_line_bitwise(void)
+{
+    tc_graph_case c;
+    int path, no_graph;
+    memset(&c, 0, sizeof c);
+    c.spec = "1x12x12 conv3x3x20 relu conv3x3x24 relu maxpool2 flatten dense10"; /* 20 channels in: columns */
+    c.F = 144;
+    c.n = 72; c.B = 16; c.epochs = 2; /* a partial last batch: two graphs */
+    c.optim.learning_rate = 0.05f; c.optim.momentum = 0.9f;
+    for (path = 0; path < 2; ++path) {
+#ifndef MNISTCU_CUBLAS
+        if (path) break;
+#endif
+        c.gemm = path ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
+        for (no_graph = 0; no_graph < 2; ++no_graph) {
+            tc_graph_run a, b;
+            c.name = path ? "cuBLAS" : "own products";
+            tc_side_off = 0;
+            ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &a));
+            tc_side_off = 1;
+            ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &b));
+            tc_side_off = 0;
+            printf("    %s, %s: %lu branches, loss %.9g / %.9g\n", c.name, no_graph ? "launched" : "graphs",
+                   (unsigned long)a.side_forks, a.res.train_loss, b.res.train_loss);
+            ASSERTm(c.name, a.side_forks > 0);
+            ASSERT_EQm(c.name, (uint64_t)0, b.side_forks);
+            ASSERTm(c.name, no_graph ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
+            ASSERT_EQm(c.name, a.res.graph_steps, b.res.graph_steps);
+            ASSERT_EQm(c.name, a.np, b.np);
+            ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb);
+            ASSERT_EQm(c.name, 0, memcmp(&a.res.train_loss, &b.res.train_loss, sizeof(double)));
+            free(a.p);
+            free(b.p);
+        }
+    }
+    PASS();
 }
 
 TEST cuda_graph_step_equals_launched_bitwise(void)
@@ -3023,6 +3067,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_fused_lenet_close_to_step_by_step);
     RUN_TEST(cuda_fused_lenet_declines_what_it_cannot_do);
     RUN_TEST(cuda_graph_step_equals_launched_bitwise);
+    RUN_TEST(cuda_conv_branch_equals_in_line_bitwise);
     RUN_TEST(cuda_head_step_matches_step_by_step);
     RUN_TEST(cuda_fused_update_equals_pass_bitwise);
     RUN_TEST(cuda_sticky_error_is_latched);
