@@ -132,7 +132,7 @@ static void usage(void)
                     "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
                     "                               [--warmup-limit N] [--fused on|off] [--graph on|off]\n"
                     "                               [--head on|off] [--fused-update on|off] [--fused-cnn on|off]\n"
-                    "                               [--precision fp32|tf32|bf16]\n"
+                    "                               [--precision fp32|tf32|bf16] [--batch N (P4, P5; else 64)]\n"
                     "       bench P6 [the options above] [--spec SPEC] [--batch N] [--optim sgd|adam|adamw] [--lr X]\n"
                     "                [--momentum X] [--nesterov on|off] [--wd X] [--schedule onecycle|cosine|constant]\n"
                     "                [--target ACC] [--label-smoothing E]\n");
@@ -167,7 +167,7 @@ int main(int argc, char **argv)
     double *ms, t0, t_all0, total_s = 0.0, med;
     /* P6's recipe */
     const char *p6_spec = P6_SPEC, *p6_optim = "sgd", *p6_schedule = "onecycle";
-    int p6_batch = 128, p6_nesterov = 0;
+    int p6_batch = 128, p6_nesterov = 0, batch_arg = 0; /* --batch: P6's, and P4's or P5's in place of 64 */
     float p6_lr = 0.15f, p6_momentum = 0.9f, p6_wd = 5e-4f, p6_smoothing = 0.1f;
     double p6_target = 0.99;
 
@@ -192,7 +192,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--fused-cnn")) fused_cnn = !strcmp(v, "on");
         else if (!strcmp(a, "--precision")) precision_arg = v;
         else if (!strcmp(a, "--spec")) p6_spec = v;
-        else if (!strcmp(a, "--batch")) p6_batch = atoi(v);
+        else if (!strcmp(a, "--batch")) p6_batch = batch_arg = atoi(v);
         else if (!strcmp(a, "--optim")) p6_optim = v;
         else if (!strcmp(a, "--lr")) p6_lr = (float)atof(v);
         else if (!strcmp(a, "--momentum")) p6_momentum = (float)atof(v);
@@ -216,10 +216,12 @@ int main(int argc, char **argv)
         layers = "784-1024-1024-10"; batch = 512; lr = 0.1f; want_params = 1863690;
         if (epochs < 0) epochs = 5;
     } else if (!strcmp(config, "P4")) {
-        layers = "lenet5"; is_spec = 1; batch = 64; lr = 0.02f; momentum = 0.9f; want_params = 44426;
+        layers = "lenet5"; is_spec = 1; batch = batch_arg > 0 ? batch_arg : 64; lr = 0.02f; momentum = 0.9f;
+        want_params = 44426;
         if (epochs < 0) epochs = 5;
     } else if (!strcmp(config, "P5")) {
-        layers = "fashion-cnn"; is_spec = 1; batch = 64; lr = 0.02f; momentum = 0.9f; want_params = 896522;
+        layers = "fashion-cnn"; is_spec = 1; batch = batch_arg > 0 ? batch_arg : 64; lr = 0.02f; momentum = 0.9f;
+        want_params = 896522;
         if (!data) data = "data/fashion-mnist";
         if (epochs < 0) epochs = 5;
     } else if (!strcmp(config, "P6")) {
