@@ -146,6 +146,37 @@ __device__ __forceinline__ void st_release(unsigned *p, unsigned v)
 }
 #endif
 
+/* The words of the batch's slice a thread prefetches (pm[i] = row << 8 | word), rows below n from
+   the sample indices rows[]: pre[i] four bytes each. */
+template <int NW>
+__device__ __forceinline__ void load_bytes(uint32_t *pre, const int *pm, int n, const uint8_t *x, const uint32_t *rows,
+                                           int D, int k0)
+{
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+        const int row = pm[i] >> 8;
+        pre[i] = row < n ? *(const uint32_t *)(x + (size_t)rows[row] * D + k0 + 4 * (pm[i] & 255)) : 0u;
+    }
+}
+/* ... and those words normalised into dst [row][LDX], rows below n */
+template <int NW, int LDX>
+__device__ __forceinline__ void bytes_to_floats(const uint32_t *pre, const int *pm, int n, float *dst, float scale,
+                                                float shift)
+{
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+        const int row = pm[i] >> 8;
+        if (row < n) {
+            float *xr = dst + row * LDX + 4 * (pm[i] & 255);
+            const uint32_t p = pre[i];
+            xr[0] = fmaf((float)(p & 255u), scale, shift);
+            xr[1] = fmaf((float)((p >> 8) & 255u), scale, shift);
+            xr[2] = fmaf((float)((p >> 16) & 255u), scale, shift);
+            xr[3] = fmaf((float)(p >> 24), scale, shift);
+        }
+    }
+}
+
 /* acc[u] = sum over rows [ra, rb) of x[row][k] dh[row][ug 8 + u] */
 template <int U, int LDX>
 __device__ __forceinline__ void dw1_rows(const float *x, const float *dh, int k, int ug, int ra, int rb, float *acc)
@@ -225,28 +256,9 @@ template <int B, int U, int S> __global__ void __launch_bounds__(T, 1) k_mlp(Arg
         for (e = t; e < b1; e += T) sidx[B + e] = a.idx[B + e];
         __syncthreads();
         if (t < R && r * R + t < b0) labs[t] = a.lab[sidx[r * R + t]];
-#pragma unroll
-        for (int i = 0; i < NW; ++i) {
-            const int row = pm[i] >> 8;
-            pre[i] = row < b0 ? *(const uint32_t *)(a.x + (size_t)sidx[row] * D + k0 + 4 * (pm[i] & 255)) : 0u;
-        }
-#pragma unroll
-        for (int i = 0; i < NW; ++i) {
-            const int row = pm[i] >> 8;
-            if (row < b0) {
-                float *xr = xs + row * LDX + 4 * (pm[i] & 255);
-                const uint32_t p = pre[i];
-                xr[0] = fmaf((float)(p & 255u), a.scale, a.shift);
-                xr[1] = fmaf((float)((p >> 8) & 255u), a.scale, a.shift);
-                xr[2] = fmaf((float)((p >> 16) & 255u), a.scale, a.shift);
-                xr[3] = fmaf((float)(p >> 24), a.scale, a.shift);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < NW; ++i) {
-            const int row = pm[i] >> 8;
-            pre[i] = row < b1 ? *(const uint32_t *)(a.x + (size_t)sidx[B + row] * D + k0 + 4 * (pm[i] & 255)) : 0u;
-        }
+        load_bytes<NW>(pre, pm, b0, a.x, sidx, D, k0);
+        bytes_to_floats<NW, LDX>(pre, pm, b0, xs, a.scale, a.shift);
+        load_bytes<NW>(pre, pm, b1, a.x, sidx + B, D, k0);
         __syncthreads();
     }
     for (int q = 0; q < a.nsteps; ++q) {
@@ -349,24 +361,9 @@ template <int B, int U, int S> __global__ void __launch_bounds__(T, 1) k_mlp(Arg
         PH(2);
         /* 3b. while the other clusters catch up: the next batch's bytes into xn, the batch after's loads */
         if (t < bnn) inn[t] = idx2;
-#pragma unroll
-        for (int i = 0; i < NW; ++i) {
-            const int row = pm[i] >> 8;
-            if (row < bn) {
-                float *xr = xn + row * LDX + 4 * (pm[i] & 255);
-                const uint32_t p = pre[i];
-                xr[0] = fmaf((float)(p & 255u), a.scale, a.shift);
-                xr[1] = fmaf((float)((p >> 8) & 255u), a.scale, a.shift);
-                xr[2] = fmaf((float)((p >> 16) & 255u), a.scale, a.shift);
-                xr[3] = fmaf((float)(p >> 24), a.scale, a.shift);
-            }
-        }
+        bytes_to_floats<NW, LDX>(pre, pm, bn, xn, a.scale, a.shift);
         __syncthreads();
-#pragma unroll
-        for (int i = 0; i < NW; ++i) {
-            const int row = pm[i] >> 8;
-            pre[i] = row < bnn ? *(const uint32_t *)(a.x + (size_t)inn[row] * D + k0 + 4 * (pm[i] & 255)) : 0u;
-        }
+        load_bytes<NW>(pre, pm, bnn, a.x, inn, D, k0);
         PH(3);
 #ifndef LL
         /* 4. wait for rank r of every cluster */
