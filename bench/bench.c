@@ -40,6 +40,8 @@
      --fused-cnn  on trains P4 (LeNet-5) in the fused LeNet-5 kernel (opt-in: its sums run in other
                 orders, so the weights agree with the step by step path's to rounding, not bit for bit;
                 needs compute capability 9.0; the run fails if the kernel did not take every step)
+     --fused-mlp-clusters  on trains P1/P2 in the cluster MLP kernel (opt-in, likewise not bitwise;
+                compute capability 9.0; the run fails if the kernel did not take every step)
      --fused-update  off takes every optimizer step in the optimizer's pass instead of in the dense
                 layers' weight gradient products (own products, SGD; same bits; default on)
      --precision  the GPU's matrix products: fp32 (default), tf32 or bf16 on the tensor cores (the
@@ -132,6 +134,7 @@ static void usage(void)
                     "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
                     "                               [--warmup-limit N] [--fused on|off] [--graph on|off]\n"
                     "                               [--head on|off] [--fused-update on|off] [--fused-cnn on|off]\n"
+                    "                               [--fused-mlp-clusters on|off]\n"
                     "                               [--precision fp32|tf32|bf16] [--batch N (P4, P5; else 64)]\n"
                     "       bench P6 [the options above] [--spec SPEC] [--batch N] [--optim sgd|adam|adamw] [--lr X]\n"
                     "                [--momentum X] [--nesterov on|off] [--wd X] [--schedule onecycle|cosine|constant]\n"
@@ -150,6 +153,7 @@ int main(int argc, char **argv)
     const char *config, *data = NULL, *device_arg = NULL, *gemm_arg = NULL, *cnn_arg = NULL, *layers;
     const char *dev_json, *gemm_json, *cnn_json, *precision_json, *precision_arg = NULL;
     int epochs = -1, threads = 0, batch, no_shuffle = 0, no_fused = 0, no_graph = 0, no_head = 0, no_upd = 0, is_p1 = 0, fused_cnn = 0;
+    int fused_mc = 0;
     int is_spec = 0, i, e;
     unsigned long long seed = 0;
     size_t limit = 0, warmup_limit = 0, want_params, warmup_images;
@@ -190,6 +194,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--head")) no_head = !strcmp(v, "off");
         else if (!strcmp(a, "--fused-update")) no_upd = !strcmp(v, "off");
         else if (!strcmp(a, "--fused-cnn")) fused_cnn = !strcmp(v, "on");
+        else if (!strcmp(a, "--fused-mlp-clusters")) fused_mc = !strcmp(v, "on");
         else if (!strcmp(a, "--precision")) precision_arg = v;
         else if (!strcmp(a, "--spec")) p6_spec = v;
         else if (!strcmp(a, "--batch")) p6_batch = batch_arg = atoi(v);
@@ -430,6 +435,7 @@ int main(int argc, char **argv)
     td.no_head = no_head;
     td.no_fused_update = no_upd;
     td.fused_cnn = fused_cnn;
+    td.fused_mlp_clusters = fused_mc;
 
     /* warm-up: P1 on a model of its own (P1's timed model starts fresh), else one epoch of the timed model */
     if (is_spec ? mnistcu_model_create_spec(ctx, layers, &net) : mnistcu_model_create_mlp(ctx, layers, &net))
@@ -478,6 +484,13 @@ int main(int argc, char **argv)
             mnistcu_ctx_destroy(ctx);
             return 1;
         }
+        if (fused_mc && tr.fused_cluster_steps != tr.steps) {
+            fprintf(stderr, "bench: FAILED: --fused-mlp-clusters on, but the cluster MLP kernel ran %lu of %lu steps\n",
+                    (unsigned long)tr.fused_cluster_steps, (unsigned long)tr.steps);
+            free(ms);
+            mnistcu_ctx_destroy(ctx);
+            return 1;
+        }
         ms[e] = 1e3 * (now_s() - t0);
         fprintf(stderr, "bench: epoch %d: %.3f ms, loss %.4f, train acc %.2f%%\n", e + 1, ms[e], tr.train_loss,
                 100.0 * tr.train_accuracy);
@@ -510,8 +523,9 @@ int main(int argc, char **argv)
            (unsigned long)warmup_images, (unsigned long)test_info.count, epochs, med);
     for (e = 0; e < epochs; ++e) printf("%s%.4f", e ? "," : "", ms[e]);
     printf("],\"total_s\":%.6f,\"test_accuracy\":%.6f,\"train_loss\":%.6f,\"fused_steps\":%lu,\"fused_cnn_steps\":%lu,"
-           "\"graph_steps\":%lu,\"fused_update_steps\":%lu}\n",
+           "\"fused_cluster_steps\":%lu,\"graph_steps\":%lu,\"fused_update_steps\":%lu}\n",
            total_s, met.accuracy, tr.train_loss, (unsigned long)tr.fused_steps, (unsigned long)tr.fused_cnn_steps,
+           (unsigned long)tr.fused_cluster_steps,
            (unsigned long)tr.graph_steps,
            (unsigned long)tr.fused_update_steps);
     fflush(stdout);

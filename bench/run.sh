@@ -240,7 +240,8 @@ def label(r):
             return "mnistcu cpu %dt" % r["threads"]
         conv = r["config"] in ("P4", "P5") or r.get("model") in ("lenet5", "fashion-cnn")
         return ("mnistcu " + r["gemm"] + ("+cudnn" if conv and r.get("cnn") == "cudnn" else "")
-                + (" fused-cnn" if r.get("fused_cnn_steps") else " fused" if r.get("fused_steps") else "")
+                + (" fused-cnn" if r.get("fused_cnn_steps") else " fused-clusters" if r.get("fused_cluster_steps")
+                   else " fused" if r.get("fused_steps") else "")
                 + ("" if fp32(r) else " " + r["precision"]))
     return r["impl"] + ("" if r["device"] == "cuda" else " cpu %st" % r.get("threads"))
 def fp32(r):  # the reference precision; TF32 and BF16 rows are reported beside it, not counted as mnistcu's best
@@ -416,8 +417,13 @@ gpu_configs() {
                     fi ;;
                 *)
                     run_json "mnistcu $C own" build/bench_cuda "$C" --device cuda --gemm own --epochs "$EP" --data "$CD"
-                    case $C in P1|P2)  # the same bits step by step: what the fused kernel gains
-                        run_json "mnistcu $C own unfused" build/bench_cuda "$C" --device cuda --gemm own --fused off --epochs "$EP" --data "$CD" ;;
+                    case $C in P1|P2)  # the same bits step by step: what the fused kernel gains; and the
+                                       # opt-in cluster kernel (not bitwise) where the GPU has clusters
+                        run_json "mnistcu $C own unfused" build/bench_cuda "$C" --device cuda --gemm own --fused off --epochs "$EP" --data "$CD"
+                        if [ "$GPU_CC_MAJOR" -ge 9 ] 2>/dev/null; then
+                            run_json "mnistcu $C own fused-clusters" build/bench_cuda "$C" --device cuda --gemm own \
+                                --fused-mlp-clusters on --epochs "$EP" --data "$CD"
+                        fi ;;
                     esac
                     if [ "$HAVE_CUBLAS" = 1 ]; then
                         run_json "mnistcu $C cublas" build/bench_cuda "$C" --device cuda --gemm cublas --epochs "$EP" --data "$CD"

@@ -467,6 +467,17 @@ elif [ "$status" -eq 0 ]; then
     else
         fail "--fused-cnn: LeNet-5 in the fused kernel, the default path's loss to rounding ($cnn_loss; $(tail -n 1 "$TMP/out"))"
     fi
+    # 784-128-10 in the cluster kernel (opt-in, compute capability 9): all 16 steps there, a loss equal to
+    # the default path's to rounding; elsewhere it declines (0 steps)
+    run train --limit 1000 --epochs 1 --layers 784-128-10 --batch 64 --quiet --device cuda
+    mc_loss=$(json_number train_loss)
+    run train --limit 1000 --epochs 1 --layers 784-128-10 --batch 64 --quiet --device cuda --fused-mlp-clusters
+    if [ "$status" -eq 0 ] && json_check "j['fused_cluster_steps'] == $cnn_steps and j['fused_cluster_steps'] <= j['fused_steps']" &&
+        json_check "abs(j['train_loss'] - $mc_loss) <= 1e-4 * abs($mc_loss)"; then
+        pass "--fused-mlp-clusters: 784-128-10 in the cluster kernel ($cnn_steps steps), the default path's loss to rounding"
+    else
+        fail "--fused-mlp-clusters: 784-128-10 in the cluster kernel, the default path's loss to rounding ($mc_loss; $(tail -n 1 "$TMP/out"))"
+    fi
 elif [ "$status" -eq 1 ] && [ "$(errors_printed)" -eq 1 ]; then
     pass "--device cuda without a usable GPU: exit 1 with one clear error"
 else
@@ -520,6 +531,12 @@ if [ "$status" -eq 0 ] && json_check 'j["fused_cnn_steps"] == 0 and j["epochs"] 
     pass "--fused-cnn on the CPU: trains, fused_cnn_steps 0"
 else
     fail "--fused-cnn on the CPU: trains, fused_cnn_steps 0 ($(tail -n 1 "$TMP/out"))"
+fi
+run train --limit 300 --epochs 1 --layers 784-32-10 --device cpu --quiet --fused-mlp-clusters
+if [ "$status" -eq 0 ] && json_check 'j["fused_cluster_steps"] == 0 and j["epochs"] == 1'; then
+    pass "--fused-mlp-clusters on the CPU: trains, fused_cluster_steps 0"
+else
+    fail "--fused-mlp-clusters on the CPU: trains, fused_cluster_steps 0 ($(tail -n 1 "$TMP/out"))"
 fi
 
 # ---- the training log and early stopping --------------------------------------------------

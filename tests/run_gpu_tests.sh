@@ -33,7 +33,7 @@ elif [ "$PART" != 2 ]; then
     for t in cuda_gemm_own cuda_elementwise cuda_optimizers cuda_augment cuda_step_stats cuda_finite_flag cuda_streaming cuda_out_of_memory cuda_conv_tile \
              cuda_layers_match_cpu cuda_batchnorm_pieces cuda_dropout_mask cuda_cnn_runs cuda_fused_mlp_equals_unfused_bitwise \
              cuda_graph_step cuda_head_step cuda_gemm_reduced_precision_small cuda_gemm_wide_agrees cuda_gemm_skinny cuda_splitk_sum4 cuda_fused_update \
-             cuda_fused_lenet cuda_conv_branch; do
+             cuda_fused_lenet cuda_fused_mlp_clusters cuda_conv_branch; do
         run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     MNISTCU_DATA=${MNISTCU_DATA:-data/mnist} run $cs --tool memcheck --leak-check full "$B/tests-cuda" -s cuda_suite -t cuda_streaming_mixed
@@ -47,17 +47,18 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ "$PART" != 1 ]; then
     # the layer kernels (every kind, own kernels and the cuBLAS and cuDNN paths) in all four tools
     for t in cuda_gemm_own cuda_gemm_kernels cuda_elementwise cuda_step_stats cuda_finite_flag cuda_layers_match_cpu \
              cuda_augment cuda_fused_mlp_declines_what_it_cannot_do cuda_gemm_reduced_precision_small cuda_gemm_wide_agrees \
-             cuda_gemm_skinny cuda_conv_tile cuda_head_step cuda_fused_lenet_declines; do
+             cuda_gemm_skinny cuda_conv_tile cuda_head_step cuda_fused_lenet_declines cuda_fused_mlp_clusters_repeats; do
         run $cs --tool racecheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_finite_flag cuda_streaming cuda_layers_match_cpu \
              cuda_dropout_mask cuda_optimizers cuda_augment cuda_gemm_reduced_precision_small cuda_gemm_wide_agrees \
              cuda_gemm_skinny cuda_splitk_sum4 cuda_fused_update cuda_conv_tile cuda_head_step cuda_fused_lenet_declines \
-             cuda_conv_branch; do
+             cuda_conv_branch cuda_fused_mlp_clusters_close; do
         run $cs --tool initcheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     for t in cuda_gemm_own cuda_step_stats cuda_finite_flag cuda_layers_match_cpu cuda_augment cuda_gemm_reduced_precision_small \
-             cuda_gemm_wide_agrees cuda_gemm_skinny cuda_fused_update cuda_conv_tile cuda_head_step cuda_fused_lenet_declines; do
+             cuda_gemm_wide_agrees cuda_gemm_skinny cuda_fused_update cuda_conv_tile cuda_head_step cuda_fused_lenet_declines \
+             cuda_fused_mlp_clusters_close; do
         run $cs --tool synccheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
 fi

@@ -2380,6 +2380,303 @@ TEST cuda_fused_lenet_declines_what_it_cannot_do(void)
     PASS();
 }
 
+/* ---- the cluster MLP kernel ------------------------------------------------------------
+   Opt-in (mnistcu_train_desc.fused_mlp_clusters) and not bitwise: its sums run
+   in other orders. Each case trains a one-hidden-layer MLP from the same initial
+   weights in the kernel and step by step (no_fused); the first run must have run
+   every step in the kernel where the device holds its clusters, and, per tensor,
+   the largest difference between the two runs' weights must stay within 1e-3 of
+   the largest change the step by step run made (a wrong gradient of any one
+   weight, a unit past H that moved, or a wrong scale of the partial last batch
+   exceeds it by orders of magnitude: bench/mlp_cluster.cu measured the orders'
+   difference at 2.3e-7 of the largest weight after 20 steps), the last step's
+   gradients within 1e-3 of their largest, the mean loss and accuracy within
+   1e-5. A second run must repeat the first to the bit. The cases hold every
+   instance of the kernel (batches up to 32 and 64; 8, 16, 32 and 64 units a
+   cluster, with units past H), every optimizer, several launches an epoch, a
+   sum reduction, 16 classes and inputs that are not 784. */
+typedef struct tc_mc_case {
+    const char *name, *spec;
+    size_t n;
+    int D, C, B, epochs, progress_every, cosine_per_step, loss_sum;
+    mnistcu_optim_desc optim;
+} tc_mc_case;
+
+/* whether the device holds the cluster kernel's G clusters for H units at batch B */
+static int tc_mc_fits(int B, int H)
+{
+    int dev = 0, major = 0, u, G, nc = 0, slot = 0;
+    size_t bytes = 0;
+    mnistcu__mc_kernel k;
+    cudaLaunchConfig_t cfg = cudaLaunchConfig_t();
+    cudaLaunchAttribute at[1];
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 9)
+        return 0;
+    for (u = 8; 16 * u < H; u *= 2) {}
+    G = (H + u - 1) / u;
+    k = mnistcu__mc_pick(B <= 32 ? 32 : 64, u, &bytes, &slot);
+    memset(at, 0, sizeof at);
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = MNISTCU__MC_S;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)(G * MNISTCU__MC_S));
+    cfg.blockDim = dim3(MNISTCU__MC_T);
+    cfg.dynamicSmemBytes = bytes;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    if (cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&nc, (const void *)k, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return nc >= G;
+}
+
+/* the initial weights, then the trained ones, then the last step's gradients: 3 * *np floats */
+static float *tc_mc_train(const tc_mc_case *c, int clusters, size_t *np, mnistcu_train_result *res, int f32, int clip)
+{
+    mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
+    mnistcu_dataset *ds = NULL;
+    mnistcu_model *m = NULL;
+    mnistcu_model_desc md;
+    mnistcu_train_desc td;
+    tc_curve curve;
+    float *p = NULL;
+    if (!ctx) return NULL;
+    ds = f32 ? tc_synthetic(ctx, c->n, (size_t)c->D, c->C, 11) : tc_u8_dataset(ctx, c->n, c->D, c->C, 11);
+    memset(&td, 0, sizeof td);
+    td.epochs = c->epochs;
+    td.batch_size = c->B;
+    td.optim = c->optim;
+    if (clip) td.optim.clip_norm = 1.0f;
+    td.fused_mlp_clusters = clusters;
+    td.no_fused = !clusters;
+    tc_train_extras(&td, c->progress_every, &curve, c->cosine_per_step, 2);
+    if (ds && mnistcu_model_desc_parse(ctx, c->spec, &md) == MNISTCU_OK) {
+        md.loss_sum = c->loss_sum;
+        if (mnistcu_model_create(ctx, &md, &m) == MNISTCU_OK) {
+            size_t n = mnistcu_model_num_params(m);
+            p = (float *)malloc(3 * n * sizeof(float));
+            *np = n;
+            if (!p || mnistcu_model_get_params(m, p, n) != MNISTCU_OK || mnistcu_train(m, ds, &td, res) != MNISTCU_OK ||
+                mnistcu_model_get_params(m, p + n, n) != MNISTCU_OK ||
+                mnistcu_model_get_grads(m, p + 2 * n, n) != MNISTCU_OK) {
+                free(p);
+                p = NULL;
+            }
+        }
+    }
+    if (!p) printf("    %s (%s): %s\n", c->name, clusters ? "clusters" : "step by step", mnistcu_ctx_error(ctx));
+    mnistcu_ctx_destroy(ctx);
+    return p;
+}
+
+TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
+{
+    static tc_mc_case cases[9];
+    int i, ncases = 0;
+    tc_mc_case *c;
+    memset(cases, 0, sizeof cases);
+    /* P2's shape and recipe, two epochs (two launches, the flags' count going on), a last batch of 8 */
+    c = &cases[ncases++];
+    c->name = "784-128-10, batch 64, SGD, 200 samples, 2 epochs";
+    c->spec = "784 dense128 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 200; c->B = 64; c->epochs = 2;
+    c->optim.learning_rate = 0.1f;
+    /* units past H (13 clusters of 8, the last with 4), batch 50 in the 64 instance, AdamW with amsgrad (3
+       state slots), a rate each step, chunks of 2 steps */
+    c = &cases[ncases++];
+    c->name = "784-100-10, batch 50, AdamW amsgrad, per-step cosine, chunks of 2";
+    c->spec = "784 dense100 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 130; c->B = 50; c->epochs = 2; c->progress_every = 2; c->cosine_per_step = 1;
+    c->optim.kind = MNISTCU_OPTIM_ADAMW; c->optim.learning_rate = 1e-3f; c->optim.weight_decay = 0.01f;
+    c->optim.amsgrad = 1;
+    /* P1's shape: 64 units a cluster (W1's gradient staged by unit), Nesterov with weight decay, a last batch of 5 */
+    c = &cases[ncases++];
+    c->name = "784-1024-10, batch 32, Nesterov, weight decay, 101 samples";
+    c->spec = "784 dense1024 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 101; c->B = 32; c->epochs = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f; c->optim.nesterov = 1; c->optim.weight_decay = 5e-4f;
+    /* 32 units a cluster in 10 clusters, 196 inputs (slices of 8 and 9 words), 16 classes, the sum reduction,
+       RMSprop centered with momentum */
+    c = &cases[ncases++];
+    c->name = "196-300-16, batch 20, RMSprop centered, momentum, sum loss";
+    c->spec = "196 dense300 relu dense16"; c->D = 196; c->C = 16;
+    c->n = 90; c->B = 20; c->epochs = 1; c->loss_sum = 1;
+    c->optim.kind = MNISTCU_OPTIM_RMSPROP; c->optim.learning_rate = 1e-3f; c->optim.momentum = 0.5f;
+    c->optim.centered = 1;
+    /* 16 units a cluster, batches of one (the first block's row alone), 3 classes, Adagrad (a small rate:
+       Adagrad's first steps are about lr sign(g), and with a rate that saturates the softmax, dz = p - y
+       near 0 has no correct bits in any order of the sums, so two orders' steps differ by the rate) */
+    c = &cases[ncases++];
+    c->name = "784-200-3, batch 1, Adagrad, 7 samples";
+    c->spec = "784 dense200 relu dense3"; c->D = 784; c->C = 3;
+    c->n = 7; c->B = 1; c->epochs = 1;
+    c->optim.kind = MNISTCU_OPTIM_ADAGRAD; c->optim.learning_rate = 1e-4f;
+    /* the other instances: 64 units a cluster at batch 64 (the largest shared memory), the last cluster
+       40 units, plain SGD (its float4 steps skip the units past H); 16 units at batch 40, with momentum;
+       32 units at batch 64; 8 units at batch 16 */
+    c = &cases[ncases++];
+    c->name = "784-1000-10, batch 64, SGD, 150 samples";
+    c->spec = "784 dense1000 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 150; c->B = 64; c->epochs = 1;
+    c->optim.learning_rate = 0.05f;
+    c = &cases[ncases++];
+    c->name = "784-256-10, batch 40, SGD momentum, 100 samples";
+    c->spec = "784 dense256 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 100; c->B = 40; c->epochs = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+    c = &cases[ncases++];
+    c->name = "784-512-10, batch 64, SGD, 131 samples";
+    c->spec = "784 dense512 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 131; c->B = 64; c->epochs = 1;
+    c->optim.learning_rate = 0.05f;
+    c = &cases[ncases++];
+    c->name = "784-120-10, batch 16, SGD, 50 samples";
+    c->spec = "784 dense120 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 50; c->B = 16; c->epochs = 1;
+    c->optim.learning_rate = 0.1f;
+    for (i = 0; i < ncases; ++i) {
+        mnistcu_train_result ra, rb, rc;
+        size_t na = 0, nb = 0, nc = 0, steps, k, t;
+        float *pa, *pb, *pc;
+        double worst = 0.0, worst_g = 0.0, gmax = 0.0;
+        int H = 0;
+        mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
+        mnistcu_model *m = NULL;
+        c = &cases[i];
+        sscanf(c->spec, "%*d dense%d", &H);
+        memset(&ra, 0, sizeof ra);
+        memset(&rb, 0, sizeof rb);
+        memset(&rc, 0, sizeof rc);
+        pa = tc_mc_train(c, 1, &na, &ra, 0, 0);
+        pb = tc_mc_train(c, 0, &nb, &rb, 0, 0);
+        pc = tc_mc_train(c, 1, &nc, &rc, 0, 0);
+        steps = (c->n + (size_t)c->B - 1) / (size_t)c->B * (size_t)c->epochs;
+        ASSERTm(c->name, ctx && pa && pb && pc && na == nb && nc == na);
+        ASSERT_EQm(c->name, steps, ra.steps);
+        ASSERT_EQm(c->name, tc_mc_fits(c->B, H) ? steps : (size_t)0, ra.fused_cluster_steps);
+        ASSERT_EQm(c->name, (size_t)0, rb.fused_steps);
+        ASSERT_EQm(c->name, 0, memcmp(pa, pc, 3 * na * sizeof(float))); /* its own run again: the same bits */
+        ASSERT_EQm(c->name, 0, memcmp(pa, pb, na * sizeof(float)));      /* the same initial weights */
+        ASSERT_EQm(c->name, MNISTCU_OK, mnistcu_model_create_spec(ctx, c->spec, &m));
+        for (t = 0; t < (size_t)mnistcu_model_num_tensors(m); ++t) { /* per tensor */
+            mnistcu_tensor_info ti;
+            size_t off = 0, u;
+            double dmax = 0.0, cmax = 0.0;
+            ASSERT_EQm(c->name, MNISTCU_OK, mnistcu_model_tensor_info(m, (int)t, &ti));
+            for (u = 0; u < t; ++u) {
+                mnistcu_tensor_info tu;
+                mnistcu_model_tensor_info(m, (int)u, &tu);
+                off += tu.count;
+            }
+            for (k = off; k < off + ti.count; ++k) {
+                double d = fabs((double)pa[na + k] - (double)pb[na + k]), ch = fabs((double)pb[na + k] - (double)pb[k]);
+                ASSERTm(c->name, d == d);
+                if (d > dmax) dmax = d;
+                if (ch > cmax) cmax = ch;
+            }
+            ASSERTm(c->name, cmax > 0.0); /* it trained */
+            if (dmax / cmax > worst) worst = dmax / cmax;
+            ASSERT_LTEm(ti.name, dmax, 1e-3 * cmax);
+        }
+        for (k = 0; k < na; ++k) {
+            double d = fabs((double)pa[2 * na + k] - (double)pb[2 * na + k]);
+            ASSERTm(c->name, d == d);
+            if (fabs((double)pb[2 * na + k]) > gmax) gmax = fabs((double)pb[2 * na + k]);
+            if (d > worst_g) worst_g = d;
+        }
+        printf("    %-64s clusters %lu of %lu steps, loss %.9g / %.9g, weights %.2e, gradients %.2e\n", c->name,
+               (unsigned long)ra.fused_cluster_steps, (unsigned long)ra.steps, ra.train_loss, rb.train_loss, worst,
+               gmax > 0.0 ? worst_g / gmax : worst_g);
+        ASSERTm(c->name, gmax > 0.0);
+        ASSERT_LTEm(c->name, worst_g, 1e-3 * gmax);
+        ASSERT_IN_RANGEm(c->name, rb.train_loss, ra.train_loss, 1e-5 * (1.0 + fabs(rb.train_loss)));
+        ASSERT_IN_RANGEm(c->name, rb.train_accuracy, ra.train_accuracy, 1e-5);
+        mnistcu_model_destroy(m);
+        mnistcu_ctx_destroy(ctx);
+        free(pa);
+        free(pb);
+        free(pc);
+    }
+    PASS();
+}
+
+/* The kernel alone, twice, at 8 and at 64 units a cluster: the same bits, every step in it where the
+   device holds its clusters. Small enough for compute-sanitizer's racecheck (tests/run_gpu_tests.sh),
+   which takes minutes over the test above. */
+TEST cuda_fused_mlp_clusters_repeats(void)
+{
+    static tc_mc_case cases[2];
+    int i;
+    memset(cases, 0, sizeof cases);
+    cases[0].name = "784-128-10, batch 64, 130 samples";
+    cases[0].spec = "784 dense128 relu dense10";
+    cases[0].n = 130; cases[0].B = 64;
+    cases[1].name = "784-1024-10, batch 32, 70 samples";
+    cases[1].spec = "784 dense1024 relu dense10";
+    cases[1].n = 70; cases[1].B = 32;
+    for (i = 0; i < 2; ++i) {
+        tc_mc_case *c = &cases[i];
+        mnistcu_train_result ra, rb;
+        size_t na = 0, nb = 0, steps = (c->n + (size_t)c->B - 1) / (size_t)c->B;
+        float *pa, *pb;
+        int H = 0;
+        c->D = 784; c->C = 10; c->epochs = 1;
+        c->optim.learning_rate = 0.05f;
+        sscanf(c->spec, "%*d dense%d", &H);
+        memset(&ra, 0, sizeof ra);
+        memset(&rb, 0, sizeof rb);
+        pa = tc_mc_train(c, 1, &na, &ra, 0, 0);
+        pb = tc_mc_train(c, 1, &nb, &rb, 0, 0);
+        ASSERTm(c->name, pa && pb && na == nb);
+        ASSERT_EQm(c->name, tc_mc_fits(c->B, H) ? steps : (size_t)0, ra.fused_cluster_steps);
+        ASSERT_EQm(c->name, ra.fused_cluster_steps, rb.fused_cluster_steps);
+        ASSERTm(c->name, memcmp(pa, pa + na, na * sizeof(float)) != 0); /* it trained */
+        ASSERT_EQm(c->name, 0, memcmp(pa, pb, 3 * na * sizeof(float)));
+        free(pa);
+        free(pb);
+    }
+    PASS();
+}
+
+/* What it cannot do, it declines: training runs in the fused MLP kernel or step by step. */
+TEST cuda_fused_mlp_clusters_declines_what_it_cannot_do(void)
+{
+    static const struct { const char *name, *spec; int B, f32, clip; } no[] = {
+        {"batch 65", "784 dense128 relu dense10", 65, 0, 0},
+        {"a tanh", "784 dense128 tanh dense10", 64, 0, 0},
+        {"two hidden layers", "784 dense64 relu dense32 relu dense10", 64, 0, 0},
+        {"1025 hidden units", "784 dense1025 relu dense10", 32, 0, 0},
+        {"17 classes", "784 dense128 relu dense17", 64, 0, 0},
+        {"float images", "784 dense128 relu dense10", 64, 1, 0},
+        {"clipping", "784 dense128 relu dense10", 64, 0, 1},
+    };
+    size_t i;
+    for (i = 0; i < sizeof no / sizeof no[0]; ++i) {
+        tc_mc_case c;
+        mnistcu_train_result r;
+        size_t np = 0;
+        float *p;
+        memset(&c, 0, sizeof c);
+        memset(&r, 0, sizeof r);
+        c.name = no[i].name;
+        c.spec = no[i].spec;
+        c.D = 784;
+        c.C = strstr(c.spec, "dense17") ? 17 : 10;
+        c.n = 70; c.B = no[i].B; c.epochs = 1;
+        c.optim.learning_rate = 0.02f;
+        p = tc_mc_train(&c, 1, &np, &r, no[i].f32, no[i].clip);
+        ASSERTm(c.name, p);
+        ASSERT_EQm(c.name, (size_t)((70 + c.B - 1) / c.B), r.steps);
+        ASSERT_EQm(c.name, (size_t)0, r.fused_cluster_steps);
+        free(p);
+    }
+    PASS();
+}
+
 /* ---- the training step as a CUDA graph ------------------------------------------------
    Same bits as launching the kernels one by one: each case trains twice in fresh
    contexts of the same seed, with graphs (the default) and with no_graph, and
@@ -3066,6 +3363,9 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_fused_mlp_declines_what_it_cannot_do);
     RUN_TEST(cuda_fused_lenet_close_to_step_by_step);
     RUN_TEST(cuda_fused_lenet_declines_what_it_cannot_do);
+    RUN_TEST(cuda_fused_mlp_clusters_close_to_step_by_step);
+    RUN_TEST(cuda_fused_mlp_clusters_repeats);
+    RUN_TEST(cuda_fused_mlp_clusters_declines_what_it_cannot_do);
     RUN_TEST(cuda_graph_step_equals_launched_bitwise);
     RUN_TEST(cuda_conv_branch_equals_in_line_bitwise);
     RUN_TEST(cuda_head_step_matches_step_by_step);
