@@ -17925,37 +17925,88 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
            loads of the scalars per weight, W1's eight weights of a task as two float4 */
         const bool plain = sopt[0].kind == MNISTCU_OPTIM_SGD && !sopt[0].has_momentum && sopt[0].wd == 0.0f;
         const float nlr = -sopt[0].lr;
-        /* W2's columns, b1, b2: the same sums and steps in every block */
-        for (e = t; e < C * U + U + C; e += T) {
-            float s2 = 0.0f;
-            int live;
-            if (e < C * U) {
-                const int c = e / U, u = e - c * U;
+        /* W2's columns, b1, b2: the same sums and steps in every block. With 64 units a cluster (700
+           and more outputs), four outputs a task (rows in order, four chains side by side): one round
+           of the threads, not two; with fewer, an output a task (four chains on one thread would
+           put them on a warp or two: measured slower on P2, bench/RESULTS.md) */
+        const int nw2 = U == 64 ? C * (U / 4) + U / 4 + CM / 4 : C * U + U + C;
+        if (U != 64)
+            for (e = t; e < C * U + U + C; e += T) {
+                float s2 = 0.0f;
+                int live;
+                if (e < C * U) {
+                    const int c = e / U, u = e - c * U;
 #pragma unroll 8
-                for (int row = 0; row < b; ++row) s2 = fmaf(dzall[row * CM + c], hall[row * U + u], s2);
-                live = u < nown;
-            } else if (e < C * U + U) {
-                const int u = e - C * U;
+                    for (int row = 0; row < b; ++row) s2 = fmaf(dzall[row * CM + c], hall[row * U + u], s2);
+                    live = u < nown;
+                } else if (e < C * U + U) {
+                    const int u = e - C * U;
 #pragma unroll 8
-                for (int row = 0; row < b; ++row) s2 += dhall[row * U + u];
-                live = u < nown;
-            } else {
-                const int c = e - C * U - U;
+                    for (int row = 0; row < b; ++row) s2 += dhall[row * U + u];
+                    live = u < nown;
+                } else {
+                    const int c = e - C * U - U;
 #pragma unroll 8
-                for (int row = 0; row < b; ++row) s2 += dzall[row * CM + c];
-                live = 1;
+                    for (int row = 0; row < b; ++row) s2 += dzall[row * CM + c];
+                    live = 1;
+                }
+                if (live) {
+                    float *w = mnistcu__mc_rep(w2s, b1s, b2s, e, C, U);
+                    *w = plain ? fmaf(nlr, s2, *w) : mnistcu__mc_step(&sopt[1], *w, s2, str + e);
+                    if (last && r == 0 && (g == 0 || e < C * U + U)) a.grads[mnistcu__mc_gi(a, e, U, u0)] = s2;
+                }
             }
-            if (live) {
-                float *w = mnistcu__mc_rep(w2s, b1s, b2s, e, C, U);
-                *w = plain ? fmaf(nlr, s2, *w) : mnistcu__mc_step(&sopt[1], *w, s2, str + e);
-                if (last && r == 0 && (g == 0 || e < C * U + U)) a.grads[mnistcu__mc_gi(a, e, U, u0)] = s2;
+        else if (t < nw2) {
+            float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            int e0, n4; /* the task's first copied parameter (mnistcu__mc_rep's index) and how many of 4 */
+            if (t < C * (U / 4)) {
+                const int c = t / (U / 4), u4 = t - c * (U / 4);
+#pragma unroll 8
+                for (int row = 0; row < b; ++row) {
+                    const float d = dzall[row * CM + c];
+                    const float4 h4 = *(const float4 *)(hall + row * U + 4 * u4);
+                    s4.x = fmaf(d, h4.x, s4.x);
+                    s4.y = fmaf(d, h4.y, s4.y);
+                    s4.z = fmaf(d, h4.z, s4.z);
+                    s4.w = fmaf(d, h4.w, s4.w);
+                }
+                e0 = c * U + 4 * u4;
+                n4 = nown - 4 * u4;
+            } else if (t < C * (U / 4) + U / 4) {
+                const int u4 = t - C * (U / 4);
+#pragma unroll 8
+                for (int row = 0; row < b; ++row) {
+                    const float4 d4 = *(const float4 *)(dhall + row * U + 4 * u4);
+                    s4.x += d4.x, s4.y += d4.y, s4.z += d4.z, s4.w += d4.w;
+                }
+                e0 = C * U + 4 * u4;
+                n4 = nown - 4 * u4;
+            } else {
+                const int c4 = t - C * (U / 4) - U / 4;
+#pragma unroll 8
+                for (int row = 0; row < b; ++row) {
+                    const float4 z4 = *(const float4 *)(dzall + row * CM + 4 * c4);
+                    s4.x += z4.x, s4.y += z4.y, s4.z += z4.z, s4.w += z4.w;
+                }
+                e0 = C * U + U + 4 * c4;
+                n4 = C - 4 * c4;
+            }
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                const float gv = v == 0 ? s4.x : v == 1 ? s4.y : v == 2 ? s4.z : s4.w;
+                if (v < n4) {
+                    float *w = mnistcu__mc_rep(w2s, b1s, b2s, e0 + v, C, U);
+                    *w = plain ? fmaf(nlr, gv, *w) : mnistcu__mc_step(&sopt[1], *w, gv, str + e0 + v);
+                    if (last && r == 0 && (g == 0 || e0 + v < C * U + U))
+                        a.grads[mnistcu__mc_gi(a, e0 + v, U, u0)] = gv;
+                }
             }
         }
         {   /* W1's slice: task = (k, unit group; unit groups fastest), 8 units a task; where twice the
                tasks fit beside the W2 tasks' threads, rows in two halves, the second half's sums
                through ph */
             const int nt = kn * NUG;
-            if (2 * nt <= T - C * U - U - C) {
+            if (2 * nt <= T - nw2) {
                 const int f = T - 1 - t, rs = f >= nt, tk = f - rs * nt, k = tk / NUG, ug = tk - k * NUG;
                 const int ra = rs ? b / 2 : 0, rb = rs ? b : b / 2;
                 float acc[8];
@@ -17993,13 +18044,46 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
                 }
             } else { /* lanes: consecutive k of one unit group (x in one wavefront, dh broadcast); the sums
                         staged as [u][k] (stride LDX, odd), then each weight's step with lanes on u */
-                for (e = t; e < nt; e += T) {
-                    const int ug = e / kn, k = e - ug * kn;
-                    float acc[8];
-                    mnistcu__mc_dw1<U, LDX>(xc, dhall, k, ug, 0, b, acc);
+                if (U == 64) { /* a task two inputs, k and k + kn / 2, by 16 units: 32 sums side by side
+                                  (a thread's round is then 32 fmafs a row, not 8), on the top threads, beside
+                                  the W2 tasks on the bottom ones */
+                    const int half = kn / 2, ntk = half * (U / 16);
+                    for (int tk = T - 1 - t; tk < ntk; tk += T) {
+                        const int ug = tk / half, k = tk - ug * half;
+                        float acc[2][16];
 #pragma unroll
-                    for (int u = 0; u < 8; ++u) ph[(ug * 8 + u) * LDX + k] = acc[u];
-                }
+                        for (int v = 0; v < 16; ++v) acc[0][v] = acc[1][v] = 0.0f;
+#pragma unroll 2
+                        for (int row = 0; row < b; ++row) {
+                            const float x0 = xc[row * LDX + k], x1 = xc[row * LDX + k + half];
+                            const float4 *d4 = (const float4 *)(dhall + row * U + ug * 16);
+#pragma unroll
+                            for (int j = 0; j < 4; ++j) {
+                                const float4 d = d4[j];
+                                acc[0][4 * j] = fmaf(x0, d.x, acc[0][4 * j]);
+                                acc[0][4 * j + 1] = fmaf(x0, d.y, acc[0][4 * j + 1]);
+                                acc[0][4 * j + 2] = fmaf(x0, d.z, acc[0][4 * j + 2]);
+                                acc[0][4 * j + 3] = fmaf(x0, d.w, acc[0][4 * j + 3]);
+                                acc[1][4 * j] = fmaf(x1, d.x, acc[1][4 * j]);
+                                acc[1][4 * j + 1] = fmaf(x1, d.y, acc[1][4 * j + 1]);
+                                acc[1][4 * j + 2] = fmaf(x1, d.z, acc[1][4 * j + 2]);
+                                acc[1][4 * j + 3] = fmaf(x1, d.w, acc[1][4 * j + 3]);
+                            }
+                        }
+#pragma unroll
+                        for (int v = 0; v < 16; ++v) {
+                            ph[(ug * 16 + v) * LDX + k] = acc[0][v];
+                            ph[(ug * 16 + v) * LDX + k + half] = acc[1][v];
+                        }
+                    }
+                } else
+                    for (e = t; e < nt; e += T) {
+                        const int ug = e / kn, k = e - ug * kn;
+                        float acc[8];
+                        mnistcu__mc_dw1<U, LDX>(xc, dhall, k, ug, 0, b, acc);
+#pragma unroll
+                        for (int u = 0; u < 8; ++u) ph[(ug * 8 + u) * LDX + k] = acc[u];
+                    }
                 __syncthreads();
                 if (plain && !last)
                     for (e = t; e < kn * U; e += T) {
