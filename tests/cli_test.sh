@@ -468,13 +468,18 @@ elif [ "$status" -eq 0 ]; then
         fail "--fused-cnn: LeNet-5 in the fused kernel, the default path's loss to rounding ($cnn_loss; $(tail -n 1 "$TMP/out"))"
     fi
     # 784-128-10 in the cluster kernel (opt-in, compute capability 9): all 16 steps there, a loss equal to
-    # the default path's to rounding; elsewhere it declines (0 steps)
+    # the default path's to rounding; before compute capability 9 it declines (0 steps). A GPU of
+    # compute capability 9 that cannot hold its 16 clusters of 6 blocks at once declines too: said, not
+    # failed (the CUDA suite's test asks the occupancy and fails on a wrong decline)
     run train --limit 1000 --epochs 1 --layers 784-128-10 --batch 64 --quiet --device cuda
     mc_loss=$(json_number train_loss)
     run train --limit 1000 --epochs 1 --layers 784-128-10 --batch 64 --quiet --device cuda --fused-mlp-clusters
-    if [ "$status" -eq 0 ] && json_check "j['fused_cluster_steps'] == $cnn_steps and j['fused_cluster_steps'] <= j['fused_steps']" &&
+    mc_steps=$(json_number fused_cluster_steps)
+    if [ "$status" -eq 0 ] && { [ "$mc_steps" = "$cnn_steps" ] || [ "$mc_steps" = 0 ]; } &&
+        json_check "j['fused_cluster_steps'] <= j['fused_steps']" &&
         json_check "abs(j['train_loss'] - $mc_loss) <= 1e-4 * abs($mc_loss)"; then
-        pass "--fused-mlp-clusters: 784-128-10 in the cluster kernel ($cnn_steps steps), the default path's loss to rounding"
+        [ "$mc_steps" = "$cnn_steps" ] || echo "note  --fused-mlp-clusters: declined on this GPU (its clusters do not fit at once)"
+        pass "--fused-mlp-clusters: 784-128-10 in the cluster kernel ($mc_steps of $cnn_steps steps), the default path's loss to rounding"
     else
         fail "--fused-mlp-clusters: 784-128-10 in the cluster kernel, the default path's loss to rounding ($mc_loss; $(tail -n 1 "$TMP/out"))"
     fi

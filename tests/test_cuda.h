@@ -2390,8 +2390,8 @@ TEST cuda_fused_lenet_declines_what_it_cannot_do(void)
    weight, a unit past H that moved, or a wrong scale of the partial last batch
    exceeds it by orders of magnitude: bench/mlp_cluster.cu measured the orders'
    difference at 2.3e-7 of the largest weight after 20 steps), the last step's
-   gradients within 1e-3 of their largest, the mean loss and accuracy within
-   1e-5. A second run must repeat the first to the bit. The cases hold every
+   gradients, per tensor too, within 1e-3 of the tensor's largest, the mean loss
+   and accuracy within 1e-5. A second run must repeat the first to the bit. The cases hold every
    instance of the kernel (batches up to 32 and 64; 8, 16, 32 and 64 units a
    cluster, with units past H), every optimizer, several launches an epoch, a
    sum reduction, 16 classes and inputs that are not 784. */
@@ -2475,7 +2475,7 @@ static float *tc_mc_train(const tc_mc_case *c, int clusters, size_t *np, mnistcu
 
 TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
 {
-    static tc_mc_case cases[9];
+    static tc_mc_case cases[11];
     int i, ncases = 0;
     tc_mc_case *c;
     memset(cases, 0, sizeof cases);
@@ -2538,11 +2538,23 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
     c->spec = "784 dense120 relu dense10"; c->D = 784; c->C = 10;
     c->n = 50; c->B = 16; c->epochs = 1;
     c->optim.learning_rate = 0.1f;
+    /* few inputs: 196 with 16 units a cluster (W1's gradient in two halves of the rows, two unit groups a
+       slice), and 64 with 64 units (slices of 8 and 12 inputs, the 16-unit tasks' two inputs 4 and 6 apart) */
+    c = &cases[ncases++];
+    c->name = "196-200-10, batch 24, SGD, 60 samples";
+    c->spec = "196 dense200 relu dense10"; c->D = 196; c->C = 10;
+    c->n = 60; c->B = 24; c->epochs = 1;
+    c->optim.learning_rate = 0.1f;
+    c = &cases[ncases++];
+    c->name = "64-700-10, batch 8, SGD momentum, 30 samples";
+    c->spec = "64 dense700 relu dense10"; c->D = 64; c->C = 10;
+    c->n = 30; c->B = 8; c->epochs = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.5f;
     for (i = 0; i < ncases; ++i) {
         mnistcu_train_result ra, rb, rc;
         size_t na = 0, nb = 0, nc = 0, steps, k, t;
         float *pa, *pb, *pc;
-        double worst = 0.0, worst_g = 0.0, gmax = 0.0;
+        double worst = 0.0, worst_g = 0.0;
         int H = 0;
         mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
         mnistcu_model *m = NULL;
@@ -2572,27 +2584,27 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
                 mnistcu_model_tensor_info(m, (int)u, &tu);
                 off += tu.count;
             }
+            double gd = 0.0, gm = 0.0;
             for (k = off; k < off + ti.count; ++k) {
                 double d = fabs((double)pa[na + k] - (double)pb[na + k]), ch = fabs((double)pb[na + k] - (double)pb[k]);
-                ASSERTm(c->name, d == d);
+                double dg = fabs((double)pa[2 * na + k] - (double)pb[2 * na + k]);
+                ASSERTm(c->name, d == d && dg == dg);
                 if (d > dmax) dmax = d;
                 if (ch > cmax) cmax = ch;
+                if (dg > gd) gd = dg;
+                if (fabs((double)pb[2 * na + k]) > gm) gm = fabs((double)pb[2 * na + k]);
             }
-            ASSERTm(c->name, cmax > 0.0); /* it trained */
+            ASSERTm(c->name, cmax > 0.0 && gm > 0.0); /* it trained, and the last step had gradients */
             if (dmax / cmax > worst) worst = dmax / cmax;
+            if (gd / gm > worst_g) worst_g = gd / gm;
             ASSERT_LTEm(ti.name, dmax, 1e-3 * cmax);
-        }
-        for (k = 0; k < na; ++k) {
-            double d = fabs((double)pa[2 * na + k] - (double)pb[2 * na + k]);
-            ASSERTm(c->name, d == d);
-            if (fabs((double)pb[2 * na + k]) > gmax) gmax = fabs((double)pb[2 * na + k]);
-            if (d > worst_g) worst_g = d;
+            ASSERT_LTEm(ti.name, gd, 1e-3 * gm); /* per tensor: W1's gradients are far smaller than b2's */
         }
         printf("    %-64s clusters %lu of %lu steps, loss %.9g / %.9g, weights %.2e, gradients %.2e\n", c->name,
                (unsigned long)ra.fused_cluster_steps, (unsigned long)ra.steps, ra.train_loss, rb.train_loss, worst,
-               gmax > 0.0 ? worst_g / gmax : worst_g);
-        ASSERTm(c->name, gmax > 0.0);
-        ASSERT_LTEm(c->name, worst_g, 1e-3 * gmax);
+               worst_g);
+        if (!tc_mc_fits(c->B, H))
+            printf("    (this device does not hold the kernel's clusters: the declined path was compared)\n");
         ASSERT_IN_RANGEm(c->name, rb.train_loss, ra.train_loss, 1e-5 * (1.0 + fabs(rb.train_loss)));
         ASSERT_IN_RANGEm(c->name, rb.train_accuracy, ra.train_accuracy, 1e-5);
         mnistcu_model_destroy(m);
