@@ -25,7 +25,10 @@
        b2 (every block the same way, so the copies stay equal) and its slice of W1.
    Weights never leave the multiprocessors during an epoch. Prints the weights' distance from a
    CPU reference (sequential sums) after 1 and 20 steps, whether two runs agree bit for bit, and
-   epoch times, losses and accuracies. Measured: bench/RESULTS.md (2026-11-27, night). */
+   epoch times, losses and accuracies. Measured: bench/RESULTS.md (2026-11-27, night).
+   The library's form of this design, for general shapes and every optimizer, is mnistcu.h's
+   >>cuda_fused_clusters (mnistcu_train_desc.fused_mlp_clusters); this program stays as its first
+   form, with the CPU reference and the phase marks the library's kernel was measured against. */
 #define MNISTCU_IMPLEMENTATION
 #include "../mnistcu.h"
 #include <cooperative_groups.h>
