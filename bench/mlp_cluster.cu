@@ -149,57 +149,8 @@ __device__ __forceinline__ void st_release(unsigned *p, unsigned v)
 }
 #endif
 
-/* The words of the batch's slice a thread prefetches (pm[i] = row << 8 | word), rows below n from
-   the sample indices rows[]: pre[i] four bytes each. */
-template <int NW>
-__device__ __forceinline__ void load_bytes(uint32_t *pre, const int *pm, int n, const uint8_t *x, const uint32_t *rows,
-                                           int D, int k0)
-{
-#pragma unroll
-    for (int i = 0; i < NW; ++i) {
-        const int row = pm[i] >> 8;
-        pre[i] = row < n ? *(const uint32_t *)(x + (size_t)rows[row] * D + k0 + 4 * (pm[i] & 255)) : 0u;
-    }
-}
-/* ... and those words normalised into dst [row][LDX], rows below n */
-template <int NW, int LDX>
-__device__ __forceinline__ void bytes_to_floats(const uint32_t *pre, const int *pm, int n, float *dst, float scale,
-                                                float shift)
-{
-#pragma unroll
-    for (int i = 0; i < NW; ++i) {
-        const int row = pm[i] >> 8;
-        if (row < n) {
-            float *xr = dst + row * LDX + 4 * (pm[i] & 255);
-            const uint32_t p = pre[i];
-            xr[0] = fmaf((float)(p & 255u), scale, shift);
-            xr[1] = fmaf((float)((p >> 8) & 255u), scale, shift);
-            xr[2] = fmaf((float)((p >> 16) & 255u), scale, shift);
-            xr[3] = fmaf((float)(p >> 24), scale, shift);
-        }
-    }
-}
-
-/* acc[u] = sum over rows [ra, rb) of x[row][k] dh[row][ug 8 + u] */
-template <int U, int LDX>
-__device__ __forceinline__ void dw1_rows(const float *x, const float *dh, int k, int ug, int ra, int rb, float *acc)
-{
-#pragma unroll
-    for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
-#pragma unroll 4
-    for (int row = ra; row < rb; ++row) {
-        const float xv = x[row * LDX + k];
-        const float4 da = *(const float4 *)(dh + row * U + ug * 8), db = *(const float4 *)(dh + row * U + ug * 8 + 4);
-        acc[0] = fmaf(xv, da.x, acc[0]);
-        acc[1] = fmaf(xv, da.y, acc[1]);
-        acc[2] = fmaf(xv, da.z, acc[2]);
-        acc[3] = fmaf(xv, da.w, acc[3]);
-        acc[4] = fmaf(xv, db.x, acc[4]);
-        acc[5] = fmaf(xv, db.y, acc[5]);
-        acc[6] = fmaf(xv, db.z, acc[6]);
-        acc[7] = fmaf(xv, db.w, acc[7]);
-    }
-}
+/* The prefetch (mnistcu__mc_load), its conversion to floats (mnistcu__mc_floats) and the W1 gradient's
+   rows (mnistcu__mc_dw1) are the library's own, from >>cuda_fused_clusters of the header included above. */
 /* w[0..8) -= lr g, as two float4 */
 __device__ __forceinline__ void w1_step(float *w, const float *gr, float lr)
 {
@@ -259,9 +210,9 @@ template <int B, int U, int S> __global__ void __launch_bounds__(T, 1) k_mlp(Arg
         for (e = t; e < b1; e += T) sidx[B + e] = a.idx[B + e];
         __syncthreads();
         if (t < R && r * R + t < b0) labs[t] = a.lab[sidx[r * R + t]];
-        load_bytes<NW>(pre, pm, b0, a.x, sidx, D, k0);
-        bytes_to_floats<NW, LDX>(pre, pm, b0, xs, a.scale, a.shift);
-        load_bytes<NW>(pre, pm, b1, a.x, sidx + B, D, k0);
+        mnistcu__mc_load<NW>(pre, pm, b0, a.x, sidx, D, k0);
+        mnistcu__mc_floats<NW, LDX>(pre, pm, b0, xs, a.scale, a.shift);
+        mnistcu__mc_load<NW>(pre, pm, b1, a.x, sidx + B, D, k0);
         __syncthreads();
     }
     for (int q = 0; q < a.nsteps; ++q) {
@@ -364,9 +315,9 @@ template <int B, int U, int S> __global__ void __launch_bounds__(T, 1) k_mlp(Arg
         PH(2);
         /* 3b. while the other clusters catch up: the next batch's bytes into xn, the batch after's loads */
         if (t < bnn) inn[t] = idx2;
-        bytes_to_floats<NW, LDX>(pre, pm, bn, xn, a.scale, a.shift);
+        mnistcu__mc_floats<NW, LDX>(pre, pm, bn, xn, a.scale, a.shift);
         __syncthreads();
-        load_bytes<NW>(pre, pm, bnn, a.x, inn, D, k0);
+        mnistcu__mc_load<NW>(pre, pm, bnn, a.x, inn, D, k0);
         PH(3);
 #ifndef LL
         /* 4. wait for rank r of every cluster */
@@ -503,7 +454,7 @@ template <int B, int U, int S> __global__ void __launch_bounds__(T, 1) k_mlp(Arg
                 const int ra = rs ? b / 2 : 0, rb = rs ? b : b / 2;
                 float acc[8];
                 if (f < 2 * nt) {
-                    dw1_rows<U, LDX>(xc, dhall, k, ug, ra, rb, acc);
+                    mnistcu__mc_dw1<U, LDX>(xc, dhall, k, ug, ra, rb, acc);
                     if (rs) {
                         *(float4 *)(ph + tk * 8) = make_float4(acc[0], acc[1], acc[2], acc[3]);
                         *(float4 *)(ph + tk * 8 + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
@@ -521,7 +472,7 @@ template <int B, int U, int S> __global__ void __launch_bounds__(T, 1) k_mlp(Arg
                 for (e = t; e < nt; e += T) {
                     const int ug = e / kn, k = e - ug * kn;
                     float acc[8];
-                    dw1_rows<U, LDX>(xc, dhall, k, ug, 0, b, acc);
+                    mnistcu__mc_dw1<U, LDX>(xc, dhall, k, ug, 0, b, acc);
 #pragma unroll
                     for (int u = 0; u < 8; ++u) ph[(ug * 8 + u) * LDX + k] = acc[u];
                 }
