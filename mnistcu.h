@@ -17514,7 +17514,7 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
        slice of the inputs (D / S of them, in words of 4) for those units, and
        rows [r R, r R + R) of the batch (R = B / S rounded up).
      - A step: 1. the block's partial sums of h over its input slice, for every
-       row of the batch; cluster barrier; 2. for its own rows, h from the S
+       row of the batch (on the tensor cores, below); cluster barrier; 2. for its own rows, h from the S
        partials (read from the other blocks' shared memory) and the cluster's
        partial logits over its U units, stored to global memory, then a flag
        (release); 3. while the other clusters catch up, the next batch's slice
@@ -17524,10 +17524,16 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
        order, a half warp a row), their loss, dz and dh; cluster barrier; 6.
        every block gathers h, dh and dz of the batch from its cluster, updates
        W2's columns, b1 and b2 (every block the same sums, so the copies stay
-       equal) and its slice of W1 (each gradient a sum over the batch's rows
-       in order; with 8 units a cluster in two halves of the rows, added at the
-       end; with 64, 32 sums a thread and four outputs a W2 task, so that each
-       takes one round of the threads).
+       equal) and its slice of W1.
+   The products (h's partial sums; the gradients of W1 and b1 as one product,
+   x having a column of ones; those of W2 and b2 as another, h having one) run
+   on the tensor cores, in TF32 parts that keep FP32's accuracy: each operand
+   v = hi + lo, both TF32 values, and a b = ah bh + ah bl + al bh (mma.sync
+   m16n8k8, FP32 sums; mnistcu__mc_split). About 2^-21 of each term is lost,
+   against 2^-24 for an FP32 product; the sums' order differs from fmafs' in
+   any case. The FP32 fmafs these replaced were bound by shared-memory loads,
+   a few per fmaf (P1's phase 1 took 6300 cycles a step, now 3400; its update
+   phase 8600, now 5000; bench/RESULTS.md).
    Weights stay in shared memory for the whole chunk of steps (the optimizer's
    state of W1 in global memory, each element read and written by one thread
    only; that of the copied parameters in each block's shared memory), and go
@@ -17535,9 +17541,9 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
    kernel across launches, so a launch never waits on a stale one. Each row's
    loss and whether it was predicted right go to global memory; a small kernel
    sums them per step in row order (the statistics).
-   Measured on an H100 (bench/RESULTS.md): P2 (784-128-10, batch 64) about 8.0
+   Measured on an H100 (bench/RESULTS.md): P2 (784-128-10, batch 64) about 7.1-7.7
    ms an epoch against 15.5-16 in the fused MLP kernel (JAX 26.4), P1
-   (784-1024-10, batch 32) about 0.051 s for 10 epochs against 0.073 (JAX
+   (784-1024-10, batch 32) about 0.043 s for 10 epochs against 0.073 (JAX
    0.097). bench/mlp_cluster.cu is the design's standalone form, with the CPU
    reference it was checked against. */
 enum { MNISTCU__MC_T = 384, MNISTCU__MC_S = 6, MNISTCU__MC_G = 16, MNISTCU__MC_CM = 16, MNISTCU__MC_DMAX = 784,
@@ -17566,23 +17572,27 @@ template <int BM, int U> struct mnistcu__mc_lay {
     enum : int {
         S = MNISTCU__MC_S, CM = MNISTCU__MC_CM,
         R = (BM + S - 1) / S,                             /* most rows a block */
-        NUG = U / 8, KSP = 8 / NUG,                       /* unit groups of 8; parts of the slice a group */
         KMAX = 4 * ((MNISTCU__MC_DMAX / 4 + S - 1) / S) + 4, /* the longest input slice, and a word */
-        LDX = KMAX + 1,                                   /* odd: lanes on rows hit distinct banks */
+        /* strides for the tensor cores' fragments: LDX = 12 mod 32, LDW = 8 or 24 mod 32, LDH = 4 or 12
+           mod 16 and LDZ = 4 mod 16 (with rows taken in pairs, see mnistcu__mc_tc_dw) put a warp's 32
+           loads in 32 banks; x has a column of ones at kn (b1's gradient), h at U (b2's) */
+        LDX = KMAX + 4, LDW = U == 8 ? 24 : U + 8, LDH = U + 4, LDZ = CM + 4,
+        /* phase 1: BM / 16 by U / 8 tiles, MW1 by NW1 a warp, the 8 warps in KP parts of K */
+        NT1 = BM / 16 * (U / 8), MW1 = NT1 == 32 ? 2 : 1, NW1 = NT1 >= 16 ? 2 : 1, KP = 8 * MW1 * NW1 / NT1,
         NREP = CM * U + U + CM,                           /* the copied parameters: W2's columns, b1, b2 */
-        NPART = KSP * BM * U > LDX * U ? KSP * BM * U : LDX * U,
+        NPART = KP * BM * U,
         OPTF = (int)((2 * sizeof(mnistcu__opt) + 15) / 16 * 4),
-        w1s = 0,                    /* [KMAX][U] the slice of W1, units contiguous */
-        xs = w1s + KMAX * U,        /* [2][BM][LDX] the batch's slice, by step parity */
-        ph = xs + 2 * BM * LDX,     /* [KSP][BM][U] partial h; then W1's gradient's halves or [U][LDX] */
+        w1s = 0,                    /* [KMAX][LDW] the slice of W1, units contiguous */
+        xs = w1s + KMAX * LDW,      /* [2][BM][LDX] the batch's slice, by step parity */
+        ph = xs + 2 * BM * LDX,     /* [KP][BM][U] phase 1's parts (and what x's last row's tiles read past it) */
         phs = ph + NPART,           /* [BM][U] partial h over the slice (read by the cluster) */
         hrow = phs + BM * U,        /* [R][U] h of own rows (read by the cluster) */
         dhrow = hrow + R * U,       /* [R][U] */
         dzrow = dhrow + R * U,      /* [R][CM] */
-        hall = dzrow + R * CM,      /* [BM][U] the batch's, gathered */
-        dhall = hall + BM * U,      /* [BM][U] */
-        dzall = dhall + BM * U,     /* [BM][CM] */
-        w2s = dzall + BM * CM,      /* [CM][U] W2's columns, then b1 [U], b2 [CM]: NREP */
+        hall = dzrow + R * CM,      /* [BM][LDH] the batch's, gathered */
+        dhall = hall + BM * LDH,    /* [BM][LDH] */
+        dzall = dhall + BM * LDH,   /* [BM][LDZ] */
+        w2s = dzall + BM * LDZ,     /* [CM][U] W2's columns, then b1 [U], b2 [CM]: NREP */
         b1s = w2s + CM * U,
         b2s = b1s + U,
         str = b2s + CM,             /* [3][NREP] their optimizer state */
@@ -17604,6 +17614,36 @@ static __device__ __forceinline__ void mnistcu__mc_release(unsigned *p, unsigned
 {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+/* Three TF32 parts for FP32's accuracy on the tensor cores: v = hi + lo, hi = v rounded to TF32's 10
+   bits (to nearest, ties away: an integer add and a mask, full-rate instructions where cvt.rna.tf32
+   is quarter-rate), lo = v - hi exactly (|lo| <= 2^-11 |v|), of which the tensor cores take the top
+   10 bits (truncated: an error under 2^-21 |v|). a b is then ah bh + ah bl + al bh (al bl, under
+   2^-22 |a b|, is left out) */
+static __device__ __forceinline__ void mnistcu__mc_split(float v, uint32_t &hi, uint32_t &lo)
+{
+    hi = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+    lo = __float_as_uint(v - __uint_as_float(hi));
+}
+/* d += a b for a 16x8 tile over 8 of K (PTX's m16n8k8 TF32 fragments: lane = 4 g + q holds A (g, q),
+   (g + 8, q), (g, q + 4), (g + 8, q + 4); B (q, g), (q + 4, g); D (g, 2q), (g, 2q + 1), (g + 8, 2q),
+   (g + 8, 2q + 1)) */
+static __device__ __forceinline__ void mnistcu__mc_mma(float *d, const uint32_t *a, const uint32_t *b)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* The three parts' products in two chains: d[0] += ah bh, d[1] += ah bl + al bh; the sum d[0] + d[1]
+   at the end (mnistcu__mc_sum3) */
+static __device__ __forceinline__ void mnistcu__mc_mma3(float (*d)[4], const uint32_t *ah, const uint32_t *al,
+                                                        const uint32_t *bh, const uint32_t *bl)
+{
+    mnistcu__mc_mma(d[0], ah, bh);
+    mnistcu__mc_mma(d[1], ah, bl);
+    mnistcu__mc_mma(d[1], al, bh);
+}
+static __device__ __forceinline__ float mnistcu__mc_sum3(const float (*d)[4], int e) { return d[0][e] + d[1][e]; }
 #endif
 
 /* A parameter's optimizer step: p with gradient g, its state at s (slot stride o->n) */
@@ -17645,28 +17685,6 @@ static __device__ __forceinline__ void mnistcu__mc_floats(const uint32_t *pre, c
     }
 }
 
-/* acc[u] = the sum over rows [ra, rb) of x[row][k] dh[row][ug 8 + u] */
-template <int U, int LDX>
-static __device__ __forceinline__ void mnistcu__mc_dw1(const float *x, const float *dh, int k, int ug, int ra, int rb,
-                                                       float *acc)
-{
-#pragma unroll
-    for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
-#pragma unroll 4
-    for (int row = ra; row < rb; ++row) {
-        const float xv = x[row * LDX + k];
-        const float4 da = *(const float4 *)(dh + row * U + ug * 8), db = *(const float4 *)(dh + row * U + ug * 8 + 4);
-        acc[0] = fmaf(xv, da.x, acc[0]);
-        acc[1] = fmaf(xv, da.y, acc[1]);
-        acc[2] = fmaf(xv, da.z, acc[2]);
-        acc[3] = fmaf(xv, da.w, acc[3]);
-        acc[4] = fmaf(xv, db.x, acc[4]);
-        acc[5] = fmaf(xv, db.y, acc[5]);
-        acc[6] = fmaf(xv, db.z, acc[6]);
-        acc[7] = fmaf(xv, db.w, acc[7]);
-    }
-}
-
 /* The copied parameter e (W2's columns [C][U], then b1 [U], then b2 [C]) in shared memory */
 static __device__ __forceinline__ float *mnistcu__mc_rep(float *w2s, float *b1s, float *b2s, int e, int C, int U)
 {
@@ -17689,14 +17707,138 @@ static __host__ __device__ __forceinline__ void mnistcu__mc_slice(int D, int r, 
     *kn = 4 * (w1 - w0);
 }
 
+#ifdef MNISTCU__MC_ON
+/* Phase 1 on the tensor cores: the partial h [BM][U] over the slice's kn inputs, x [BM][LDX] times W1's
+   slice [k][LDW], by warps 0-7 (mnistcu__mc_lay's NT1, MW1, NW1, KP): warp w takes MW1 by NW1 tiles of
+   16 rows by 8 units, tile group w % (8 / KP), and part w / (8 / KP) of K's steps of 8 (up to kn
+   rounded up: x and W1 are zeros there, or ones by zeros in column kn); two chains a tile. One part
+   goes straight to phs, KP parts to ph [KP][BM][U] (the caller adds them in order) */
+template <int BM, int U>
+static __device__ __forceinline__ void mnistcu__mc_tc_h(const float *xc, const float *w1s, float *phs, float *ph,
+                                                        int kn, int warp, int lane)
+{
+    typedef mnistcu__mc_lay<BM, U> L;
+    enum { LDX = L::LDX, LDW = L::LDW, MW = L::MW1, NW = L::NW1, KP = L::KP, NTG = 8 / KP, MB = BM / 16 / MW };
+    const int gq = lane >> 2, q = lane & 3, tg = warp % NTG, kp = warp / NTG;
+    const int m0 = 16 * MW * (tg % MB), n0 = 8 * NW * (tg / MB), nks = (kn + 7) / 8;
+    const int ka = kp * nks / KP, kb = (kp + 1) * nks / KP;
+    float acc[MW][NW][2][4];
+#pragma unroll
+    for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int n = 0; n < NW; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][0][e] = acc[m][n][1][e] = 0.0f;
+#pragma unroll 2
+    for (int ks = ka; ks < kb; ++ks) {
+        const int k = 8 * ks + q;
+        uint32_t ah[MW][4], al[MW][4], bh[NW][2], bl[NW][2];
+#pragma unroll
+        for (int m = 0; m < MW; ++m) {
+            const float *xr = xc + (m0 + 16 * m + gq) * LDX + k;
+            mnistcu__mc_split(xr[0], ah[m][0], al[m][0]);
+            mnistcu__mc_split(xr[8 * LDX], ah[m][1], al[m][1]);
+            mnistcu__mc_split(xr[4], ah[m][2], al[m][2]);
+            mnistcu__mc_split(xr[8 * LDX + 4], ah[m][3], al[m][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < NW; ++n) {
+            const float *wr = w1s + k * LDW + n0 + 8 * n + gq;
+            mnistcu__mc_split(wr[0], bh[n][0], bl[n][0]);
+            mnistcu__mc_split(wr[4 * LDW], bh[n][1], bl[n][1]);
+        }
+#pragma unroll
+        for (int m = 0; m < MW; ++m)
+#pragma unroll
+            for (int n = 0; n < NW; ++n) mnistcu__mc_mma3(acc[m][n], ah[m], al[m], bh[n], bl[n]);
+    }
+    float *out = KP == 1 ? phs : ph + kp * BM * U;
+#pragma unroll
+    for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int n = 0; n < NW; ++n) {
+            float *dst = out + (m0 + 16 * m + gq) * U + n0 + 8 * n + 2 * q;
+            *(float2 *)dst = make_float2(mnistcu__mc_sum3(acc[m][n], 0), mnistcu__mc_sum3(acc[m][n], 1));
+            *(float2 *)(dst + 8 * U) = make_float2(mnistcu__mc_sum3(acc[m][n], 2), mnistcu__mc_sum3(acc[m][n], 3));
+        }
+}
+
+/* The update phase's sums on the tensor cores, over the BM rows in steps of 8 (rows past b are zeros
+   in dh and dz: a fixed count of steps, unrolled, costs less than fewer steps in a loop), a step's 8 rows taken as k = q -> row 2 q and k = q + 4 -> row 2 q + 1, the same
+   in both operands (a sum in another order; this one puts the loads of x, dh and dz in distinct banks):
+     - mnistcu__mc_tc_dw: W1's gradient transposed, x^T [kn + 1][rows] times dh [rows][U], one tile of
+       16 inputs (mt) by NW tiles of 8 units from n0: row k < kn of it is input k's, row kn (x's column
+       of ones) b1's. The 12 warps (mnistcu__mc_dwl): U / 8 tiles of units in NB blocks of NW, WPB warps
+       a block, MW tiles of inputs a warp from MW (w % WPB): 144 inputs covered, tiles past kn skipped;
+     - mnistcu__mc_tc_dz: W2's and b2's, dz^T [16][rows] times h [rows][U + 8] (h's column U is ones):
+       tile j of 8 units on warp 11 - j. */
+template <int BM, int U> struct mnistcu__mc_dwl {
+    enum { NT = U / 8, NW = NT >= 2 ? 2 : 1, NB = NT / NW, WPB = 12 / NB, MW = (9 + WPB - 1) / WPB, NZ = NT + 1 };
+};
+template <int BM, int U>
+static __device__ __forceinline__ void mnistcu__mc_tc_dw(const float *xc, const float *dhall, int mt, int n0,
+                                                         int lane, float (*acc)[2][4])
+{
+    typedef mnistcu__mc_lay<BM, U> L;
+    enum { LDX = L::LDX, LDH = L::LDH, NW = mnistcu__mc_dwl<BM, U>::NW };
+    const int gq = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int n = 0; n < NW; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][0][e] = acc[n][1][e] = 0.0f;
+#pragma unroll 4
+    for (int ks = 0; ks < BM / 8; ++ks) {
+        const int r0 = 8 * ks + 2 * q;
+        const float *x0 = xc + r0 * LDX + 16 * mt + gq;
+        uint32_t ah[4], al[4], bh[NW][2], bl[NW][2];
+        mnistcu__mc_split(x0[0], ah[0], al[0]);
+        mnistcu__mc_split(x0[8], ah[1], al[1]);
+        mnistcu__mc_split(x0[LDX], ah[2], al[2]);
+        mnistcu__mc_split(x0[LDX + 8], ah[3], al[3]);
+#pragma unroll
+        for (int n = 0; n < NW; ++n) {
+            const float *dr = dhall + r0 * LDH + n0 + 8 * n + gq;
+            mnistcu__mc_split(dr[0], bh[n][0], bl[n][0]);
+            mnistcu__mc_split(dr[LDH], bh[n][1], bl[n][1]);
+        }
+#pragma unroll
+        for (int n = 0; n < NW; ++n) mnistcu__mc_mma3(acc[n], ah, al, bh[n], bl[n]);
+    }
+}
+template <int BM, int U>
+static __device__ __forceinline__ void mnistcu__mc_tc_dz(const float *hall, const float *dzall, int jz, int lane,
+                                                         float (*az)[4])
+{
+    typedef mnistcu__mc_lay<BM, U> L;
+    enum { LDH = L::LDH, LDZ = L::LDZ };
+    const int gq = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) az[0][e] = az[1][e] = 0.0f;
+#pragma unroll 4
+    for (int ks = 0; ks < BM / 8; ++ks) {
+        const int r0 = 8 * ks + 2 * q;
+        const float *zr = dzall + r0 * LDZ + gq, *hr = hall + r0 * LDH + 8 * jz + gq;
+        uint32_t zh[4], zl[4], hh[2], hl[2];
+        mnistcu__mc_split(zr[0], zh[0], zl[0]);
+        mnistcu__mc_split(zr[8], zh[1], zl[1]);
+        mnistcu__mc_split(zr[LDZ], zh[2], zl[2]);
+        mnistcu__mc_split(zr[LDZ + 8], zh[3], zl[3]);
+        mnistcu__mc_split(hr[0], hh[0], hl[0]);
+        mnistcu__mc_split(hr[LDH], hh[1], hl[1]);
+        mnistcu__mc_mma3(az, zh, zl, hh, hl);
+    }
+}
+#endif
+
 template <int BM, int U>
 __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_args a)
 {
     MNISTCU__PDL_WAIT();
 #ifdef MNISTCU__MC_ON
     typedef mnistcu__mc_lay<BM, U> L;
-    enum { S = MNISTCU__MC_S, T = MNISTCU__MC_T, GM = MNISTCU__MC_G, CM = L::CM, NUG = L::NUG, KSP = L::KSP,
-           LDX = L::LDX, NREP = L::NREP, NW = (BM * (L::KMAX / 4) + T - 1) / T /* words a thread fetches */ };
+    enum { S = MNISTCU__MC_S, T = MNISTCU__MC_T, GM = MNISTCU__MC_G, CM = L::CM,
+           LDX = L::LDX, LDW = L::LDW, LDH = L::LDH, LDZ = L::LDZ, NREP = L::NREP,
+           NW = (BM * (L::KMAX / 4) + T - 1) / T /* words a thread fetches */ };
     extern __shared__ float4 mnistcu__mc_sm4[];
     float *sm = (float *)mnistcu__mc_sm4;
     cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
@@ -17723,7 +17865,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
     /* own parameters and the copies' optimizer state in; units past H are zeros */
     for (e = t; e < L::KMAX * U; e += T) {
         const int k = e / U, u = e - k * U;
-        w1s[e] = k < kn && u < nown ? a.params[a.w1 + (size_t)(u0 + u) * D + k0 + k] : 0.0f;
+        w1s[k * LDW + u] = k < kn && u < nown ? a.params[a.w1 + (size_t)(u0 + u) * D + k0 + k] : 0.0f;
     }
     for (e = t; e < C * U + U + C; e += T) {
         const size_t gi = mnistcu__mc_gi(a, e, U, u0);
@@ -17732,7 +17874,11 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
         *mnistcu__mc_rep(w2s, b1s, b2s, e, C, U) = live ? a.params[gi] : 0.0f;
         for (s = 0; s < 3; ++s) str[s * NREP + e] = live && s < a.slots ? a.state[(size_t)s * a.np + gi] : 0.0f;
     }
-    for (e = t; e < 2 * BM * LDX; e += T) xs[e] = 0.0f; /* rows past a short batch: zeros, not leftovers */
+    /* the batch's slice: zeros past the slice (and in rows past a short first batch); with the tensor
+       cores, ones in column kn, which make W1's gradient's row kn b1's (mnistcu__mc_tc_dw) */
+    for (e = t; e < 2 * BM * LDX; e += T) xs[e] = e % LDX == kn ? 1.0f : 0.0f;
+    /* h, dh and dz of the batch: zeros in rows past R S, which are never gathered; h's ones (column U) */
+    for (e = t; e < L::w2s - L::hall; e += T) hall[e] = e < BM * LDH && e % LDH == U ? 1.0f : 0.0f;
     {   /* steps 0 and 1's indices, step 0's labels and bytes (into xs[0]), step 1's bytes (in flight) */
         const int b0 = min(B, a.n), b1 = a.nsteps > 1 ? min(B, a.n - B) : 0;
         __syncthreads();
@@ -17764,49 +17910,15 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
             sopt[1] = sopt[0];
             sopt[1].n = NREP;
         }
-        /* 1. partial h over the slice: warp = (unit group ug, k part kp), lane = rows lane, lane + 32 */
-        if (warp < 8) {
-            enum { RPL = (BM + 31) / 32 };
-            const int ug = warp % NUG, kp = warp / NUG;
-            const int ka = kp * kn / KSP, kb = (kp + 1) * kn / KSP;
-            float acc[RPL][8];
-#pragma unroll
-            for (int i = 0; i < RPL; ++i)
-#pragma unroll
-                for (int u = 0; u < 8; ++u) acc[i][u] = 0.0f;
-#pragma unroll 4
-            for (int k = ka; k < kb; ++k) {
-                const float4 wa = *(const float4 *)(w1s + k * U + ug * 8);
-                const float4 wb = *(const float4 *)(w1s + k * U + ug * 8 + 4);
-#pragma unroll
-                for (int i = 0; i < RPL; ++i) {
-                    const float xv = xc[(lane + 32 * i) * LDX + k];
-                    acc[i][0] = fmaf(xv, wa.x, acc[i][0]);
-                    acc[i][1] = fmaf(xv, wa.y, acc[i][1]);
-                    acc[i][2] = fmaf(xv, wa.z, acc[i][2]);
-                    acc[i][3] = fmaf(xv, wa.w, acc[i][3]);
-                    acc[i][4] = fmaf(xv, wb.x, acc[i][4]);
-                    acc[i][5] = fmaf(xv, wb.y, acc[i][5]);
-                    acc[i][6] = fmaf(xv, wb.z, acc[i][6]);
-                    acc[i][7] = fmaf(xv, wb.w, acc[i][7]);
-                }
-            }
-            float *dst = KSP == 1 ? phs : ph + kp * BM * U;
-#pragma unroll
-            for (int i = 0; i < RPL; ++i) {
-                const int row = lane + 32 * i;
-                if (row < BM) {
-                    *(float4 *)(dst + row * U + ug * 8) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-                    *(float4 *)(dst + row * U + ug * 8 + 4) = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
-                }
-            }
-        }
-        if (KSP > 1) { /* the parts in order */
+        /* 1. partial h over the slice, on the tensor cores */
+        if (warp < 8) mnistcu__mc_tc_h<BM, U>(xc, w1s, phs, ph, kn, warp, lane);
+        if (L::KP > 1) { /* the parts in order */
+            enum { NP = L::KP };
             __syncthreads();
             for (e = t; e < BM * U; e += T) {
                 float s = ph[e];
 #pragma unroll
-                for (int p = 1; p < KSP; ++p) s += ph[p * BM * U + e];
+                for (int p = 1; p < NP; ++p) s += ph[p * BM * U + e];
                 phs[e] = s;
             }
         }
@@ -17827,13 +17939,25 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
             hrow[e] = s > 0.0f ? s : 0.0f;
         }
         __syncthreads();
-        {
+        {   /* the partial logits, a thread an output: with 32 or 64 units four chains (unit u in chain
+               u % 4), added as (s0 + s1) + (s2 + s3) */
+            enum { NQ = U >= 32 ? 4 : 1 };
             float *dst = a.pz + ((size_t)((gstep & 1u) * S + r) * G + g) * (size_t)(Rr * C);
             for (e = t; e < Rr * C; e += T) {
                 const int i = e / C, c = e - i * C;
                 float s = 0.0f;
+                if (NQ == 4) {
+                    float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+                    for (int u = 0; u < U; u += 4) {
+                        const float4 h4 = *(const float4 *)(hrow + i * U + u), w4 = *(const float4 *)(w2s + c * U + u);
+                        s4.x = fmaf(h4.x, w4.x, s4.x), s4.y = fmaf(h4.y, w4.y, s4.y);
+                        s4.z = fmaf(h4.z, w4.z, s4.z), s4.w = fmaf(h4.w, w4.w, s4.w);
+                    }
+                    s = (s4.x + s4.y) + (s4.z + s4.w);
+                } else
 #pragma unroll 8
-                for (int u = 0; u < U; ++u) s = fmaf(hrow[i * U + u], w2s[c * U + u], s);
+                    for (int u = 0; u < U; ++u) s = fmaf(hrow[i * U + u], w2s[c * U + u], s);
                 __stcg(dst + e, s);
             }
         }
@@ -17884,13 +18008,14 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
                 a.rows[(size_t)q * B + row] = logf(sum) - (zy - m);
                 a.rows[((size_t)a.nsteps + q) * B + row] = am == y ? 1.0f : 0.0f;
             }
-            __syncwarp();
-            if (i < Rr)
-                for (int u = c; u < U; u += 16) {
-                    float s2 = 0.0f;
-                    for (int cc = 0; cc < C; ++cc) s2 = fmaf(dzrow[i * CM + cc], w2s[cc * U + u], s2);
-                    dhrow[i * U + u] = live && hrow[i * U + u] > 0.0f ? s2 : 0.0f;
-                }
+        }
+        __syncthreads();
+        for (e = t; e < Rr * U; e += T) { /* dh of own rows, a thread a value (the classes' chain in order) */
+            const int i = e / U, u = e - i * U;
+            float s2 = 0.0f;
+#pragma unroll 4
+            for (int cc = 0; cc < C; ++cc) s2 = fmaf(dzrow[i * CM + cc], w2s[cc * U + u], s2);
+            dhrow[e] = r * Rr + i < b && hrow[e] > 0.0f ? s2 : 0.0f;
         }
         cl.sync(); /* (b) every block's rows of h, dz, dh are in its shared memory */
         {   /* 6. gather the batch's h, dh, dz from the cluster: every load first */
@@ -17912,200 +18037,84 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
             }
 #pragma unroll
             for (int i = 0; i < NG; ++i) {
-                const int f = t + i * T;
-                if (f < nh && f < BM * U / 4) {
-                    ((float4 *)hall)[f] = hv[i];
-                    ((float4 *)dhall)[f] = dv[i];
+                const int f = t + i * T, row = f / (U / 4), u4 = f - row * (U / 4);
+                if (f < nh && row < BM) {
+                    ((float4 *)hall)[row * (LDH / 4) + u4] = hv[i];
+                    ((float4 *)dhall)[row * (LDH / 4) + u4] = dv[i];
                 }
             }
 #pragma unroll
             for (int i = 0; i < NZ; ++i) {
-                const int f = t + i * T;
-                if (f < nz && f < BM * CM / 4) ((float4 *)dzall)[f] = zv[i];
+                const int f = t + i * T, row = f / (CM / 4), c4 = f - row * (CM / 4);
+                if (f < nz && row < BM) ((float4 *)dzall)[row * (LDZ / 4) + c4] = zv[i];
             }
         }
         __syncthreads();
         /* plain SGD's step, w - lr g, is what mnistcu__mc_step takes too (one fmaf): here without its
-           loads of the scalars per weight, W1's eight weights of a task as two float4 */
+           loads of the scalars per weight */
         const bool plain = sopt[0].kind == MNISTCU_OPTIM_SGD && !sopt[0].has_momentum && sopt[0].wd == 0.0f;
         const float nlr = -sopt[0].lr;
-        /* W2's columns, b1, b2: the same sums and steps in every block. With 64 units a cluster (700
-           and more outputs), four outputs a task (rows in order, four chains side by side): one round
-           of the threads, not two; with fewer, an output a task (four chains on one thread would
-           put them on a warp or two: measured slower on P2, bench/RESULTS.md) */
-        const int nw2 = U == 64 ? C * (U / 4) + U / 4 + CM / 4 : C * U + U + C;
-        if (U != 64)
-            for (e = t; e < C * U + U + C; e += T) {
-                float s2 = 0.0f;
-                int live;
-                if (e < C * U) {
-                    const int c = e / U, u = e - c * U;
-#pragma unroll 8
-                    for (int row = 0; row < b; ++row) s2 = fmaf(dzall[row * CM + c], hall[row * U + u], s2);
-                    live = u < nown;
-                } else if (e < C * U + U) {
-                    const int u = e - C * U;
-#pragma unroll 8
-                    for (int row = 0; row < b; ++row) s2 += dhall[row * U + u];
-                    live = u < nown;
-                } else {
-                    const int c = e - C * U - U;
-#pragma unroll 8
-                    for (int row = 0; row < b; ++row) s2 += dzall[row * CM + c];
-                    live = 1;
-                }
-                if (live) {
-                    float *w = mnistcu__mc_rep(w2s, b1s, b2s, e, C, U);
-                    *w = plain ? fmaf(nlr, s2, *w) : mnistcu__mc_step(&sopt[1], *w, s2, str + e);
-                    if (last && r == 0 && (g == 0 || e < C * U + U)) a.grads[mnistcu__mc_gi(a, e, U, u0)] = s2;
-                }
-            }
-        else if (t < nw2) {
-            float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            int e0, n4; /* the task's first copied parameter (mnistcu__mc_rep's index) and how many of 4 */
-            if (t < C * (U / 4)) {
-                const int c = t / (U / 4), u4 = t - c * (U / 4);
-#pragma unroll 8
-                for (int row = 0; row < b; ++row) {
-                    const float d = dzall[row * CM + c];
-                    const float4 h4 = *(const float4 *)(hall + row * U + 4 * u4);
-                    s4.x = fmaf(d, h4.x, s4.x);
-                    s4.y = fmaf(d, h4.y, s4.y);
-                    s4.z = fmaf(d, h4.z, s4.z);
-                    s4.w = fmaf(d, h4.w, s4.w);
-                }
-                e0 = c * U + 4 * u4;
-                n4 = nown - 4 * u4;
-            } else if (t < C * (U / 4) + U / 4) {
-                const int u4 = t - C * (U / 4);
-#pragma unroll 8
-                for (int row = 0; row < b; ++row) {
-                    const float4 d4 = *(const float4 *)(dhall + row * U + 4 * u4);
-                    s4.x += d4.x, s4.y += d4.y, s4.z += d4.z, s4.w += d4.w;
-                }
-                e0 = C * U + 4 * u4;
-                n4 = nown - 4 * u4;
-            } else {
-                const int c4 = t - C * (U / 4) - U / 4;
-#pragma unroll 8
-                for (int row = 0; row < b; ++row) {
-                    const float4 z4 = *(const float4 *)(dzall + row * CM + 4 * c4);
-                    s4.x += z4.x, s4.y += z4.y, s4.z += z4.z, s4.w += z4.w;
-                }
-                e0 = C * U + U + 4 * c4;
-                n4 = C - 4 * c4;
-            }
+        {   /* the sums on the tensor cores (mnistcu__mc_tc_dw, _dz), each tile's steps after it: plain
+               SGD's (no gradients kept) apart, without the general step's call in its loop */
+            typedef mnistcu__mc_dwl<BM, U> W;
+            const int gq = lane >> 2, q4 = lane & 3, jz = 11 - warp, n0 = 8 * W::NW * (warp / W::WPB);
+            const int mneed = (kn + 16) / 16;
+            const bool fast = plain && !last;
+#pragma unroll 1
+            for (int m = 0; m < W::MW; ++m) {
+                const int mt = W::MW * (warp % W::WPB) + m;
+                float acc[W::NW][2][4];
+                if (mt >= mneed) break;
+                mnistcu__mc_tc_dw<BM, U>(xc, dhall, mt, n0, lane, acc);
+                if (fast) {
 #pragma unroll
-            for (int v = 0; v < 4; ++v) {
-                const float gv = v == 0 ? s4.x : v == 1 ? s4.y : v == 2 ? s4.z : s4.w;
-                if (v < n4) {
-                    float *w = mnistcu__mc_rep(w2s, b1s, b2s, e0 + v, C, U);
-                    *w = plain ? fmaf(nlr, gv, *w) : mnistcu__mc_step(&sopt[1], *w, gv, str + e0 + v);
-                    if (last && r == 0 && (g == 0 || e0 + v < C * U + U))
-                        a.grads[mnistcu__mc_gi(a, e0 + v, U, u0)] = gv;
+                    for (int n = 0; n < W::NW; ++n)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const int k = 16 * mt + gq + 8 * (j >> 1), u = n0 + 8 * n + 2 * q4 + (j & 1);
+                            float *w = k < kn ? w1s + k * LDW + u : b1s + u; /* x's ones: b1's */
+                            if (u < nown && k <= kn) *w = fmaf(nlr, mnistcu__mc_sum3(acc[n], j), *w);
+                        }
+                    continue;
                 }
-            }
-        }
-        {   /* W1's slice: task = (k, unit group; unit groups fastest), 8 units a task; where twice the
-               tasks fit beside the W2 tasks' threads, rows in two halves, the second half's sums
-               through ph */
-            const int nt = kn * NUG;
-            if (2 * nt <= T - nw2) {
-                const int f = T - 1 - t, rs = f >= nt, tk = f - rs * nt, k = tk / NUG, ug = tk - k * NUG;
-                const int ra = rs ? b / 2 : 0, rb = rs ? b : b / 2;
-                float acc[8];
-                if (f < 2 * nt) {
-                    mnistcu__mc_dw1<U, LDX>(xc, dhall, k, ug, ra, rb, acc);
-                    if (rs) {
-                        *(float4 *)(ph + tk * 8) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-                        *(float4 *)(ph + tk * 8 + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+#pragma unroll
+                for (int n = 0; n < W::NW; ++n)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int k = 16 * mt + gq + 8 * (j >> 1), u = n0 + 8 * n + 2 * q4 + (j & 1);
+                        const float gv = mnistcu__mc_sum3(acc[n], j);
+                        if (u >= nown || k > kn) continue;
+                        if (k < kn) {
+                            float *w = w1s + k * LDW + u;
+                            const size_t gi = a.w1 + (size_t)(u0 + u) * D + k0 + k;
+                            *w = plain ? fmaf(nlr, gv, *w) : mnistcu__mc_step(&sopt[0], *w, gv, a.state + gi);
+                            if (last) a.grads[gi] = gv;
+                        } else {
+                            b1s[u] = plain ? fmaf(nlr, gv, b1s[u]) : mnistcu__mc_step(&sopt[1], b1s[u], gv, str + C * U + u);
+                            if (last && r == 0) a.grads[a.b1 + u0 + u] = gv;
+                        }
                     }
-                }
-                __syncthreads();
-                if (f < nt) {
-                    const float4 pa = *(const float4 *)(ph + tk * 8), pb = *(const float4 *)(ph + tk * 8 + 4);
-                    acc[0] += pa.x, acc[1] += pa.y, acc[2] += pa.z, acc[3] += pa.w;
-                    acc[4] += pb.x, acc[5] += pb.y, acc[6] += pb.z, acc[7] += pb.w;
-                    float *w = w1s + k * U + ug * 8;
-                    if (plain && ug * 8 + 8 <= nown) {
-                        float4 wa = *(float4 *)w, wb = *(float4 *)(w + 4);
-                        wa.x = fmaf(nlr, acc[0], wa.x), wa.y = fmaf(nlr, acc[1], wa.y);
-                        wa.z = fmaf(nlr, acc[2], wa.z), wa.w = fmaf(nlr, acc[3], wa.w);
-                        wb.x = fmaf(nlr, acc[4], wb.x), wb.y = fmaf(nlr, acc[5], wb.y);
-                        wb.z = fmaf(nlr, acc[6], wb.z), wb.w = fmaf(nlr, acc[7], wb.w);
-                        *(float4 *)w = wa;
-                        *(float4 *)(w + 4) = wb;
+            }
+            if (jz < W::NZ) {
+                float az[2][4];
+                mnistcu__mc_tc_dz<BM, U>(hall, dzall, jz, lane, az);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int c = gq + 8 * (j >> 1), u = 8 * jz + 2 * q4 + (j & 1);
+                    const float gv = mnistcu__mc_sum3(az, j);
+                    if (c >= C || (u >= nown && u != U)) continue;
+                    if (fast) {
+                        float *w = u < nown ? w2s + c * U + u : b2s + c; /* h's ones: b2's */
+                        *w = fmaf(nlr, gv, *w);
+                    } else if (u < nown) {
+                        float *w = w2s + c * U + u;
+                        *w = plain ? fmaf(nlr, gv, *w) : mnistcu__mc_step(&sopt[1], *w, gv, str + c * U + u);
+                        if (last && r == 0) a.grads[mnistcu__mc_gi(a, c * U + u, U, u0)] = gv;
                     } else {
-#pragma unroll
-                        for (int v = 0; v < 8; ++v)
-                            if (ug * 8 + v < nown)
-                                w[v] = mnistcu__mc_step(&sopt[0], w[v], acc[v],
-                                                        a.state + a.w1 + (size_t)(u0 + ug * 8 + v) * D + k0 + k);
+                        b2s[c] = plain ? fmaf(nlr, gv, b2s[c]) : mnistcu__mc_step(&sopt[1], b2s[c], gv, str + C * U + U + c);
+                        if (last && r == 0 && g == 0) a.grads[a.b2 + c] = gv;
                     }
-                    if (last)
-                        for (int v = 0; v < 8 && ug * 8 + v < nown; ++v)
-                            a.grads[a.w1 + (size_t)(u0 + ug * 8 + v) * D + k0 + k] = acc[v];
                 }
-            } else { /* lanes: consecutive k of one unit group (x in one wavefront, dh broadcast); the sums
-                        staged as [u][k] (stride LDX, odd), then each weight's step with lanes on u */
-                if (U == 64) { /* a task two inputs, k and k + kn / 2, by 16 units: 32 sums side by side
-                                  (a thread's round is then 32 fmafs a row, not 8), on the top threads, beside
-                                  the W2 tasks on the bottom ones */
-                    const int half = kn / 2, ntk = half * (U / 16);
-                    for (int tk = T - 1 - t; tk < ntk; tk += T) {
-                        const int ug = tk / half, k = tk - ug * half;
-                        float acc[2][16];
-#pragma unroll
-                        for (int v = 0; v < 16; ++v) acc[0][v] = acc[1][v] = 0.0f;
-#pragma unroll 2
-                        for (int row = 0; row < b; ++row) {
-                            const float x0 = xc[row * LDX + k], x1 = xc[row * LDX + k + half];
-                            const float4 *d4 = (const float4 *)(dhall + row * U + ug * 16);
-#pragma unroll
-                            for (int j = 0; j < 4; ++j) {
-                                const float4 d = d4[j];
-                                acc[0][4 * j] = fmaf(x0, d.x, acc[0][4 * j]);
-                                acc[0][4 * j + 1] = fmaf(x0, d.y, acc[0][4 * j + 1]);
-                                acc[0][4 * j + 2] = fmaf(x0, d.z, acc[0][4 * j + 2]);
-                                acc[0][4 * j + 3] = fmaf(x0, d.w, acc[0][4 * j + 3]);
-                                acc[1][4 * j] = fmaf(x1, d.x, acc[1][4 * j]);
-                                acc[1][4 * j + 1] = fmaf(x1, d.y, acc[1][4 * j + 1]);
-                                acc[1][4 * j + 2] = fmaf(x1, d.z, acc[1][4 * j + 2]);
-                                acc[1][4 * j + 3] = fmaf(x1, d.w, acc[1][4 * j + 3]);
-                            }
-                        }
-#pragma unroll
-                        for (int v = 0; v < 16; ++v) {
-                            ph[(ug * 16 + v) * LDX + k] = acc[0][v];
-                            ph[(ug * 16 + v) * LDX + k + half] = acc[1][v];
-                        }
-                    }
-                } else
-                    for (e = t; e < nt; e += T) {
-                        const int ug = e / kn, k = e - ug * kn;
-                        float acc[8];
-                        mnistcu__mc_dw1<U, LDX>(xc, dhall, k, ug, 0, b, acc);
-#pragma unroll
-                        for (int u = 0; u < 8; ++u) ph[(ug * 8 + u) * LDX + k] = acc[u];
-                    }
-                __syncthreads();
-                if (plain && !last)
-                    for (e = t; e < kn * U; e += T) {
-                        const int k = e / U, u = e - k * U;
-                        if (u < nown) w1s[e] = fmaf(nlr, ph[u * LDX + k], w1s[e]);
-                    }
-                else /* a warp's 32 weights 4 inputs by 8 units: W1's rows in the arena (the state, the
-                        gradients) then take eight 16-byte runs a warp, not 32 scattered words (lanes on
-                        units alone made 784-1024-10 with momentum 2.2x slower than without) */
-                    for (e = t; e < kn * U; e += T) {
-                        const int grp = e >> 5, l = e & 31, kb = grp % (kn / 4), ub = grp / (kn / 4);
-                        const int k = 4 * kb + (l & 3), u = 8 * ub + (l >> 2);
-                        const size_t gi = a.w1 + (size_t)(u0 + u) * D + k0 + k;
-                        if (u < nown) {
-                            w1s[k * U + u] = mnistcu__mc_step(&sopt[0], w1s[k * U + u], ph[u * LDX + k], a.state + gi);
-                            if (last) a.grads[gi] = ph[u * LDX + k];
-                        }
-                    }
             }
         }
         if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;
@@ -18115,7 +18124,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
        state; block 0 of cluster 0 b2 and its state */
     for (e = t; e < kn * U; e += T) {
         const int k = e / U, u = e - k * U;
-        if (u < nown) a.params[a.w1 + (size_t)(u0 + u) * D + k0 + k] = w1s[e];
+        if (u < nown) a.params[a.w1 + (size_t)(u0 + u) * D + k0 + k] = w1s[k * LDW + u];
     }
     if (r == 0)
         for (e = t; e < C * U + U + C; e += T) {

@@ -149,8 +149,30 @@ __device__ __forceinline__ void st_release(unsigned *p, unsigned v)
 }
 #endif
 
-/* The prefetch (mnistcu__mc_load), its conversion to floats (mnistcu__mc_floats) and the W1 gradient's
-   rows (mnistcu__mc_dw1) are the library's own, from >>cuda_fused_clusters of the header included above. */
+/* The prefetch (mnistcu__mc_load) and its conversion to floats (mnistcu__mc_floats) are the library's
+   own, from >>cuda_fused_clusters of the header included above. The library's kernel takes its
+   products on the tensor cores; this program keeps them in FP32 fmafs, as first measured. */
+
+/* acc[u] = the sum over rows [ra, rb) of x[row][k] dh[row][ug 8 + u] */
+template <int U, int LDX>
+__device__ __forceinline__ void dw1_rows(const float *x, const float *dh, int k, int ug, int ra, int rb, float *acc)
+{
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
+#pragma unroll 4
+    for (int row = ra; row < rb; ++row) {
+        const float xv = x[row * LDX + k];
+        const float4 da = *(const float4 *)(dh + row * U + ug * 8), db = *(const float4 *)(dh + row * U + ug * 8 + 4);
+        acc[0] = fmaf(xv, da.x, acc[0]);
+        acc[1] = fmaf(xv, da.y, acc[1]);
+        acc[2] = fmaf(xv, da.z, acc[2]);
+        acc[3] = fmaf(xv, da.w, acc[3]);
+        acc[4] = fmaf(xv, db.x, acc[4]);
+        acc[5] = fmaf(xv, db.y, acc[5]);
+        acc[6] = fmaf(xv, db.z, acc[6]);
+        acc[7] = fmaf(xv, db.w, acc[7]);
+    }
+}
 /* w[0..8) -= lr g, as two float4 */
 __device__ __forceinline__ void w1_step(float *w, const float *gr, float lr)
 {
@@ -454,7 +476,7 @@ template <int B, int U, int S> __global__ void __launch_bounds__(T, 1) k_mlp(Arg
                 const int ra = rs ? b / 2 : 0, rb = rs ? b : b / 2;
                 float acc[8];
                 if (f < 2 * nt) {
-                    mnistcu__mc_dw1<U, LDX>(xc, dhall, k, ug, ra, rb, acc);
+                    dw1_rows<U, LDX>(xc, dhall, k, ug, ra, rb, acc);
                     if (rs) {
                         *(float4 *)(ph + tk * 8) = make_float4(acc[0], acc[1], acc[2], acc[3]);
                         *(float4 *)(ph + tk * 8 + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
@@ -472,7 +494,7 @@ template <int B, int U, int S> __global__ void __launch_bounds__(T, 1) k_mlp(Arg
                 for (e = t; e < nt; e += T) {
                     const int ug = e / kn, k = e - ug * kn;
                     float acc[8];
-                    mnistcu__mc_dw1<U, LDX>(xc, dhall, k, ug, 0, b, acc);
+                    dw1_rows<U, LDX>(xc, dhall, k, ug, 0, b, acc);
 #pragma unroll
                     for (int u = 0; u < 8; ++u) ph[(ug * 8 + u) * LDX + k] = acc[u];
                 }

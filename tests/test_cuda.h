@@ -2493,7 +2493,7 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
     c->n = 130; c->B = 50; c->epochs = 2; c->progress_every = 2; c->cosine_per_step = 1;
     c->optim.kind = MNISTCU_OPTIM_ADAMW; c->optim.learning_rate = 1e-3f; c->optim.weight_decay = 0.01f;
     c->optim.amsgrad = 1;
-    /* P1's shape: 64 units a cluster (W1's gradient staged by unit), Nesterov with weight decay, a last batch of 5 */
+    /* P1's shape: 64 units a cluster (12 warps of W1's gradient tiles), Nesterov with weight decay, a last batch of 5 */
     c = &cases[ncases++];
     c->name = "784-1024-10, batch 32, Nesterov, weight decay, 101 samples";
     c->spec = "784 dense1024 relu dense10"; c->D = 784; c->C = 10;
@@ -2516,7 +2516,7 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
     c->n = 7; c->B = 1; c->epochs = 1;
     c->optim.kind = MNISTCU_OPTIM_ADAGRAD; c->optim.learning_rate = 1e-4f;
     /* the other instances: 64 units a cluster at batch 64 (the largest shared memory), the last cluster
-       40 units, plain SGD (its float4 steps skip the units past H); 16 units at batch 40, with momentum;
+       40 units, plain SGD (its fast steps skip the units past H); 16 units at batch 40, with momentum;
        32 units at batch 64; 8 units at batch 16 */
     c = &cases[ncases++];
     c->name = "784-1000-10, batch 64, SGD, 150 samples";
@@ -2538,8 +2538,8 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
     c->spec = "784 dense120 relu dense10"; c->D = 784; c->C = 10;
     c->n = 50; c->B = 16; c->epochs = 1;
     c->optim.learning_rate = 0.1f;
-    /* few inputs: 196 with 16 units a cluster (W1's gradient in two halves of the rows, two unit groups a
-       slice), and 64 with 64 units (slices of 8 and 12 inputs, the 16-unit tasks' two inputs 4 and 6 apart) */
+    /* few inputs: 196 with 16 units a cluster (slices of 32 and 36 inputs: x's column of ones in the tiles'
+       middle), and 64 with 64 units (slices of 8 and 12 inputs: one tile of inputs, most of its rows past kn) */
     c = &cases[ncases++];
     c->name = "196-200-10, batch 24, SGD, 60 samples";
     c->spec = "196 dense200 relu dense10"; c->D = 196; c->C = 10;
