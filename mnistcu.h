@@ -904,8 +904,9 @@ typedef struct mnistcu_train_desc {
                                             smoothing, any optimizer and schedule without l2 or clipping,
                                             batches of at most 64, a resident dataset of bytes, no augmentation,
                                             trains in one kernel of thread-block clusters (see
-                                            >>cuda_fused_clusters): about 2x faster than the fused MLP kernel.
-                                            Its sums run in other orders than the step by step path's, so its
+                                            >>cuda_fused_clusters; its products on the tensor cores in three
+                                            TF32 parts, FP32's accuracy): about 2x faster than the fused MLP
+                                            kernel. Its sums run in other orders than the step by step path's, so its
                                             weights agree with that path's to rounding, not bit for bit (the
                                             same bits on every run of its own); 0: off */
 } mnistcu_train_desc;

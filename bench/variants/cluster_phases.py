@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Phase marks for the cluster MLP kernel (mnistcu.h, >>cuda_fused_clusters): patches a copy of the
+header so that block 0's first thread adds clock64 differences per phase into shared memory and, at the
+kernel's end, prints the cycles a step of each phase, the W1-gradient part of the update phase, and the
+nanoseconds (%globaltimer) and cycles of a whole step. Figures: bench/RESULTS.md (2026-11-28).
+
+    mkdir -p /tmp/ph && git archive HEAD | tar xf - -C /tmp/ph
+    python3 bench/variants/cluster_phases.py /tmp/ph/mnistcu.h
+    (cd /tmp/ph && nvcc -x cu -O3 -arch=sm_90 -DMNISTCU_CUBLAS -o bench_ph bench/bench.c -lcublas)
+    /tmp/ph/bench_ph P1 --gemm own --fused-mlp-clusters on --data data/mnist 2>&1 | grep mcphases
+
+The printed columns: phase 1 (partial h), cluster barrier a, phase 2 (h of own rows, partial logits,
+flag), phase 3 (the next batch), the wait for the other clusters, phase 5 (logits, loss, dz, dh),
+cluster barrier b, the gather, then the rest of the update phase after thread 0's W1 tiles ("dw1").
+Exits non-zero where the header no longer has a marked place."""
+import sys
+
+path = sys.argv[1]
+src = open(path).read()
+
+
+def put(old, new):
+    global src
+    if src.count(old) != 1:
+        sys.exit("cluster_phases.py: %d matches for %r" % (src.count(old), old[:70]))
+    src = src.replace(old, new)
+
+
+put("        total = ints + 4 * BM + 2 * R\n", "        total = ints + 4 * BM + 2 * R + 40\n")
+put("    for (int q = 0; q < a.nsteps; ++q) {\n        const int off = q * B, b = min(B, a.n - off);",
+    """    long long *mcp = blockIdx.x == 0 && t == 0 ? (long long *)(sm + ((L::total - 36) & ~1)) : NULL, mcl = 0;
+    if (mcp) { for (int i_ = 0; i_ < 16; ++i_) mcp[i_] = 0; }
+    long long mcg0 = 0, mcc0 = clock64(); if (mcp) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(mcg0));
+#define MCM(i) if (mcp) { long long c_ = clock64(); if (i >= 0) mcp[i] += c_ - mcl; mcl = c_; }
+    for (int q = 0; q < a.nsteps; ++q) {
+        MCM(-1)
+        const int off = q * B, b = min(B, a.n - off);""")
+put("        cl.sync(); /* (a) every block's partial h is in its shared memory */",
+    "        MCM(0) cl.sync(); /* (a) every block's partial h is in its shared memory */ MCM(1)")
+put("        if (t == 0) mnistcu__mc_release(a.flags + g * S + r, gstep); /* after the block's stores */",
+    "        if (t == 0) mnistcu__mc_release(a.flags + g * S + r, gstep); /* after the block's stores */ MCM(2)")
+put("        /* 4. wait for rank r of every cluster */", "        MCM(3) /* 4. wait for rank r of every cluster */")
+put("        {   /* 5. the logits of own rows", "        MCM(4) {   /* 5. the logits of own rows")
+put("        cl.sync(); /* (b) every block's rows of h, dz, dh are in its shared memory */",
+    "        MCM(5) cl.sync(); /* (b) every block's rows of h, dz, dh are in its shared memory */ MCM(6)")
+put("        const bool plain = sopt[0].kind", "        MCM(7) const bool plain = sopt[0].kind")
+put("            if (jz < W::NZ) {\n                float az[2][4];", "            MCM(9) if (jz < W::NZ) {\n                float az[2][4];")
+put("        if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;\n        __syncthreads();\n    }",
+    """        if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;
+        __syncthreads(); MCM(8)
+    }
+    if (mcp) {
+        long long g1_;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1_));
+        printf("mcphases BM %d U %d steps %d: %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f\\n", BM, U, a.nsteps,
+               (double)mcp[0] / a.nsteps, (double)mcp[1] / a.nsteps, (double)mcp[2] / a.nsteps,
+               (double)mcp[3] / a.nsteps, (double)mcp[4] / a.nsteps, (double)mcp[5] / a.nsteps,
+               (double)mcp[6] / a.nsteps, (double)mcp[7] / a.nsteps, (double)mcp[8] / a.nsteps);
+        printf("mcphases dw1 %.0f; ns a step %.1f, cycles a step %.0f\\n", (double)mcp[9] / a.nsteps,
+               (double)(g1_ - mcg0) / a.nsteps, (double)(clock64() - mcc0) / a.nsteps);
+    }""")
+open(path, "w").write(src)
