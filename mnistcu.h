@@ -4204,7 +4204,8 @@ typedef struct mnistcu__cuda {
     int use_cudnn;
     int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32 or BF16 */
     size_t smem_optin;         /* the most shared memory a block may ask for */
-    int mc_clusters[8];        /* the cluster MLP kernel's instances: 1 + the most clusters resident at once
+    int mc_clusters[32];       /* the cluster MLP kernel's instances, each without and with 1-3 slots of W1's
+                                  optimizer state in shared memory: 1 + the most clusters resident at once
                                   (0: not asked yet; 1: none, or the instance cannot run here) */
     float *splitk;             /* partial sums of split-K products, grown on demand */
     size_t splitk_floats;
@@ -11423,6 +11424,7 @@ typedef struct mnistcu__fused_plan {
     int pair;                /* the LeNet-5 kernel in clusters of 2 blocks a sample (a helper beside each) */
     int mc, mc_bm, mc_u;     /* the cluster MLP kernel (mnistcu_train_desc.fused_mlp_clusters): its instance's
                                 largest batch and units a cluster */
+    int mc_sst;              /* ... with W1's optimizer state in shared memory (mnistcu__mc_args.sst) */
     int grid, nu_max, per_max, slots, prefetch;
     size_t smem;
     const mnistcu__layer *L1, *L2;
@@ -17557,6 +17559,8 @@ typedef struct mnistcu__mc_args {
     int n;                   /* samples from the chunk's first step to the epoch's end */
     int B, D, H, C, nsteps;  /* batch size; inputs, hidden units, outputs; steps in the chunk */
     int lsum, slots;         /* the loss's sum reduction; optimizer state slots */
+    int sst;                 /* 1: W1's optimizer state in shared memory for the launch (past the layout's
+                                total, mnistcu__mc_lay::SST floats a slot), 0: read and written in the arena */
     unsigned step0;          /* this model's steps in the kernel before the chunk */
     float scale, shift;      /* normalisation */
     float *params, *grads, *state; /* the arenas (the chunk's last step leaves its gradients) */
@@ -17582,7 +17586,8 @@ template <int BM, int U> struct mnistcu__mc_lay {
         NT1 = BM / 16 * (U / 8), MW1 = NT1 == 32 ? 2 : 1, NW1 = NT1 >= 16 ? 2 : 1, KP = 8 * MW1 * NW1 / NT1,
         NREP = CM * U + U + CM,                           /* the copied parameters: W2's columns, b1, b2 */
         NPART = KP * BM * U,
-        OPTF = (int)((2 * sizeof(mnistcu__opt) + 15) / 16 * 4),
+        OPTF = (int)((3 * sizeof(mnistcu__opt) + 15) / 16 * 4),
+        SST = KMAX * LDW,           /* a slot of W1's optimizer state in shared memory (a.sst), laid out as w1s */
         w1s = 0,                    /* [KMAX][LDW] the slice of W1, units contiguous */
         xs = w1s + KMAX * LDW,      /* [2][BM][LDX] the batch's slice, by step parity */
         ph = xs + 2 * BM * LDX,     /* [KP][BM][U] phase 1's parts (and what x's last row's tiles read past it) */
@@ -17597,9 +17602,11 @@ template <int BM, int U> struct mnistcu__mc_lay {
         b1s = w2s + CM * U,
         b2s = b1s + U,
         str = b2s + CM,             /* [3][NREP] their optimizer state */
-        opt = str + 3 * NREP,       /* the step's scalars: [0] W1's (state stride np), [1] the copies' (NREP) */
+        opt = str + 3 * NREP,       /* the step's scalars: [0] W1's (state stride np), [1] the copies' (NREP),
+                                       [2] W1's with its state in shared memory (SST) */
         ints = opt + OPTF,          /* sample indices [4][BM] (steps q .. q + 3), own rows' labels [2][R] */
-        total = ints + 4 * BM + 2 * R
+        total = ints + 4 * BM + 2 * R,
+        w1st = (total + 3) / 4 * 4  /* with a.sst: W1's optimizer state [slots][SST], as w1s */
     };
 };
 
@@ -17647,12 +17654,19 @@ static __device__ __forceinline__ void mnistcu__mc_mma3(float (*d)[4], const uin
 static __device__ __forceinline__ float mnistcu__mc_sum3(const float (*d)[4], int e) { return d[0][e] + d[1][e]; }
 #endif
 
-/* A parameter's optimizer step: p with gradient g, its state at s (slot stride o->n) */
+/* A parameter's optimizer step: p with gradient g, its state at s (slot stride o->n). Inlined, every
+   kind: where o is a thread's private copy, its scalars stay in registers across the elements of a loop
+   (read through a pointer to shared memory, each element would load them again after the last one's
+   stores, one after another, since those stores might have changed them) */
 static __device__ __forceinline__ float mnistcu__mc_step(const mnistcu__opt *o, float p, float g, float *s)
 {
-    if (o->kind == MNISTCU_OPTIM_SGD) return mnistcu__sgd_step(o, p, g, o->has_momentum ? s : NULL);
-    mnistcu__opt_one(o, 0, &p, g, s);
-    return p;
+    switch (o->kind) {
+    case MNISTCU_OPTIM_ADAM:
+    case MNISTCU_OPTIM_ADAMW: mnistcu__opt_adam(o, 0, &p, g, s); return p;
+    case MNISTCU_OPTIM_RMSPROP: mnistcu__opt_rmsprop(o, 0, &p, g, s); return p;
+    case MNISTCU_OPTIM_ADAGRAD: mnistcu__opt_adagrad(o, 0, &p, g, s); return p;
+    default: return mnistcu__sgd_step(o, p, g, o->has_momentum ? s : NULL);
+    }
 }
 
 /* The words of the batch's slice a thread fetches (pm[i] = row << 8 | word), rows below n from the
@@ -17853,6 +17867,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
     float *w1s = sm + L::w1s, *xs = sm + L::xs, *ph = sm + L::ph, *phs = sm + L::phs, *hrow = sm + L::hrow;
     float *dhrow = sm + L::dhrow, *dzrow = sm + L::dzrow, *hall = sm + L::hall, *dhall = sm + L::dhall;
     float *dzall = sm + L::dzall, *w2s = sm + L::w2s, *b1s = sm + L::b1s, *b2s = sm + L::b2s, *str = sm + L::str;
+    float *w1st = sm + L::w1st; /* only with a.sst */
     mnistcu__opt *sopt = (mnistcu__opt *)(sm + L::opt);
     uint32_t *sidx = (uint32_t *)(sm + L::ints);
     int32_t *labs = (int32_t *)(sidx + 4 * BM);
@@ -17863,10 +17878,16 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
         const int w = t + i * T, row = w / nw;
         pm[i] = row << 8 | (w - row * nw);
     }
-    /* own parameters and the copies' optimizer state in; units past H are zeros */
+    /* own parameters and the copies' optimizer state in (and W1's, where shared memory holds it); units
+       past H are zeros */
     for (e = t; e < L::KMAX * U; e += T) {
         const int k = e / U, u = e - k * U;
-        w1s[k * LDW + u] = k < kn && u < nown ? a.params[a.w1 + (size_t)(u0 + u) * D + k0 + k] : 0.0f;
+        const bool in = k < kn && u < nown;
+        const size_t gi = a.w1 + (size_t)(u0 + u) * D + k0 + k;
+        int s;
+        w1s[k * LDW + u] = in ? a.params[gi] : 0.0f;
+        if (a.sst)
+            for (s = 0; s < a.slots; ++s) w1st[s * L::SST + k * LDW + u] = in ? a.state[(size_t)s * a.np + gi] : 0.0f;
     }
     for (e = t; e < C * U + U + C; e += T) {
         const size_t gi = mnistcu__mc_gi(a, e, U, u0);
@@ -17910,6 +17931,8 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
             sopt[0] = a.opt[q];
             sopt[1] = sopt[0];
             sopt[1].n = NREP;
+            sopt[2] = sopt[0];
+            sopt[2].n = L::SST;
         }
         /* 1. partial h over the slice, on the tensor cores */
         if (warp < 8) mnistcu__mc_tc_h<BM, U>(xc, w1s, phs, ph, kn, warp, lane);
@@ -18078,42 +18101,70 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
                         }
                     continue;
                 }
+                /* the general steps: the tile's elements in a loop (unrolled, each element had its own copy
+                   of every optimizer's step, about 5,000 instructions in all), each element's gradient
+                   picked from registers by compile-time indices (an array indexed at run time goes to
+                   local memory, which this kernel's shared memory leaves little L1 for: an L2 round trip
+                   an element, about 450 cycles; bench/RESULTS.md), W1's scalars a private copy
+                   (mnistcu__mc_step) */
+                float gvs[W::NW * 4];
 #pragma unroll
                 for (int n = 0; n < W::NW; ++n)
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const int k = 16 * mt + gq + 8 * (j >> 1), u = n0 + 8 * n + 2 * q4 + (j & 1);
-                        const float gv = mnistcu__mc_sum3(acc[n], j);
-                        if (u >= nown || k > kn) continue;
-                        if (k < kn) {
-                            float *w = w1s + k * LDW + u;
-                            const size_t gi = a.w1 + (size_t)(u0 + u) * D + k0 + k;
-                            *w = plain ? fmaf(nlr, gv, *w) : mnistcu__mc_step(&sopt[0], *w, gv, a.state + gi);
-                            if (last) a.grads[gi] = gv;
-                        } else {
-                            b1s[u] = plain ? fmaf(nlr, gv, b1s[u]) : mnistcu__mc_step(&sopt[1], b1s[u], gv, str + C * U + u);
-                            if (last && r == 0) a.grads[a.b1 + u0 + u] = gv;
-                        }
+                    for (int j = 0; j < 4; ++j) gvs[4 * n + j] = mnistcu__mc_sum3(acc[n], j);
+                const mnistcu__opt ow = sopt[a.sst ? 2 : 0];
+#pragma unroll 1
+                for (int v = 0; v < W::NW * 4; ++v) {
+                    const int n = v >> 2, j = v & 3;
+                    const int k = 16 * mt + gq + 8 * (j >> 1), u = n0 + 8 * n + 2 * q4 + (j & 1);
+                    float gv = gvs[0];
+#pragma unroll
+                    for (int z = 1; z < W::NW * 4; ++z) gv = v == z ? gvs[z] : gv;
+                    if (u >= nown || k > kn) continue;
+                    if (k < kn) {
+                        float *w = w1s + k * LDW + u;
+                        const size_t gi = a.w1 + (size_t)(u0 + u) * D + k0 + k;
+                        /* the state's two places apart: through one pointer that may be either, its loads
+                           and stores would be generic ones */
+                        if (plain) *w = fmaf(nlr, gv, *w);
+                        else if (a.sst) *w = mnistcu__mc_step(&ow, *w, gv, w1st + k * LDW + u);
+                        else *w = mnistcu__mc_step(&ow, *w, gv, a.state + gi);
+                        if (last) a.grads[gi] = gv;
+                    } else {
+                        b1s[u] = plain ? fmaf(nlr, gv, b1s[u]) : mnistcu__mc_step(&sopt[1], b1s[u], gv, str + C * U + u);
+                        if (last && r == 0) a.grads[a.b1 + u0 + u] = gv;
                     }
+                }
             }
             if (jz < W::NZ) {
                 float az[2][4];
                 mnistcu__mc_tc_dz<BM, U>(hall, dzall, jz, lane, az);
+                if (fast) {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int c = gq + 8 * (j >> 1), u = 8 * jz + 2 * q4 + (j & 1);
-                    const float gv = mnistcu__mc_sum3(az, j);
-                    if (c >= C || (u >= nown && u != U)) continue;
-                    if (fast) {
+                    for (int j = 0; j < 4; ++j) {
+                        const int c = gq + 8 * (j >> 1), u = 8 * jz + 2 * q4 + (j & 1);
                         float *w = u < nown ? w2s + c * U + u : b2s + c; /* h's ones: b2's */
-                        *w = fmaf(nlr, gv, *w);
-                    } else if (u < nown) {
-                        float *w = w2s + c * U + u;
-                        *w = plain ? fmaf(nlr, gv, *w) : mnistcu__mc_step(&sopt[1], *w, gv, str + c * U + u);
-                        if (last && r == 0) a.grads[mnistcu__mc_gi(a, c * U + u, U, u0)] = gv;
-                    } else {
-                        b2s[c] = plain ? fmaf(nlr, gv, b2s[c]) : mnistcu__mc_step(&sopt[1], b2s[c], gv, str + C * U + U + c);
-                        if (last && r == 0 && g == 0) a.grads[a.b2 + c] = gv;
+                        if (c < C && (u < nown || u == U)) *w = fmaf(nlr, mnistcu__mc_sum3(az, j), *w);
+                    }
+                } else {
+                    float gz[4]; /* the general steps in a loop, as W1's */
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) gz[j] = mnistcu__mc_sum3(az, j);
+#pragma unroll 1
+                    for (int j = 0; j < 4; ++j) {
+                        const int c = gq + 8 * (j >> 1), u = 8 * jz + 2 * q4 + (j & 1);
+                        float gv = gz[0];
+#pragma unroll
+                    for (int z = 1; z < 4; ++z) gv = j == z ? gz[z] : gv;
+                        if (c >= C || (u >= nown && u != U)) continue;
+                        if (u < nown) {
+                            float *w = w2s + c * U + u;
+                            *w = plain ? fmaf(nlr, gv, *w) : mnistcu__mc_step(&sopt[1], *w, gv, str + c * U + u);
+                            if (last && r == 0) a.grads[mnistcu__mc_gi(a, c * U + u, U, u0)] = gv;
+                        } else {
+                            b2s[c] = plain ? fmaf(nlr, gv, b2s[c]) : mnistcu__mc_step(&sopt[1], b2s[c], gv, str + C * U + U + c);
+                            if (last && r == 0 && g == 0) a.grads[a.b2 + c] = gv;
+                        }
                     }
                 }
             }
@@ -18121,11 +18172,16 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
         if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;
         __syncthreads();
     }
-    /* own parameters out: each block its W1 slice; block 0 of each cluster W2's columns, b1 and their
-       state; block 0 of cluster 0 b2 and its state */
+    /* own parameters out: each block its W1 slice (and its state, from shared memory); block 0 of each
+       cluster W2's columns, b1 and their state; block 0 of cluster 0 b2 and its state */
     for (e = t; e < kn * U; e += T) {
         const int k = e / U, u = e - k * U;
-        if (u < nown) a.params[a.w1 + (size_t)(u0 + u) * D + k0 + k] = w1s[k * LDW + u];
+        const size_t gi = a.w1 + (size_t)(u0 + u) * D + k0 + k;
+        int s;
+        if (u >= nown) continue;
+        a.params[gi] = w1s[k * LDW + u];
+        if (a.sst)
+            for (s = 0; s < a.slots; ++s) a.state[(size_t)s * a.np + gi] = w1st[s * L::SST + k * LDW + u];
     }
     if (r == 0)
         for (e = t; e < C * U + U + C; e += T) {
@@ -18175,6 +18231,58 @@ static mnistcu__mc_kernel mnistcu__mc_pick(int bm, int u, size_t *bytes, int *sl
     return NULL;
 }
 
+/* ... and its shared memory with `slots` slots of W1's optimizer state in it too (mnistcu__mc_args.sst) */
+static size_t mnistcu__mc_sst_bytes(int bm, int u, int slots)
+{
+#define MNISTCU__MC_CASE(BM_, U_)                                                                   \
+    if (bm == BM_ && u == U_)                                                                      \
+        return ((size_t)mnistcu__mc_lay<BM_, U_>::w1st + (size_t)slots * mnistcu__mc_lay<BM_, U_>::SST) * sizeof(float);
+    MNISTCU__MC_CASE(32, 8) MNISTCU__MC_CASE(32, 16) MNISTCU__MC_CASE(32, 32) MNISTCU__MC_CASE(32, 64)
+    MNISTCU__MC_CASE(64, 8) MNISTCU__MC_CASE(64, 16) MNISTCU__MC_CASE(64, 32) MNISTCU__MC_CASE(64, 64)
+#undef MNISTCU__MC_CASE
+    return 0;
+}
+
+/* The most clusters of instance k with `bytes` of shared memory a block resident at once on this
+   device (cache entry `slot`), 0 where it cannot run: asked once a context, the queries cost more
+   than an epoch's launch */
+#if CUDART_VERSION >= 12000
+static int mnistcu__mc_resident(mnistcu__cuda *cu, mnistcu__mc_kernel k, size_t bytes, int slot)
+{
+    if (!cu->mc_clusters[slot]) {
+        cudaFuncAttributes fa;
+        cudaLaunchConfig_t cfg = cudaLaunchConfig_t();
+        cudaLaunchAttribute at[1];
+        int major = 0, coop = 0, optin = 0, nc = 0;
+        memset(&fa, 0, sizeof fa);
+        memset(at, 0, sizeof at);
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = MNISTCU__MC_S;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)(MNISTCU__MC_G * MNISTCU__MC_S));
+        cfg.blockDim = dim3(MNISTCU__MC_T);
+        cfg.dynamicSmemBytes = bytes;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cu->device) != cudaSuccess ||
+            major < 9 || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cu->device) != cudaSuccess ||
+            !coop ||
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cu->device) != cudaSuccess ||
+            (size_t)optin < bytes || cudaFuncGetAttributes(&fa, (const void *)k) != cudaSuccess ||
+            fa.ptxVersion < 90 ||
+            cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+                cudaSuccess ||
+            cudaOccupancyMaxActiveClusters(&nc, (const void *)k, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();
+            nc = 0;
+        }
+        cu->mc_clusters[slot] = 1 + nc;
+    }
+    return cu->mc_clusters[slot] - 1;
+}
+#endif
+
 /* Whether model m trains on ds at batch size B in the cluster kernel (the caller checked the device,
    the dataset's residence and kind, augmentation, l2, clipping and the precision): one hidden dense
    layer with a relu and biases, a dense output of at most 16 classes without activation, the
@@ -18214,37 +18322,20 @@ static int mnistcu__mc_plan(mnistcu_model *m, const mnistcu_dataset *ds, size_t 
     G = (int)((H + (size_t)u - 1) / (size_t)u);
     k = mnistcu__mc_pick(B <= 32 ? 32 : 64, u, &bytes, &slot);
     if (!k) return 0;
-    if (!cu->mc_clusters[slot]) { /* asked once a context: the queries cost more than an epoch's launch */
-        cudaFuncAttributes fa;
-        cudaLaunchConfig_t cfg = cudaLaunchConfig_t();
-        cudaLaunchAttribute at[1];
-        int major = 0, coop = 0, optin = 0, nc = 0;
-        memset(&fa, 0, sizeof fa);
-        memset(at, 0, sizeof at);
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = MNISTCU__MC_S;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)(MNISTCU__MC_G * MNISTCU__MC_S));
-        cfg.blockDim = dim3(MNISTCU__MC_T);
-        cfg.dynamicSmemBytes = bytes;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cu->device) != cudaSuccess ||
-            major < 9 || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cu->device) != cudaSuccess ||
-            !coop ||
-            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cu->device) != cudaSuccess ||
-            (size_t)optin < bytes || cudaFuncGetAttributes(&fa, (const void *)k) != cudaSuccess ||
-            fa.ptxVersion < 90 ||
-            cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
-                cudaSuccess ||
-            cudaOccupancyMaxActiveClusters(&nc, (const void *)k, &cfg) != cudaSuccess) {
-            (void)cudaGetLastError();
-            nc = 0;
-        }
-        cu->mc_clusters[slot] = 1 + nc;
+    /* W1's optimizer state in shared memory where it fits beside the rest: each element is read and
+       written at every step by one thread, one after another (its step follows the last one's stores,
+       which may alias), and from the arena each costs an L2 round trip (bench/RESULTS.md) */
+    pl->mc_sst = pl->slots > 0 && mnistcu__mc_sst_bytes(B <= 32 ? 32 : 64, u, pl->slots) <= cu->smem_optin;
+    if (pl->mc_sst) {
+        bytes = mnistcu__mc_sst_bytes(B <= 32 ? 32 : 64, u, pl->slots);
+        slot += 8 * pl->slots; /* an entry for each size the instance launches with */
     }
-    if (cu->mc_clusters[slot] - 1 < G) return 0;
+    if (pl->mc_sst && mnistcu__mc_resident(cu, k, bytes, slot) < G) { /* then without */
+        pl->mc_sst = 0;
+        slot &= 7;
+        mnistcu__mc_pick(B <= 32 ? 32 : 64, u, &bytes, &slot);
+    }
+    if (mnistcu__mc_resident(cu, k, bytes, slot) < G) return 0;
     pl->mc = 1;
     pl->mc_bm = B <= 32 ? 32 : 64;
     pl->mc_u = u;
@@ -18308,6 +18399,8 @@ static mnistcu_result mnistcu__mc_launch(mnistcu_model *m, const mnistcu_dataset
         cm->mc_rows_cap = rows;
     }
     k = mnistcu__mc_pick(pl->mc_bm, pl->mc_u, &bytes, &slot);
+    if (pl->mc_sst) slot += 8 * pl->slots;
+    bytes = pl->smem;
     memset(&a, 0, sizeof a);
     a.x = dc->u8;
     a.lab = dc->labels;
@@ -18320,6 +18413,7 @@ static mnistcu_result mnistcu__mc_launch(mnistcu_model *m, const mnistcu_dataset
     a.nsteps = (int)nsteps;
     a.lsum = m->lossp.sum != 0;
     a.slots = pl->slots;
+    a.sst = pl->mc_sst;
     a.step0 = cm->mc_step;
     mnistcu__norm_for(m, ds, &a.scale, &a.shift);
     a.params = m->params;
@@ -18349,7 +18443,9 @@ static mnistcu_result mnistcu__mc_launch(mnistcu_model *m, const mnistcu_dataset
     cfg.stream = cu->stream;
     cfg.attrs = at;
     cfg.numAttrs = 2;
-    e = cudaLaunchKernelExC(&cfg, (const void *)k, args);
+    /* the instance's limit as this launch needs it: the plan's query set it, for this size or another */
+    e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess) e = cudaLaunchKernelExC(&cfg, (const void *)k, args);
     if (e != cudaSuccess) { /* not resident after all (another process's work, say): off for this context,
                                so the next training takes another path */
         cu->mc_clusters[slot] = 1;

@@ -2390,11 +2390,13 @@ TEST cuda_fused_lenet_declines_what_it_cannot_do(void)
    weight, a unit past H that moved, or a wrong scale of the partial last batch
    exceeds it by orders of magnitude: bench/mlp_cluster.cu measured the orders'
    difference at 2.3e-7 of the largest weight after 20 steps), the last step's
-   gradients, per tensor too, within 1e-3 of the tensor's largest, the mean loss
-   and accuracy within 1e-5. A second run must repeat the first to the bit. The cases hold every
-   instance of the kernel (batches up to 32 and 64; 8, 16, 32 and 64 units a
-   cluster, with units past H), every optimizer, several launches an epoch, a
-   sum reduction, 16 classes and inputs that are not 784. */
+   gradients and each slot of the optimizer's state, per tensor too, within 1e-3
+   of the tensor's largest, the mean loss and accuracy within 1e-5. A second run
+   must repeat the first to the bit. The cases hold every instance of the kernel
+   (batches up to 32 and 64; 8, 16, 32 and 64 units a cluster, with units past
+   H), every optimizer, W1's state in shared memory (1, 2 and 3 slots) and in
+   the arena (the 64-row, 64-unit instance has no room for it), several
+   launches an epoch, a sum reduction, 16 classes and inputs that are not 784. */
 typedef struct tc_mc_case {
     const char *name, *spec;
     size_t n;
@@ -2434,7 +2436,8 @@ static int tc_mc_fits(int B, int H)
     return nc >= G;
 }
 
-/* the initial weights, then the trained ones, then the last step's gradients: 3 * *np floats */
+/* the initial weights, then the trained ones, then the last step's gradients, then the optimizer's
+   state (mnistcu__opt_slots slots): (3 + slots) * *np floats */
 static float *tc_mc_train(const tc_mc_case *c, int clusters, size_t *np, mnistcu_train_result *res, int f32, int clip)
 {
     mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
@@ -2457,12 +2460,14 @@ static float *tc_mc_train(const tc_mc_case *c, int clusters, size_t *np, mnistcu
     if (ds && mnistcu_model_desc_parse(ctx, c->spec, &md) == MNISTCU_OK) {
         md.loss_sum = c->loss_sum;
         if (mnistcu_model_create(ctx, &md, &m) == MNISTCU_OK) {
-            size_t n = mnistcu_model_num_params(m);
-            p = (float *)malloc(3 * n * sizeof(float));
+            size_t n = mnistcu_model_num_params(m), slots = (size_t)mnistcu__opt_slots(&td.optim);
+            p = (float *)malloc((3 + slots) * n * sizeof(float));
             *np = n;
             if (!p || mnistcu_model_get_params(m, p, n) != MNISTCU_OK || mnistcu_train(m, ds, &td, res) != MNISTCU_OK ||
                 mnistcu_model_get_params(m, p + n, n) != MNISTCU_OK ||
-                mnistcu_model_get_grads(m, p + 2 * n, n) != MNISTCU_OK) {
+                mnistcu_model_get_grads(m, p + 2 * n, n) != MNISTCU_OK || m->state_floats != slots * n ||
+                (slots && cudaMemcpy(p + 3 * n, m->state, slots * n * sizeof(float), cudaMemcpyDeviceToHost) !=
+                              cudaSuccess)) {
                 free(p);
                 p = NULL;
             }
@@ -2475,7 +2480,7 @@ static float *tc_mc_train(const tc_mc_case *c, int clusters, size_t *np, mnistcu
 
 TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
 {
-    static tc_mc_case cases[11];
+    static tc_mc_case cases[12];
     int i, ncases = 0;
     tc_mc_case *c;
     memset(cases, 0, sizeof cases);
@@ -2550,11 +2555,17 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
     c->spec = "64 dense700 relu dense10"; c->D = 64; c->C = 10;
     c->n = 30; c->B = 8; c->epochs = 1;
     c->optim.learning_rate = 0.05f; c->optim.momentum = 0.5f;
+    /* the 64-row, 64-unit instance with momentum: W1's state in the arena, two epochs (two launches) */
+    c = &cases[ncases++];
+    c->name = "784-1000-10, batch 64, SGD momentum, 100 samples, 2 epochs";
+    c->spec = "784 dense1000 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 100; c->B = 64; c->epochs = 2;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
     for (i = 0; i < ncases; ++i) {
         mnistcu_train_result ra, rb, rc;
-        size_t na = 0, nb = 0, nc = 0, steps, k, t;
+        size_t na = 0, nb = 0, nc = 0, steps, k, t, s, slots;
         float *pa, *pb, *pc;
-        double worst = 0.0, worst_g = 0.0;
+        double worst = 0.0, worst_g = 0.0, worst_s = 0.0;
         int H = 0;
         mnistcu_ctx *ctx = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
         mnistcu_model *m = NULL;
@@ -2568,10 +2579,11 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
         pc = tc_mc_train(c, 1, &nc, &rc, 0, 0);
         steps = (c->n + (size_t)c->B - 1) / (size_t)c->B * (size_t)c->epochs;
         ASSERTm(c->name, ctx && pa && pb && pc && na == nb && nc == na);
+        slots = (size_t)mnistcu__opt_slots(&c->optim);
         ASSERT_EQm(c->name, steps, ra.steps);
         ASSERT_EQm(c->name, tc_mc_fits(c->B, H) ? steps : (size_t)0, ra.fused_cluster_steps);
         ASSERT_EQm(c->name, (size_t)0, rb.fused_steps);
-        ASSERT_EQm(c->name, 0, memcmp(pa, pc, 3 * na * sizeof(float))); /* its own run again: the same bits */
+        ASSERT_EQm(c->name, 0, memcmp(pa, pc, (3 + slots) * na * sizeof(float))); /* its own run again: the same bits */
         ASSERT_EQm(c->name, 0, memcmp(pa, pb, na * sizeof(float)));      /* the same initial weights */
         ASSERT_EQm(c->name, MNISTCU_OK, mnistcu_model_create_spec(ctx, c->spec, &m));
         for (t = 0; t < (size_t)mnistcu_model_num_tensors(m); ++t) { /* per tensor */
@@ -2599,10 +2611,23 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
             if (gd / gm > worst_g) worst_g = gd / gm;
             ASSERT_LTEm(ti.name, dmax, 1e-3 * cmax);
             ASSERT_LTEm(ti.name, gd, 1e-3 * gm); /* per tensor: W1's gradients are far smaller than b2's */
+            for (s = 0; s < slots; ++s) { /* the state the next launch (or a checkpoint) takes on */
+                const float *sa = pa + (3 + s) * na, *sb = pb + (3 + s) * na;
+                double sd = 0.0, sm = 0.0;
+                for (k = off; k < off + ti.count; ++k) {
+                    const double d = fabs((double)sa[k] - (double)sb[k]);
+                    ASSERTm(c->name, d == d);
+                    if (d > sd) sd = d;
+                    if (fabs((double)sb[k]) > sm) sm = fabs((double)sb[k]);
+                }
+                ASSERTm(c->name, sm > 0.0); /* every slot took steps */
+                if (sd / sm > worst_s) worst_s = sd / sm;
+                ASSERT_LTEm(ti.name, sd, 1e-3 * sm);
+            }
         }
-        printf("    %-64s clusters %lu of %lu steps, loss %.9g / %.9g, weights %.2e, gradients %.2e\n", c->name,
-               (unsigned long)ra.fused_cluster_steps, (unsigned long)ra.steps, ra.train_loss, rb.train_loss, worst,
-               worst_g);
+        printf("    %-64s clusters %lu of %lu steps, loss %.9g / %.9g, weights %.2e, gradients %.2e, state %.2e\n",
+               c->name, (unsigned long)ra.fused_cluster_steps, (unsigned long)ra.steps, ra.train_loss, rb.train_loss,
+               worst, worst_g, worst_s);
         if (!tc_mc_fits(c->B, H))
             printf("    (this device does not hold the kernel's clusters: the declined path was compared)\n");
         ASSERT_IN_RANGEm(c->name, rb.train_loss, ra.train_loss, 1e-5 * (1.0 + fabs(rb.train_loss)));
@@ -2616,8 +2641,8 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
     PASS();
 }
 
-/* The kernel alone, twice, at 8 and at 64 units a cluster: the same bits, every step in it where the
-   device holds its clusters. Small enough for compute-sanitizer's racecheck (tests/run_gpu_tests.sh),
+/* The kernel alone, twice, at 8 and at 64 units a cluster (the latter with momentum, whose state of W1
+   is in shared memory): the same bits, every step in it where the device holds its clusters. Small enough for compute-sanitizer's racecheck (tests/run_gpu_tests.sh),
    which takes minutes over the test above. */
 TEST cuda_fused_mlp_clusters_repeats(void)
 {
@@ -2638,6 +2663,7 @@ TEST cuda_fused_mlp_clusters_repeats(void)
         int H = 0;
         c->D = 784; c->C = 10; c->epochs = 1;
         c->optim.learning_rate = 0.05f;
+        c->optim.momentum = i == 1 ? 0.9f : 0.0f;
         sscanf(c->spec, "%*d dense%d", &H);
         memset(&ra, 0, sizeof ra);
         memset(&rb, 0, sizeof rb);

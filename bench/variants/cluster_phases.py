@@ -11,7 +11,8 @@ nanoseconds (%globaltimer) and cycles of a whole step. Figures: bench/RESULTS.md
 
 The printed columns: phase 1 (partial h), cluster barrier a, phase 2 (h of own rows, partial logits,
 flag), phase 3 (the next batch), the wait for the other clusters, phase 5 (logits, loss, dz, dh),
-cluster barrier b, the gather, then the rest of the update phase after thread 0's W1 tiles ("dw1").
+cluster barrier b, the gather, then the rest of the update phase after thread 0's W1 tiles ("dw1"); with an
+optimizer that keeps state, the W1 tiles' products and their general steps apart ("general steps").
 Exits non-zero where the header no longer has a marked place."""
 import sys
 
@@ -26,7 +27,7 @@ def put(old, new):
     src = src.replace(old, new)
 
 
-put("        total = ints + 4 * BM + 2 * R\n", "        total = ints + 4 * BM + 2 * R + 40\n")
+put("        total = ints + 4 * BM + 2 * R,\n", "        total = ints + 4 * BM + 2 * R + 40,\n")
 put("    for (int q = 0; q < a.nsteps; ++q) {\n        const int off = q * B, b = min(B, a.n - off);",
     """    long long *mcp = blockIdx.x == 0 && t == 0 ? (long long *)(sm + ((L::total - 36) & ~1)) : NULL, mcl = 0;
     if (mcp) { for (int i_ = 0; i_ < 16; ++i_) mcp[i_] = 0; }
@@ -45,6 +46,15 @@ put("        cl.sync(); /* (b) every block's rows of h, dz, dh are in its shared
     "        MCM(5) cl.sync(); /* (b) every block's rows of h, dz, dh are in its shared memory */ MCM(6)")
 put("        const bool plain = sopt[0].kind", "        MCM(7) const bool plain = sopt[0].kind")
 put("            if (jz < W::NZ) {\n                float az[2][4];", "            MCM(9) if (jz < W::NZ) {\n                float az[2][4];")
+# the general steps' part of thread 0's W1 tiles (momentum, Adam...): their products, then their steps
+put("                mnistcu__mc_tc_dw<BM, U>(xc, dhall, mt, n0, lane, acc);",
+    "                long long mcx0 = clock64();\n                mnistcu__mc_tc_dw<BM, U>(xc, dhall, mt, n0, lane, acc);")
+put("                const mnistcu__opt ow = sopt[a.sst ? 2 : 0];\n",
+    "                const mnistcu__opt ow = sopt[a.sst ? 2 : 0];\n"
+    "                long long mcx1 = clock64();\n                if (mcp) { mcp[10] += mcx1 - mcx0; mcp[12] += 1; }\n")
+put("                        if (last && r == 0) a.grads[a.b1 + u0 + u] = gv;\n                    }\n                }\n            }",
+    "                        if (last && r == 0) a.grads[a.b1 + u0 + u] = gv;\n                    }\n                }\n"
+    "                if (mcp) mcp[11] += clock64() - mcx1;\n            }")
 put("        if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;\n        __syncthreads();\n    }",
     """        if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;
         __syncthreads(); MCM(8)
@@ -56,6 +66,8 @@ put("        if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;\n        __synct
                (double)mcp[0] / a.nsteps, (double)mcp[1] / a.nsteps, (double)mcp[2] / a.nsteps,
                (double)mcp[3] / a.nsteps, (double)mcp[4] / a.nsteps, (double)mcp[5] / a.nsteps,
                (double)mcp[6] / a.nsteps, (double)mcp[7] / a.nsteps, (double)mcp[8] / a.nsteps);
+        printf("mcphases general steps: products %.0f, steps %.0f, tiles %.0f a step\\n", (double)mcp[10] / a.nsteps,
+               (double)mcp[11] / a.nsteps, (double)mcp[12] / a.nsteps);
         printf("mcphases dw1 %.0f; ns a step %.1f, cycles a step %.0f\\n", (double)mcp[9] / a.nsteps,
                (double)(g1_ - mcg0) / a.nsteps, (double)(clock64() - mcc0) / a.nsteps);
     }""")
