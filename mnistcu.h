@@ -17537,10 +17537,11 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
    any case. The FP32 fmafs these replaced were bound by shared-memory loads,
    a few per fmaf (P1's phase 1 took 6300 cycles a step, now 3400; its update
    phase 8600, now 5000; bench/RESULTS.md).
-   Weights stay in shared memory for the whole chunk of steps (the optimizer's
-   state of W1 in global memory, each element read and written by one thread
-   only; that of the copied parameters in each block's shared memory), and go
-   back to the arenas at its end. The flags count this model's steps in the
+   Weights stay in shared memory for the whole chunk of steps, and so does the
+   optimizer's state (that of W1 where it fits beside the rest: every instance
+   but batches of 33-64 with more than 512 hidden units, which read and write
+   it in the arena, each element by one thread only; mnistcu__mc_args.sst); all
+   go back to the arenas at its end. The flags count this model's steps in the
    kernel across launches, so a launch never waits on a stale one. Each row's
    loss and whether it was predicted right go to global memory; a small kernel
    sums them per step in row order (the statistics).
@@ -17661,6 +17662,20 @@ static __device__ __forceinline__ float mnistcu__mc_sum3(const float (*d)[4], in
 static __device__ __forceinline__ float mnistcu__mc_step(const mnistcu__opt *o, float p, float g, float *s)
 {
     switch (o->kind) {
+    case MNISTCU_OPTIM_ADAM:
+    case MNISTCU_OPTIM_ADAMW: mnistcu__opt_adam(o, 0, &p, g, s); return p;
+    case MNISTCU_OPTIM_RMSPROP: mnistcu__opt_rmsprop(o, 0, &p, g, s); return p;
+    case MNISTCU_OPTIM_ADAGRAD: mnistcu__opt_adagrad(o, 0, &p, g, s); return p;
+    default: return mnistcu__sgd_step(o, p, g, o->has_momentum ? s : NULL);
+    }
+}
+
+/* ... with its kind K known at compile time (-1: plain SGD, p - lr g, the state unread) */
+template <int K>
+static __device__ __forceinline__ float mnistcu__mc_step_k(const mnistcu__opt *o, float p, float g, float *s)
+{
+    switch (K) {
+    case -1: return fmaf(-o->lr, g, p);
     case MNISTCU_OPTIM_ADAM:
     case MNISTCU_OPTIM_ADAMW: mnistcu__opt_adam(o, 0, &p, g, s); return p;
     case MNISTCU_OPTIM_RMSPROP: mnistcu__opt_rmsprop(o, 0, &p, g, s); return p;
@@ -17841,6 +17856,43 @@ static __device__ __forceinline__ void mnistcu__mc_tc_dz(const float *hall, cons
         mnistcu__mc_split(hr[0], hh[0], hl[0]);
         mnistcu__mc_split(hr[LDH], hh[1], hl[1]);
         mnistcu__mc_mma3(az, zh, zl, hh, hl);
+    }
+}
+/* The general steps of one of W1's gradient tiles (mnistcu__mc_tc_dw; g[4 n + j] its element (n, j)) for
+   optimizer kind K (mnistcu__mc_step_k): W1's with a thread's private copy of the step's scalars (ow) and
+   its state in shared memory (w1st, a.sst) or the arena, b1's (x's row of ones) with the copies' (o1)
+   and their state (b1st). The elements in a loop, each gradient picked from registers by compile-time
+   indices, and one kind's code a loop: unrolled with every kind's step, the tiles' steps were about
+   5,000 instructions (bench/RESULTS.md). With the last step, the gradients go to the arena. */
+template <int BM, int U, int K>
+static __device__ __forceinline__ void mnistcu__mc_w1_steps(const mnistcu__mc_args &a, const mnistcu__opt &ow,
+                                                            const mnistcu__opt *o1, const float *g, float *w1s,
+                                                            float *w1st, float *b1s, float *b1st, int mt, int n0,
+                                                            int lane, int kn, int nown, int k0, int u0, bool last,
+                                                            int r)
+{
+    enum { LDW = mnistcu__mc_lay<BM, U>::LDW, NV = 4 * mnistcu__mc_dwl<BM, U>::NW };
+    const int gq = lane >> 2, q4 = lane & 3;
+#pragma unroll 1
+    for (int v = 0; v < NV; ++v) {
+        const int n = v >> 2, j = v & 3;
+        const int k = 16 * mt + gq + 8 * (j >> 1), u = n0 + 8 * n + 2 * q4 + (j & 1);
+        float gv = g[0];
+#pragma unroll
+        for (int z = 1; z < NV; ++z) gv = v == z ? g[z] : gv;
+        if (u >= nown || k > kn) continue;
+        if (k < kn) {
+            float *w = w1s + k * LDW + u;
+            const size_t gi = a.w1 + (size_t)(u0 + u) * a.D + k0 + k;
+            /* the state's two places apart: through one pointer that may be either, its loads and stores
+               would be generic ones */
+            if (a.sst) *w = mnistcu__mc_step_k<K>(&ow, *w, gv, w1st + k * LDW + u);
+            else *w = mnistcu__mc_step_k<K>(&ow, *w, gv, a.state + gi);
+            if (last) a.grads[gi] = gv;
+        } else {
+            b1s[u] = mnistcu__mc_step_k<K>(o1, b1s[u], gv, b1st + u);
+            if (last && r == 0) a.grads[a.b1 + u0 + u] = gv;
+        }
     }
 }
 #endif
@@ -18101,40 +18153,21 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
                         }
                     continue;
                 }
-                /* the general steps: the tile's elements in a loop (unrolled, each element had its own copy
-                   of every optimizer's step, about 5,000 instructions in all), each element's gradient
-                   picked from registers by compile-time indices (an array indexed at run time goes to
-                   local memory, which this kernel's shared memory leaves little L1 for: an L2 round trip
-                   an element, about 450 cycles; bench/RESULTS.md), W1's scalars a private copy
-                   (mnistcu__mc_step) */
-                float gvs[W::NW * 4];
+                float gvs[W::NW * 4]; /* the general steps (mnistcu__mc_w1_steps), one kind's loop */
 #pragma unroll
                 for (int n = 0; n < W::NW; ++n)
 #pragma unroll
                     for (int j = 0; j < 4; ++j) gvs[4 * n + j] = mnistcu__mc_sum3(acc[n], j);
                 const mnistcu__opt ow = sopt[a.sst ? 2 : 0];
-#pragma unroll 1
-                for (int v = 0; v < W::NW * 4; ++v) {
-                    const int n = v >> 2, j = v & 3;
-                    const int k = 16 * mt + gq + 8 * (j >> 1), u = n0 + 8 * n + 2 * q4 + (j & 1);
-                    float gv = gvs[0];
-#pragma unroll
-                    for (int z = 1; z < W::NW * 4; ++z) gv = v == z ? gvs[z] : gv;
-                    if (u >= nown || k > kn) continue;
-                    if (k < kn) {
-                        float *w = w1s + k * LDW + u;
-                        const size_t gi = a.w1 + (size_t)(u0 + u) * D + k0 + k;
-                        /* the state's two places apart: through one pointer that may be either, its loads
-                           and stores would be generic ones */
-                        if (plain) *w = fmaf(nlr, gv, *w);
-                        else if (a.sst) *w = mnistcu__mc_step(&ow, *w, gv, w1st + k * LDW + u);
-                        else *w = mnistcu__mc_step(&ow, *w, gv, a.state + gi);
-                        if (last) a.grads[gi] = gv;
-                    } else {
-                        b1s[u] = plain ? fmaf(nlr, gv, b1s[u]) : mnistcu__mc_step(&sopt[1], b1s[u], gv, str + C * U + u);
-                        if (last && r == 0) a.grads[a.b1 + u0 + u] = gv;
-                    }
-                }
+#define MNISTCU__MC_STEPS(K_)                                                                                  \
+    mnistcu__mc_w1_steps<BM, U, K_>(a, ow, &sopt[1], gvs, w1s, w1st, b1s, str + C * U, mt, n0, lane, kn, nown, k0, \
+                                    u0, last, r)
+                if (plain) MNISTCU__MC_STEPS(-1);
+                else if (ow.kind == MNISTCU_OPTIM_ADAM || ow.kind == MNISTCU_OPTIM_ADAMW) MNISTCU__MC_STEPS(MNISTCU_OPTIM_ADAM);
+                else if (ow.kind == MNISTCU_OPTIM_RMSPROP) MNISTCU__MC_STEPS(MNISTCU_OPTIM_RMSPROP);
+                else if (ow.kind == MNISTCU_OPTIM_ADAGRAD) MNISTCU__MC_STEPS(MNISTCU_OPTIM_ADAGRAD);
+                else MNISTCU__MC_STEPS(MNISTCU_OPTIM_SGD);
+#undef MNISTCU__MC_STEPS
             }
             if (jz < W::NZ) {
                 float az[2][4];
@@ -18324,7 +18357,7 @@ static int mnistcu__mc_plan(mnistcu_model *m, const mnistcu_dataset *ds, size_t 
     if (!k) return 0;
     /* W1's optimizer state in shared memory where it fits beside the rest: each element is read and
        written at every step by one thread, one after another (its step follows the last one's stores,
-       which may alias), and from the arena each costs an L2 round trip (bench/RESULTS.md) */
+       which may alias); 784-1024-10 trains 15-20% faster so with momentum or Adam (bench/RESULTS.md) */
     pl->mc_sst = pl->slots > 0 && mnistcu__mc_sst_bytes(B <= 32 ? 32 : 64, u, pl->slots) <= cu->smem_optin;
     if (pl->mc_sst) {
         bytes = mnistcu__mc_sst_bytes(B <= 32 ? 32 : 64, u, pl->slots);

@@ -52,9 +52,7 @@ put("                mnistcu__mc_tc_dw<BM, U>(xc, dhall, mt, n0, lane, acc);",
 put("                const mnistcu__opt ow = sopt[a.sst ? 2 : 0];\n",
     "                const mnistcu__opt ow = sopt[a.sst ? 2 : 0];\n"
     "                long long mcx1 = clock64();\n                if (mcp) { mcp[10] += mcx1 - mcx0; mcp[12] += 1; }\n")
-put("                        if (last && r == 0) a.grads[a.b1 + u0 + u] = gv;\n                    }\n                }\n            }",
-    "                        if (last && r == 0) a.grads[a.b1 + u0 + u] = gv;\n                    }\n                }\n"
-    "                if (mcp) mcp[11] += clock64() - mcx1;\n            }")
+put("#undef MNISTCU__MC_STEPS\n", "#undef MNISTCU__MC_STEPS\n                if (mcp) mcp[11] += clock64() - mcx1;\n")
 put("        if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;\n        __syncthreads();\n    }",
     """        if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;
         __syncthreads(); MCM(8)
