@@ -17655,22 +17655,11 @@ static __device__ __forceinline__ void mnistcu__mc_mma3(float (*d)[4], const uin
 static __device__ __forceinline__ float mnistcu__mc_sum3(const float (*d)[4], int e) { return d[0][e] + d[1][e]; }
 #endif
 
-/* A parameter's optimizer step: p with gradient g, its state at s (slot stride o->n). Inlined, every
-   kind: where o is a thread's private copy, its scalars stay in registers across the elements of a loop
-   (read through a pointer to shared memory, each element would load them again after the last one's
-   stores, one after another, since those stores might have changed them) */
-static __device__ __forceinline__ float mnistcu__mc_step(const mnistcu__opt *o, float p, float g, float *s)
-{
-    switch (o->kind) {
-    case MNISTCU_OPTIM_ADAM:
-    case MNISTCU_OPTIM_ADAMW: mnistcu__opt_adam(o, 0, &p, g, s); return p;
-    case MNISTCU_OPTIM_RMSPROP: mnistcu__opt_rmsprop(o, 0, &p, g, s); return p;
-    case MNISTCU_OPTIM_ADAGRAD: mnistcu__opt_adagrad(o, 0, &p, g, s); return p;
-    default: return mnistcu__sgd_step(o, p, g, o->has_momentum ? s : NULL);
-    }
-}
-
-/* ... with its kind K known at compile time (-1: plain SGD, p - lr g, the state unread) */
+/* A parameter's optimizer step: p with gradient g, its state at s (slot stride o->n), for optimizer kind
+   K known at compile time (-1: plain SGD, p - lr g, the state unread). Inlined: where o is a thread's
+   private copy, its scalars stay in registers across the elements of a loop (read through a pointer to
+   shared memory, each element would load them again after the last one's stores, one after another,
+   since those stores might have changed them) */
 template <int K>
 static __device__ __forceinline__ float mnistcu__mc_step_k(const mnistcu__opt *o, float p, float g, float *s)
 {
@@ -17681,6 +17670,18 @@ static __device__ __forceinline__ float mnistcu__mc_step_k(const mnistcu__opt *o
     case MNISTCU_OPTIM_RMSPROP: mnistcu__opt_rmsprop(o, 0, &p, g, s); return p;
     case MNISTCU_OPTIM_ADAGRAD: mnistcu__opt_adagrad(o, 0, &p, g, s); return p;
     default: return mnistcu__sgd_step(o, p, g, o->has_momentum ? s : NULL);
+    }
+}
+
+/* ... the kind chosen at run time */
+static __device__ __forceinline__ float mnistcu__mc_step(const mnistcu__opt *o, float p, float g, float *s)
+{
+    switch (o->kind) {
+    case MNISTCU_OPTIM_ADAM:
+    case MNISTCU_OPTIM_ADAMW: return mnistcu__mc_step_k<MNISTCU_OPTIM_ADAM>(o, p, g, s);
+    case MNISTCU_OPTIM_RMSPROP: return mnistcu__mc_step_k<MNISTCU_OPTIM_RMSPROP>(o, p, g, s);
+    case MNISTCU_OPTIM_ADAGRAD: return mnistcu__mc_step_k<MNISTCU_OPTIM_ADAGRAD>(o, p, g, s);
+    default: return mnistcu__mc_step_k<MNISTCU_OPTIM_SGD>(o, p, g, s);
     }
 }
 
@@ -18188,7 +18189,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
                         const int c = gq + 8 * (j >> 1), u = 8 * jz + 2 * q4 + (j & 1);
                         float gv = gz[0];
 #pragma unroll
-                    for (int z = 1; z < 4; ++z) gv = j == z ? gz[z] : gv;
+                        for (int z = 1; z < 4; ++z) gv = j == z ? gz[z] : gv;
                         if (c >= C || (u >= nown && u != U)) continue;
                         if (u < nown) {
                             float *w = w2s + c * U + u;
