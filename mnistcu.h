@@ -4293,11 +4293,11 @@ typedef struct mnistcu__cuda_model {
     size_t fused_cap;
     float *lenet;             /* the fused LeNet-5 kernel's rows a sample (mnistcu__lenet_floats, and 16 bytes to
                                  align them), made on first use */
-    float *mc_pz;             /* the cluster MLP kernel's partial logits, flags, rows (made on first use), and */
-    unsigned *mc_flags;
+    unsigned long long *mc_pz; /* the cluster MLP kernel's partial logits with their steps, rows (made on first
+                                  use), and */
     float *mc_rows;
     size_t mc_rows_cap;
-    unsigned mc_step;         /* ... this model's steps in it so far (what its flags count) */
+    unsigned mc_step;         /* ... this model's steps in it so far (what the partial logits carry) */
     /* the training step as a CUDA graph (see >>cuda_graph) */
     mnistcu__dyn *dyn;        /* [dyn_cap] a chunk's per-step values, then the current step's, then the cursor */
     size_t dyn_cap;
@@ -14921,7 +14921,6 @@ static void mnistcu__cuda_model_free(mnistcu_model *m)
         mnistcu__cuda_free(ctx, cm->fused_opt);
         mnistcu__cuda_free(ctx, cm->lenet);
         mnistcu__cuda_free(ctx, cm->mc_pz);
-        mnistcu__cuda_free(ctx, cm->mc_flags);
         mnistcu__cuda_free(ctx, cm->mc_rows);
         mnistcu__cuda_graphs_reset(m);
         mnistcu__cuda_free(ctx, cm->dyn);
@@ -17517,17 +17516,21 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
        slice of the inputs (D / S of them, in words of 4) for those units, and
        rows [r R, r R + R) of the batch (R = B / S rounded up).
      - A step: 1. the block's partial sums of h over its input slice, for every
-       row of the batch (on the tensor cores, below); cluster barrier; 2. for its own rows, h from the S
-       partials (read from the other blocks' shared memory) and the cluster's
-       partial logits over its U units, stored to global memory, then a flag
-       (release); 3. while the other clusters catch up, the next batch's slice
-       (bytes loaded a step ahead) into floats; 4. it waits for the flags of
-       the blocks of rank r of the other clusters (acquire; the only data that
-       crosses clusters); 5. its rows' logits (the G partials in cluster
-       order, a half warp a row), their loss, dz and dh; cluster barrier; 6.
-       every block gathers h, dh and dz of the batch from its cluster, updates
-       W2's columns, b1 and b2 (every block the same sums, so the copies stay
-       equal) and its slice of W1.
+       row of the batch (on the tensor cores, below), pushed to each row's
+       owner (st.async into its shared memory, counted on its mbarrier); 2.
+       once the S partials of its own rows are in, h of them (in rank order),
+       pushed to every block of the cluster, and the cluster's partial logits
+       over its U units, stored to global memory each with its step in one
+       64-bit word; 3. while the other clusters catch up, the next batch's
+       slice (bytes loaded a step ahead) into floats; 4. it polls the partial
+       logits of its rows from the blocks of rank r of the other clusters
+       until each carries this step (the only data that crosses clusters); 5.
+       its rows' logits (the G partials in cluster order, a half warp a row),
+       their loss, dz and dh, pushed to every block of the cluster; 6. once
+       the batch's h, dh and dz are in, every block updates W2's columns, b1
+       and b2 (every block the same sums, so the copies stay equal) and its
+       slice of W1. No cluster barrier in a step: each one's arrive carries a
+       GPU-wide fence, about 700 cycles a warp (ncu, bench/RESULTS.md).
    The products (h's partial sums; the gradients of W1 and b1 as one product,
    x having a column of ones; those of W2 and b2 as another, h having one) run
    on the tensor cores, in TF32 parts that keep FP32's accuracy: each operand
@@ -17541,8 +17544,9 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
    optimizer's state (that of W1 where it fits beside the rest: every instance
    but batches of 33-64 with more than 512 hidden units, which read and write
    it in the arena, each element by one thread only; mnistcu__mc_args.sst); all
-   go back to the arenas at its end. The flags count this model's steps in the
-   kernel across launches, so a launch never waits on a stale one. Each row's
+   go back to the arenas at its end. The steps the partial logits carry count
+   this model's steps in the kernel across launches, so a launch never takes a
+   stale one. Each row's
    loss and whether it was predicted right go to global memory; a small kernel
    sums them per step in row order (the statistics).
    Measured on an H100 (bench/RESULTS.md): P2 (784-128-10, batch 64) about 7.1-7.7
@@ -17568,8 +17572,8 @@ typedef struct mnistcu__mc_args {
     size_t np;               /* parameters (the state's slot stride) */
     size_t w1, b1, w2, b2;   /* offsets in the arenas */
     const mnistcu__opt *opt; /* [nsteps] each step's optimizer scalars */
-    float *pz;               /* [2][S][G][R C] partial logits, by step parity */
-    unsigned *flags;         /* [G S] each block's last step whose partial logits are stored */
+    unsigned long long *pz;  /* [2][S][G][R C] partial logits, each with its step (mnistcu__mc_put), by step
+                                parity */
     float *rows;             /* [nsteps][B] each row's loss, then [nsteps][B] 1 where predicted right */
 } mnistcu__mc_args;
 
@@ -17583,6 +17587,8 @@ template <int BM, int U> struct mnistcu__mc_lay {
            mod 16 and LDZ = 4 mod 16 (with rows taken in pairs, see mnistcu__mc_tc_dw) put a warp's 32
            loads in 32 banks; x has a column of ones at kn (b1's gradient), h at U (b2's) */
         LDX = KMAX + 4, LDW = U == 8 ? 24 : U + 8, LDH = U + 4, LDZ = CM + 4,
+        /* h of own rows: a row of U + 4 floats puts the partial logits' loads of 8 rows in distinct banks */
+        HS = U + 4,
         /* phase 1: BM / 16 by U / 8 tiles, MW1 by NW1 a warp, the 8 warps in KP parts of K */
         NT1 = BM / 16 * (U / 8), MW1 = NT1 == 32 ? 2 : 1, NW1 = NT1 >= 16 ? 2 : 1, KP = 8 * MW1 * NW1 / NT1,
         NREP = CM * U + U + CM,                           /* the copied parameters: W2's columns, b1, b2 */
@@ -17592,11 +17598,11 @@ template <int BM, int U> struct mnistcu__mc_lay {
         w1s = 0,                    /* [KMAX][LDW] the slice of W1, units contiguous */
         xs = w1s + KMAX * LDW,      /* [2][BM][LDX] the batch's slice, by step parity */
         ph = xs + 2 * BM * LDX,     /* [KP][BM][U] phase 1's parts (and what x's last row's tiles read past it) */
-        phs = ph + NPART,           /* [BM][U] partial h over the slice (read by the cluster) */
-        hrow = phs + BM * U,        /* [R][U] h of own rows (read by the cluster) */
-        dhrow = hrow + R * U,       /* [R][U] */
+        rcv = ph + NPART,           /* [S][R][U] the partial h of own rows from each block, by rank (pushed) */
+        hrow = rcv + S * R * U,     /* [R][HS] h of own rows */
+        dhrow = hrow + R * HS,      /* [R][U] */
         dzrow = dhrow + R * U,      /* [R][CM] */
-        hall = dzrow + R * CM,      /* [BM][LDH] the batch's, gathered */
+        hall = dzrow + R * CM,      /* [BM][LDH] the batch's, pushed by the cluster's blocks */
         dhall = hall + BM * LDH,    /* [BM][LDH] */
         dzall = dhall + BM * LDH,   /* [BM][LDZ] */
         w2s = dzall + BM * LDZ,     /* [CM][U] W2's columns, then b1 [U], b2 [CM]: NREP */
@@ -17605,23 +17611,63 @@ template <int BM, int U> struct mnistcu__mc_lay {
         str = b2s + CM,             /* [3][NREP] their optimizer state */
         opt = str + 3 * NREP,       /* the step's scalars: [0] W1's (state stride np), [1] the copies' (NREP),
                                        [2] W1's with its state in shared memory (SST) */
-        ints = opt + OPTF,          /* sample indices [4][BM] (steps q .. q + 3), own rows' labels [2][R] */
+        bars = opt + OPTF,          /* two mbarriers (8 bytes each): the partial h's pushes, then h's, dh's, dz's */
+        ints = bars + 4,            /* sample indices [4][BM] (steps q .. q + 3), own rows' labels [2][R] */
         total = ints + 4 * BM + 2 * R,
         w1st = (total + 3) / 4 * 4  /* with a.sst: W1's optimizer state [slots][SST], as w1s */
     };
 };
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && CUDART_VERSION >= 12000
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && CUDART_VERSION >= 12010
 #define MNISTCU__MC_ON 1
-static __device__ __forceinline__ unsigned mnistcu__mc_acquire(const unsigned *p)
+/* The exchanges inside a cluster are pushed: a block stores into another block's shared memory with
+   st.async, whose bytes count down a transaction count on that block's mbarrier; the receiver's
+   threads wait on its phase (acquire, cluster scope). A cluster barrier's arrive carries a GPU-wide
+   fence (MEMBAR.ALL.GPU; about 700 cycles a warp at each of a step's two, measured with ncu,
+   bench/RESULTS.md), and a pull is a round trip; a push waits on neither. p's address in cluster
+   block `rank`'s shared memory: */
+static __device__ __forceinline__ uint32_t mnistcu__mc_mapa(const void *p, int rank)
 {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
+    uint32_t d;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+    return d;
 }
-static __device__ __forceinline__ void mnistcu__mc_release(unsigned *p, unsigned v)
+static __device__ __forceinline__ void mnistcu__mc_push4(uint32_t dst, float4 v, uint32_t bar)
 {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                 ::"r"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar) : "memory");
+}
+static __device__ __forceinline__ void mnistcu__mc_push2(uint32_t dst, float x, float y, uint32_t bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 ::"r"(dst), "f"(x), "f"(y), "r"(bar) : "memory");
+}
+/* A step's phase of mbarrier `bar` (one arrival, this block's): the bytes it waits for. Pushes may come
+   before it (the count goes below zero); the phase completes once both are in */
+static __device__ __forceinline__ void mnistcu__mc_expect(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mnistcu__mc_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    while (!done);
+}
+/* Across clusters, a partial logit goes with its step in one 64-bit word (single-copy atomic), stored
+   and loaded relaxed at GPU scope: the reader polls the value itself, with no flag and no fence between */
+static __device__ __forceinline__ void mnistcu__mc_put(unsigned long long *p, unsigned step, float v)
+{
+    const unsigned long long w = (unsigned long long)step << 32 | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+static __device__ __forceinline__ unsigned long long mnistcu__mc_get(const unsigned long long *p)
+{
+    unsigned long long w;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+    return w;
 }
 /* Three TF32 parts for FP32's accuracy on the tensor cores: v = hi + lo, hi = v rounded to TF32's 10
    bits (to nearest, ties away: an integer add and a mask, full-rate instructions where cvt.rna.tf32
@@ -17743,10 +17789,11 @@ static __host__ __device__ __forceinline__ void mnistcu__mc_slice(int D, int r, 
    slice [k][LDW], by warps 0-7 (mnistcu__mc_lay's NT1, MW1, NW1, KP): warp w takes MW1 by NW1 tiles of
    16 rows by 8 units, tile group w % (8 / KP), and part w / (8 / KP) of K's steps of 8 (up to kn
    rounded up: x and W1 are zeros there, or ones by zeros in column kn); two chains a tile. One part
-   goes straight to phs, KP parts to ph [KP][BM][U] (the caller adds them in order) */
+   goes straight to the rows' owners (row's block row / Rr, its slot r of rcv, pushed: mnistcu__mc_push2),
+   KP parts to ph [KP][BM][U] (the caller adds them in order and pushes them) */
 template <int BM, int U>
-static __device__ __forceinline__ void mnistcu__mc_tc_h(const float *xc, const float *w1s, float *phs, float *ph,
-                                                        int kn, int warp, int lane)
+static __device__ __forceinline__ void mnistcu__mc_tc_h(const float *xc, const float *w1s, float *ph, float *rcv,
+                                                        const void *bar, int r, int Rr, int kn, int warp, int lane)
 {
     typedef mnistcu__mc_lay<BM, U> L;
     enum { LDX = L::LDX, LDW = L::LDW, MW = L::MW1, NW = L::NW1, KP = L::KP, NTG = 8 / KP, MB = BM / 16 / MW };
@@ -17783,15 +17830,20 @@ static __device__ __forceinline__ void mnistcu__mc_tc_h(const float *xc, const f
 #pragma unroll
             for (int n = 0; n < NW; ++n) mnistcu__mc_mma3(acc[m][n], ah[m], al[m], bh[n], bl[n]);
     }
-    float *out = KP == 1 ? phs : ph + kp * BM * U;
 #pragma unroll
     for (int m = 0; m < MW; ++m)
 #pragma unroll
-        for (int n = 0; n < NW; ++n) {
-            float *dst = out + (m0 + 16 * m + gq) * U + n0 + 8 * n + 2 * q;
-            *(float2 *)dst = make_float2(mnistcu__mc_sum3(acc[m][n], 0), mnistcu__mc_sum3(acc[m][n], 1));
-            *(float2 *)(dst + 8 * U) = make_float2(mnistcu__mc_sum3(acc[m][n], 2), mnistcu__mc_sum3(acc[m][n], 3));
-        }
+        for (int n = 0; n < NW; ++n)
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) { /* rows gq and gq + 8 of the tile */
+                const int row = m0 + 16 * m + gq + 8 * h2, col = n0 + 8 * n + 2 * q, blk = row / Rr;
+                const float v0 = mnistcu__mc_sum3(acc[m][n], 2 * h2), v1 = mnistcu__mc_sum3(acc[m][n], 2 * h2 + 1);
+                if (KP > 1)
+                    *(float2 *)(ph + kp * BM * U + row * U + col) = make_float2(v0, v1);
+                else if (blk < L::S) /* rows past S Rr have no owner */
+                    mnistcu__mc_push2(mnistcu__mc_mapa(rcv + (r * L::R + row - blk * Rr) * U + col, blk), v0, v1,
+                                      mnistcu__mc_mapa(bar, blk));
+            }
 }
 
 /* The update phase's sums on the tensor cores, over the BM rows in steps of 8 (rows past b are zeros
@@ -17905,7 +17957,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
 #ifdef MNISTCU__MC_ON
     typedef mnistcu__mc_lay<BM, U> L;
     enum { S = MNISTCU__MC_S, T = MNISTCU__MC_T, GM = MNISTCU__MC_G, CM = L::CM,
-           LDX = L::LDX, LDW = L::LDW, LDH = L::LDH, LDZ = L::LDZ, NREP = L::NREP,
+           LDX = L::LDX, LDW = L::LDW, LDH = L::LDH, LDZ = L::LDZ, HS = L::HS, NREP = L::NREP,
            NW = (BM * (L::KMAX / 4) + T - 1) / T /* words a thread fetches */ };
     extern __shared__ float4 mnistcu__mc_sm4[];
     float *sm = (float *)mnistcu__mc_sm4;
@@ -17917,10 +17969,16 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
     int k0, kn, e;
     mnistcu__mc_slice(D, r, &k0, &kn);
     const int nw = kn / 4;
-    float *w1s = sm + L::w1s, *xs = sm + L::xs, *ph = sm + L::ph, *phs = sm + L::phs, *hrow = sm + L::hrow;
+    float *w1s = sm + L::w1s, *xs = sm + L::xs, *ph = sm + L::ph, *rcv = sm + L::rcv, *hrow = sm + L::hrow;
     float *dhrow = sm + L::dhrow, *dzrow = sm + L::dzrow, *hall = sm + L::hall, *dhall = sm + L::dhall;
     float *dzall = sm + L::dzall, *w2s = sm + L::w2s, *b1s = sm + L::b1s, *b2s = sm + L::b2s, *str = sm + L::str;
     float *w1st = sm + L::w1st; /* only with a.sst */
+    float *barA = sm + L::bars, *barB = barA + 2; /* the mbarriers (mnistcu__mc_push4) */
+    const uint32_t bA = (uint32_t)__cvta_generic_to_shared(barA), bB = (uint32_t)__cvta_generic_to_shared(barB);
+    /* the bytes a step pushes into this block: the S blocks' partial h of its rows below BM (A); h, dh
+       and dz of the batch's rows below BM (B) */
+    const uint32_t txa = (uint32_t)(S * max(0, min(Rr, BM - r * Rr)) * U * 4);
+    const uint32_t txb = (uint32_t)(min(BM, S * Rr) * (2 * U + CM) * 4);
     mnistcu__opt *sopt = (mnistcu__opt *)(sm + L::opt);
     uint32_t *sidx = (uint32_t *)(sm + L::ints);
     int32_t *labs = (int32_t *)(sidx + 4 * BM);
@@ -17954,6 +18012,17 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
     for (e = t; e < 2 * BM * LDX; e += T) xs[e] = e % LDX == kn ? 1.0f : 0.0f;
     /* h, dh and dz of the batch: zeros in rows past R S, which are never gathered; h's ones (column U) */
     for (e = t; e < L::w2s - L::hall; e += T) hall[e] = e < BM * LDH && e % LDH == U ? 1.0f : 0.0f;
+    if (t == 0) { /* the mbarriers and step 0's bytes; the cluster barrier puts them (and hall's zeros)
+                     before any block's first push */
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bA) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bB) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if (a.nsteps > 0) {
+            mnistcu__mc_expect(bA, txa);
+            mnistcu__mc_expect(bB, txb);
+        }
+    }
+    cl.sync();
     {   /* steps 0 and 1's indices, step 0's labels and bytes (into xs[0]), step 1's bytes (in flight) */
         const int b0 = min(B, a.n), b1 = a.nsteps > 1 ? min(B, a.n - B) : 0;
         __syncthreads();
@@ -17987,81 +18056,96 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
             sopt[2] = sopt[0];
             sopt[2].n = L::SST;
         }
-        /* 1. partial h over the slice, on the tensor cores */
-        if (warp < 8) mnistcu__mc_tc_h<BM, U>(xc, w1s, phs, ph, kn, warp, lane);
-        if (L::KP > 1) { /* the parts in order */
+        /* 1. partial h over the slice, on the tensor cores, pushed to the rows' owners (A) */
+        if (warp < 8) mnistcu__mc_tc_h<BM, U>(xc, w1s, ph, rcv, barA, r, Rr, kn, warp, lane);
+        if (L::KP > 1) { /* the parts in order, four units a thread, pushed */
             enum { NP = L::KP };
             __syncthreads();
-            for (e = t; e < BM * U; e += T) {
-                float s = ph[e];
+            for (e = t; e < BM * U / 4; e += T) {
+                const int row = e / (U / 4), blk = row / Rr;
+                float4 s = ((const float4 *)ph)[e];
+                if (blk >= S) continue; /* rows past S Rr have no owner */
 #pragma unroll
-                for (int p = 1; p < NP; ++p) s += ph[p * BM * U + e];
-                phs[e] = s;
+                for (int p = 1; p < NP; ++p) {
+                    const float4 v = ((const float4 *)(ph + p * BM * U))[e];
+                    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+                }
+                mnistcu__mc_push4(mnistcu__mc_mapa(rcv + (r * L::R + row - blk * Rr) * U + 4 * (e - row * (U / 4)), blk),
+                                  s, mnistcu__mc_mapa(barA, blk));
             }
         }
-        cl.sync(); /* (a) every block's partial h is in its shared memory */
-        /* 2. own rows: h from the cluster's partials (in rank order), then the cluster's partial logits */
+        /* 2. own rows, once the cluster's partials are in: h from them (in rank order), then the
+           cluster's partial logits */
+        mnistcu__mc_wait(bA, (uint32_t)q & 1u);
+        if (t == 0 && q + 1 < a.nsteps) mnistcu__mc_expect(bA, txa); /* the next step's bytes */
         for (e = t; e < Rr * U; e += T) {
             const int i = e / U, u = e - i * U, row = r * Rr + i;
-            float p[S], s;
+            float s = b1s[u];
             if (row >= b) { /* rows past the batch */
-                hrow[e] = 0.0f;
+                hrow[i * HS + u] = 0.0f;
                 continue;
             }
 #pragma unroll
-            for (int q2 = 0; q2 < S; ++q2) p[q2] = cl.map_shared_rank(phs, q2)[row * U + u];
-            s = b1s[u];
-#pragma unroll
-            for (int q2 = 0; q2 < S; ++q2) s += p[q2];
-            hrow[e] = s > 0.0f ? s : 0.0f;
+            for (int q2 = 0; q2 < S; ++q2) s += rcv[(q2 * L::R + i) * U + u];
+            hrow[i * HS + u] = s > 0.0f ? s : 0.0f;
         }
         __syncthreads();
-        {   /* the partial logits, a thread an output: with 32 or 64 units four chains (unit u in chain
-               u % 4), added as (s0 + s1) + (s2 + s3) */
-            enum { NQ = U >= 32 ? 4 : 1 };
-            float *dst = a.pz + ((size_t)((gstep & 1u) * S + r) * G + g) * (size_t)(Rr * C);
-            for (e = t; e < Rr * C; e += T) {
-                const int i = e / C, c = e - i * C;
-                float s = 0.0f;
-                if (NQ == 4) {
-                    float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        {   /* the partial logits to global memory (mnistcu__mc_put): with 32 or 64 units four chains
+               (unit u in chain u % 4) on four lanes, added as (s0 + s1) + (s2 + s3); with fewer, a
+               thread an output */
+            unsigned long long *dst = a.pz + ((size_t)((gstep & 1u) * S + r) * G + g) * (size_t)(Rr * C);
+            if (U >= 32) {
+                const int n4 = 4 * Rr * C;
+                for (e = t; e < (n4 + 31) / 32 * 32; e += T) { /* whole warps, for the shuffles */
+                    const int o = e >> 2, j = e & 3, i = o % Rr, c = o / Rr;
+                    float s = 0.0f;
+                    if (e < n4)
 #pragma unroll 4
-                    for (int u = 0; u < U; u += 4) {
-                        const float4 h4 = *(const float4 *)(hrow + i * U + u), w4 = *(const float4 *)(w2s + c * U + u);
-                        s4.x = fmaf(h4.x, w4.x, s4.x), s4.y = fmaf(h4.y, w4.y, s4.y);
-                        s4.z = fmaf(h4.z, w4.z, s4.z), s4.w = fmaf(h4.w, w4.w, s4.w);
-                    }
-                    s = (s4.x + s4.y) + (s4.z + s4.w);
-                } else
+                        for (int u = j; u < U; u += 4) s = fmaf(hrow[i * HS + u], w2s[c * U + u], s);
+                    s += __shfl_xor_sync(0xffffffffu, s, 1);
+                    s += __shfl_xor_sync(0xffffffffu, s, 2);
+                    if (e < n4 && j == 0) mnistcu__mc_put(dst + i * C + c, gstep, s);
+                }
+            } else
+                for (e = t; e < Rr * C; e += T) {
+                    const int i = e / C, c = e - i * C;
+                    float s = 0.0f;
 #pragma unroll 8
-                    for (int u = 0; u < U; ++u) s = fmaf(hrow[i * U + u], w2s[c * U + u], s);
-                __stcg(dst + e, s);
-            }
+                    for (int u = 0; u < U; ++u) s = fmaf(hrow[i * HS + u], w2s[c * U + u], s);
+                    mnistcu__mc_put(dst + e, gstep, s);
+                }
         }
-        __syncthreads();
-        if (t == 0) mnistcu__mc_release(a.flags + g * S + r, gstep); /* after the block's stores */
+        for (e = t; e < S * Rr * (U / 4); e += T) { /* h of own rows (below BM) to every block's hall (B) */
+            const int blk = e / (Rr * (U / 4)), f = e - blk * (Rr * (U / 4)), i = f / (U / 4), u4 = f - i * (U / 4);
+            if (r * Rr + i < BM)
+                mnistcu__mc_push4(mnistcu__mc_mapa(hall + (r * Rr + i) * LDH + 4 * u4, blk),
+                                  *(const float4 *)(hrow + i * HS + 4 * u4), mnistcu__mc_mapa(barB, blk));
+        }
         /* 3. while the other clusters catch up: the next batch's bytes into xn, the batch after's loads */
         if (t < bnn) inn[t] = idx2;
         mnistcu__mc_floats<NW, LDX>(pre, pm, bn, xn, a.scale, a.shift);
         __syncthreads();
         mnistcu__mc_load<NW>(pre, pm, bnn, a.x, inn, D, k0);
-        /* 4. wait for rank r of every cluster */
-        if (t < G)
-            while ((int)(mnistcu__mc_acquire(a.flags + t * S + r) - gstep) < 0) {
-            }
-        __syncthreads();
-        {   /* 5. the logits of own rows, a half warp a row (lane c: class c), their loss, dz, then dh */
+        {   /* 4, 5. the logits of own rows, a half warp a row (lane c: class c), their loss, dz, then dh */
             const int i = warp * 2 + (lane >> 4), c = lane & 15, row = r * Rr + i;
             const bool live = i < Rr && row < b, lc = live && c < C;
             float z = -INFINITY, m, sum, ex, zy;
             int am = c, y = 0;
-            if (lc) {
-                const float *src = a.pz + (size_t)((gstep & 1u) * S + r) * G * (size_t)(Rr * C) + i * C + c;
-                float v[GM], s2 = 0.0f;
+            if (lc) { /* 4. the G clusters' partials, polled until each carries this step */
+                const unsigned long long *src = a.pz + (size_t)((gstep & 1u) * S + r) * G * (size_t)(Rr * C) + i * C + c;
+                unsigned long long v[GM];
+                float s2 = 0.0f;
+                bool in;
+                do {
+                    in = true;
 #pragma unroll
-                for (int gg = 0; gg < GM; ++gg) v[gg] = gg < G ? __ldcg(src + gg * (Rr * C)) : 0.0f;
+                    for (int gg = 0; gg < GM; ++gg) {
+                        v[gg] = gg < G ? mnistcu__mc_get(src + gg * (Rr * C)) : (unsigned long long)gstep << 32;
+                        in = in && (unsigned)(v[gg] >> 32) == gstep;
+                    }
+                } while (!in);
 #pragma unroll
-                for (int gg = 0; gg < GM; ++gg) s2 += v[gg];
+                for (int gg = 0; gg < GM; ++gg) s2 += __uint_as_float((unsigned)v[gg]);
                 z = s2 + b2s[c];
             }
             m = z;
@@ -18092,41 +18176,25 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
             float s2 = 0.0f;
 #pragma unroll 4
             for (int cc = 0; cc < C; ++cc) s2 = fmaf(dzrow[i * CM + cc], w2s[cc * U + u], s2);
-            dhrow[e] = r * Rr + i < b && hrow[e] > 0.0f ? s2 : 0.0f;
-        }
-        cl.sync(); /* (b) every block's rows of h, dz, dh are in its shared memory */
-        {   /* 6. gather the batch's h, dh, dz from the cluster: every load first */
-            enum { NG = (BM * U / 4 + T - 1) / T, NZ = (BM * CM / 4 + T - 1) / T };
-            float4 hv[NG], dv[NG], zv[NZ];
-            const int nh = Rr * S * (U / 4), nz = Rr * S * (CM / 4);
-#pragma unroll
-            for (int i = 0; i < NG; ++i) {
-                const int f = t + i * T, row = f / (U / 4), rk = row / Rr, ri = row - rk * Rr, u4 = f - row * (U / 4);
-                if (f < nh && row < BM) {
-                    hv[i] = ((const float4 *)cl.map_shared_rank(hrow, rk))[ri * (U / 4) + u4];
-                    dv[i] = ((const float4 *)cl.map_shared_rank(dhrow, rk))[ri * (U / 4) + u4];
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < NZ; ++i) {
-                const int f = t + i * T, row = f / (CM / 4), rk = row / Rr, ri = row - rk * Rr, c4 = f - row * (CM / 4);
-                if (f < nz && row < BM) zv[i] = ((const float4 *)cl.map_shared_rank(dzrow, rk))[ri * (CM / 4) + c4];
-            }
-#pragma unroll
-            for (int i = 0; i < NG; ++i) {
-                const int f = t + i * T, row = f / (U / 4), u4 = f - row * (U / 4);
-                if (f < nh && row < BM) {
-                    ((float4 *)hall)[row * (LDH / 4) + u4] = hv[i];
-                    ((float4 *)dhall)[row * (LDH / 4) + u4] = dv[i];
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < NZ; ++i) {
-                const int f = t + i * T, row = f / (CM / 4), c4 = f - row * (CM / 4);
-                if (f < nz && row < BM) ((float4 *)dzall)[row * (LDZ / 4) + c4] = zv[i];
-            }
+            dhrow[e] = r * Rr + i < b && hrow[i * HS + u] > 0.0f ? s2 : 0.0f;
         }
         __syncthreads();
+        {   /* dh and dz of own rows (below BM) to every block's dhall and dzall (B); then the batch's
+               h, dh and dz, once in */
+            enum { F = U / 4 + CM / 4 };
+            for (e = t; e < S * Rr * F; e += T) {
+                const int blk = e / (Rr * F), f = e - blk * (Rr * F), i = f / F, w = f - i * F, row = r * Rr + i;
+                if (row >= BM) continue;
+                if (w < U / 4)
+                    mnistcu__mc_push4(mnistcu__mc_mapa(dhall + row * LDH + 4 * w, blk),
+                                      *(const float4 *)(dhrow + i * U + 4 * w), mnistcu__mc_mapa(barB, blk));
+                else
+                    mnistcu__mc_push4(mnistcu__mc_mapa(dzall + row * LDZ + 4 * (w - U / 4), blk),
+                                      *(const float4 *)(dzrow + i * CM + 4 * (w - U / 4)), mnistcu__mc_mapa(barB, blk));
+            }
+            mnistcu__mc_wait(bB, (uint32_t)q & 1u);
+            if (t == 0 && q + 1 < a.nsteps) mnistcu__mc_expect(bB, txb); /* the next step's bytes */
+        }
         /* plain SGD's step, w - lr g, is what mnistcu__mc_step takes too (one fmaf): here without its
            loads of the scalars per weight */
         const bool plain = sopt[0].kind == MNISTCU_OPTIM_SGD && !sopt[0].has_momentum && sopt[0].wd == 0.0f;
@@ -18280,7 +18348,7 @@ static size_t mnistcu__mc_sst_bytes(int bm, int u, int slots)
 /* The most clusters of instance k with `bytes` of shared memory a block resident at once on this
    device (cache entry `slot`), 0 where it cannot run: asked once a context, the queries cost more
    than an epoch's launch */
-#if CUDART_VERSION >= 12000
+#if CUDART_VERSION >= 12010
 static int mnistcu__mc_resident(mnistcu__cuda *cu, mnistcu__mc_kernel k, size_t bytes, int slot)
 {
     if (!cu->mc_clusters[slot]) {
@@ -18326,7 +18394,7 @@ static int mnistcu__mc_resident(mnistcu__cuda *cu, mnistcu__mc_kernel k, size_t 
 static int mnistcu__mc_plan(mnistcu_model *m, const mnistcu_dataset *ds, size_t B, size_t n,
                             const mnistcu_optim_desc *o, mnistcu__fused_plan *pl)
 {
-#if CUDART_VERSION >= 12000
+#if CUDART_VERSION >= 12010
     mnistcu__cuda *cu = mnistcu__cu(m->ctx);
     const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
     const mnistcu__layer *L[2] = {NULL, NULL};
@@ -18390,7 +18458,7 @@ static int mnistcu__mc_plan(mnistcu_model *m, const mnistcu_dataset *ds, size_t 
 static mnistcu_result mnistcu__mc_launch(mnistcu_model *m, const mnistcu_dataset *ds, const mnistcu__fused_plan *pl,
                                          size_t B, size_t n, size_t step0, size_t nsteps)
 {
-#if CUDART_VERSION >= 12000
+#if CUDART_VERSION >= 12010
     mnistcu_ctx *ctx = m->ctx;
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
@@ -18406,22 +18474,14 @@ static mnistcu_result mnistcu__mc_launch(mnistcu_model *m, const mnistcu_dataset
     int slot = 0;
     mnistcu_result r;
     cudaError_t e;
-    if (!cm->mc_flags) { /* kept only once both are made and the flags zeroed: a failure leaves none */
-        float *dz = NULL;
-        unsigned *df = NULL;
-        if ((r = mnistcu__cuda_malloc(ctx, (void **)&dz, pz * sizeof(float), "cluster kernel's partial logits")) ||
-            (r = mnistcu__cuda_malloc(ctx, (void **)&df, MNISTCU__MC_S * MNISTCU__MC_G * sizeof(unsigned),
-                                      "cluster kernel's flags"))) {
+    if (!cm->mc_pz) { /* kept only once made and zeroed (step 0, which no step carries): a failure leaves none */
+        unsigned long long *dz = NULL;
+        if ((r = mnistcu__cuda_malloc(ctx, (void **)&dz, pz * sizeof *dz, "cluster kernel's partial logits"))) return r;
+        if ((e = cudaMemsetAsync(dz, 0, pz * sizeof *dz, cu->stream)) != cudaSuccess) {
             mnistcu__cuda_free(ctx, dz);
-            return r;
-        }
-        if ((e = cudaMemsetAsync(df, 0, MNISTCU__MC_S * MNISTCU__MC_G * sizeof(unsigned), cu->stream)) != cudaSuccess) {
-            mnistcu__cuda_free(ctx, dz);
-            mnistcu__cuda_free(ctx, df);
-            return mnistcu__cuda_check(ctx, e, "cluster kernel's flags");
+            return mnistcu__cuda_check(ctx, e, "cluster kernel's partial logits");
         }
         cm->mc_pz = dz;
-        cm->mc_flags = df;
         cm->mc_step = 0;
     }
     if (rows > cm->mc_rows_cap) {
@@ -18460,7 +18520,6 @@ static mnistcu_result mnistcu__mc_launch(mnistcu_model *m, const mnistcu_dataset
     a.b2 = pl->L2->bo;
     a.opt = cm->fused_opt;
     a.pz = cm->mc_pz;
-    a.flags = cm->mc_flags;
     a.rows = cm->mc_rows;
     args[0] = &a;
     memset(at, 0, sizeof at);
@@ -18485,7 +18544,7 @@ static mnistcu_result mnistcu__mc_launch(mnistcu_model *m, const mnistcu_dataset
         cu->mc_clusters[slot] = 1;
         return mnistcu__cuda_check(ctx, e, "the cluster MLP kernel (it is now off for this context)");
     }
-    cm->mc_step += (unsigned)nsteps; /* launched: its flags will count these steps */
+    cm->mc_step += (unsigned)nsteps; /* launched: its partial logits will carry these steps */
     MNISTCU__LAUNCHED(ctx, "fused_mlp_clusters");
     mnistcu__launch(mnistcu__k_mc_stats, dim3((unsigned)((nsteps + 127) / 128)), dim3(128), 0, cu->stream,
                     (const float *)cm->mc_rows, (int)nsteps, (int)B, a.n, cm->stats, cm->stats_cap, step0);
@@ -18493,7 +18552,7 @@ static mnistcu_result mnistcu__mc_launch(mnistcu_model *m, const mnistcu_dataset
     return MNISTCU_OK;
 #else
     (void)m; (void)ds; (void)pl; (void)B; (void)n; (void)step0; (void)nsteps;
-    return mnistcu__fail(m->ctx, MNISTCU_ERR_UNSUPPORTED, "the cluster MLP kernel needs CUDA 12");
+    return mnistcu__fail(m->ctx, MNISTCU_ERR_UNSUPPORTED, "the cluster MLP kernel needs CUDA 12.1");
 #endif
 }
 

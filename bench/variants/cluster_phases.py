@@ -9,10 +9,14 @@ nanoseconds (%globaltimer) and cycles of a whole step. Figures: bench/RESULTS.md
     (cd /tmp/ph && nvcc -x cu -O3 -arch=sm_90 -DMNISTCU_CUBLAS -o bench_ph bench/bench.c -lcublas)
     /tmp/ph/bench_ph P1 --gemm own --fused-mlp-clusters on --data data/mnist 2>&1 | grep mcphases
 
-The printed columns: phase 1 (partial h), cluster barrier a, phase 2 (h of own rows, partial logits,
-flag), phase 3 (the next batch), the wait for the other clusters, phase 5 (logits, loss, dz, dh),
-cluster barrier b, the gather, then the rest of the update phase after thread 0's W1 tiles ("dw1"); with an
+The printed columns: phase 1 (partial h, pushed), the wait for the cluster's partials (mbarrier A),
+phase 2 (h of own rows, partial logits, h pushed), phase 3 (the next batch) and the first warp's start
+of phase 5, thread 0's polls of the other clusters' partial logits (its row's; 0 where it waits for
+none), the rest of phase 5 (logits, loss, dz, dh), the pushes of dh and dz, the wait for the batch's h,
+dh and dz (mbarrier B), then the rest of the update phase after thread 0's W1 tiles ("dw1"); with an
 optimizer that keeps state, the W1 tiles' products and their general steps apart ("general steps").
+Block 0's thread 0 alone is timed: the other threads' time shows in the waits that follow.
+Per-instruction stall reasons: bench/variants/cluster_ncu.py.
 Exits non-zero where the header no longer has a marked place."""
 import sys
 
@@ -36,15 +40,14 @@ put("    for (int q = 0; q < a.nsteps; ++q) {\n        const int off = q * B, b 
     for (int q = 0; q < a.nsteps; ++q) {
         MCM(-1)
         const int off = q * B, b = min(B, a.n - off);""")
-put("        cl.sync(); /* (a) every block's partial h is in its shared memory */",
-    "        MCM(0) cl.sync(); /* (a) every block's partial h is in its shared memory */ MCM(1)")
-put("        if (t == 0) mnistcu__mc_release(a.flags + g * S + r, gstep); /* after the block's stores */",
-    "        if (t == 0) mnistcu__mc_release(a.flags + g * S + r, gstep); /* after the block's stores */ MCM(2)")
-put("        /* 4. wait for rank r of every cluster */", "        MCM(3) /* 4. wait for rank r of every cluster */")
-put("        {   /* 5. the logits of own rows", "        MCM(4) {   /* 5. the logits of own rows")
-put("        cl.sync(); /* (b) every block's rows of h, dz, dh are in its shared memory */",
-    "        MCM(5) cl.sync(); /* (b) every block's rows of h, dz, dh are in its shared memory */ MCM(6)")
-put("        const bool plain = sopt[0].kind", "        MCM(7) const bool plain = sopt[0].kind")
+put("        mnistcu__mc_wait(bA, (uint32_t)q & 1u);", "        MCM(0) mnistcu__mc_wait(bA, (uint32_t)q & 1u); MCM(1)")
+put("        /* 3. while the other clusters catch up", "        MCM(2) /* 3. while the other clusters catch up")
+put("        {   /* 4, 5. the logits of own rows", "        MCM(3) {   /* 4, 5. the logits of own rows")
+put("            if (lc) { /* 4. the G clusters' partials, polled until each carries this step */",
+    "            if (t == 0) MCM(-1)\n            if (lc) { /* 4. the G clusters' partials, polled until each carries this step */")
+put("                z = s2 + b2s[c];\n            }", "                z = s2 + b2s[c];\n            }\n            if (t == 0) MCM(4)")
+put("        {   /* dh and dz of own rows (below BM)", "        MCM(5) {   /* dh and dz of own rows (below BM)")
+put("            mnistcu__mc_wait(bB, (uint32_t)q & 1u);", "            MCM(6) mnistcu__mc_wait(bB, (uint32_t)q & 1u); MCM(7)")
 put("            if (jz < W::NZ) {\n                float az[2][4];", "            MCM(9) if (jz < W::NZ) {\n                float az[2][4];")
 # the general steps' part of thread 0's W1 tiles (momentum, Adam...): their products, then their steps
 put("                mnistcu__mc_tc_dw<BM, U>(xc, dhall, mt, n0, lane, acc);",
