@@ -17914,9 +17914,11 @@ static __device__ __forceinline__ void mnistcu__mc_tc_dz(const float *hall, cons
 /* The general steps of one of W1's gradient tiles (mnistcu__mc_tc_dw; g[4 n + j] its element (n, j)) for
    optimizer kind K (mnistcu__mc_step_k): W1's with a thread's private copy of the step's scalars (ow) and
    its state in shared memory (w1st, a.sst) or the arena, b1's (x's row of ones) with the copies' (o1)
-   and their state (b1st). The elements in a loop, each gradient picked from registers by compile-time
-   indices, and one kind's code a loop: unrolled with every kind's step, the tiles' steps were about
-   5,000 instructions (bench/RESULTS.md). With the last step, the gradients go to the arena. */
+   and their state (b1st). A tile of 8 or more elements that are all W1's below H, with the state in
+   shared memory and no gradient kept, is unrolled with one kind's step; any other in a loop, each
+   gradient picked from registers by compile-time indices (unrolled with every kind's step, the
+   tiles' steps were about 5,000 instructions, bench/RESULTS.md). With the last step, the gradients
+   go to the arena. */
 template <int BM, int U, int K>
 static __device__ __forceinline__ void mnistcu__mc_w1_steps(const mnistcu__mc_args &a, const mnistcu__opt &ow,
                                                             const mnistcu__opt *o1, const float *g, float *w1s,
@@ -17926,6 +17928,21 @@ static __device__ __forceinline__ void mnistcu__mc_w1_steps(const mnistcu__mc_ar
 {
     enum { LDW = mnistcu__mc_lay<BM, U>::LDW, NV = 4 * mnistcu__mc_dwl<BM, U>::NW };
     const int gq = lane >> 2, q4 = lane & 3;
+    if (NV >= 8 && a.sst && !last && n0 + NV * 2 <= nown && 16 * mt + 16 <= kn) {
+        /* the common tile: every element a weight of W1 below H, its state in shared memory, no
+           gradient kept; unrolled with no branch between the elements, so that their steps overlap
+           (one element at a time, each step's dependent chain of selects, branches, loads and stores
+           took about 400 cycles with three warps a scheduler: ncu, bench/RESULTS.md). 784-1024-10
+           trains 9-13% faster so; tiles of 4 elements (8 units a cluster) measured level or slower */
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+            const int n = v >> 2, j = v & 3;
+            const int k = 16 * mt + gq + 8 * (j >> 1), u = n0 + 8 * n + 2 * q4 + (j & 1);
+            float *w = w1s + k * LDW + u;
+            *w = mnistcu__mc_step_k<K>(&ow, *w, g[v], w1st + k * LDW + u);
+        }
+        return;
+    }
 #pragma unroll 1
     for (int v = 0; v < NV; ++v) {
         const int n = v >> 2, j = v & 3;
