@@ -17624,8 +17624,11 @@ template <int BM, int U> struct mnistcu__mc_lay {
    st.async, whose bytes count down a transaction count on that block's mbarrier; the receiver's
    threads wait on its phase (acquire, cluster scope). A cluster barrier's arrive carries a GPU-wide
    fence (MEMBAR.ALL.GPU; about 700 cycles a warp at each of a step's two, measured with ncu,
-   bench/RESULTS.md), and a pull is a round trip; a push waits on neither. p's address in cluster
-   block `rank`'s shared memory: */
+   bench/RESULTS.md), and a pull is a round trip; a push waits on neither. Each receiving buffer
+   (rcv; hall, dhall, dzall) is single: a block pushes into one again only after it has received
+   something that the buffer's owner sends once done reading it (the partial h of the next step after
+   the gather's data of this one, and those after the partials). p's address in cluster block `rank`'s
+   shared memory: */
 static __device__ __forceinline__ uint32_t mnistcu__mc_mapa(const void *p, int rank)
 {
     uint32_t d;
