@@ -897,7 +897,8 @@ typedef struct mnistcu_train_desc {
                                             in other orders than the step by step path's, so its weights
                                             agree with that path's to rounding, not bit for bit (the same
                                             bits on every run of its own); 0: off */
-    int fused_mlp_clusters;              /* 1: on the GPU (compute capability 9.0 or later), FP32, a model of one
+    int fused_mlp_clusters;              /* 1: on the GPU (compute capability 9.0 or later, built with CUDA 12.1
+                                            or later; otherwise the option declines), FP32, a model of one
                                             hidden dense layer with a relu (at most 784 inputs, a multiple of 4,
                                             at most 1024 hidden units, biases) and a dense output of at most 16
                                             classes, the softmax cross-entropy against class labels without
