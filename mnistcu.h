@@ -17573,8 +17573,11 @@ typedef struct mnistcu__mc_args {
     size_t np;               /* parameters (the state's slot stride) */
     size_t w1, b1, w2, b2;   /* offsets in the arenas */
     const mnistcu__opt *opt; /* [nsteps] each step's optimizer scalars */
-    unsigned long long *pz;  /* [2][S][G][R C] partial logits, each with its step (mnistcu__mc_put), by step
-                                parity */
+    unsigned long long *pz;  /* partial logits, each with its step (mnistcu__mc_put), by step parity: with fewer
+                                than 32 units a cluster [2][S][R][G / 2][C][2] (MNISTCU__MC_G for G: a half
+                                warp's load of a pair of clusters, 16 bytes a lane, is C whole 16-byte pieces
+                                in a row), else [2][S][G][R C] (each cluster's words its own; measured faster
+                                there, bench/RESULTS.md) */
     float *rows;             /* [nsteps][B] each row's loss, then [nsteps][B] 1 where predicted right */
 } mnistcu__mc_args;
 
@@ -17667,10 +17670,18 @@ static __device__ __forceinline__ void mnistcu__mc_put(unsigned long long *p, un
     const unsigned long long w = (unsigned long long)step << 32 | __float_as_uint(v);
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
 }
+/* One word, or two at once (16 bytes aligned): PTX takes a vector access as one access an element, so each word
+   stays single-copy atomic. No "memory" clobber: the words carry all that the reader orders, and with
+   one the compiler read the kernel's parameters and rebuilt every address in each round of a poll */
+static __device__ __forceinline__ void mnistcu__mc_get2(const unsigned long long *p, unsigned long long &w0,
+                                                        unsigned long long &w1)
+{
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(p));
+}
 static __device__ __forceinline__ unsigned long long mnistcu__mc_get(const unsigned long long *p)
 {
     unsigned long long w;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p));
     return w;
 }
 /* Three TF32 parts for FP32's accuracy on the tensor cores: v = hi + lo, hi = v rounded to TF32's 10
@@ -17980,6 +17991,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
     enum { S = MNISTCU__MC_S, T = MNISTCU__MC_T, GM = MNISTCU__MC_G, CM = L::CM,
            LDX = L::LDX, LDW = L::LDW, LDH = L::LDH, LDZ = L::LDZ, HS = L::HS, NREP = L::NREP,
            NW = (BM * (L::KMAX / 4) + T - 1) / T /* words a thread fetches */ };
+    constexpr bool PAIRS = U < 32; /* the partial logits' layout (mnistcu__mc_args.pz) */
     extern __shared__ float4 mnistcu__mc_sm4[];
     float *sm = (float *)mnistcu__mc_sm4;
     cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
@@ -18005,6 +18017,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
     int32_t *labs = (int32_t *)(sidx + 4 * BM);
     uint32_t pre[NW];
     int pm[NW]; /* the words this thread fetches: row << 8 | word, the same every step */
+    const int p1blk = t / (U / 4) / Rr; /* the owner of the row whose phase 1 parts thread t adds (KP > 1) */
 #pragma unroll
     for (int i = 0; i < NW; ++i) {
         const int w = t + i * T, row = w / nw;
@@ -18079,13 +18092,13 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
         }
         /* 1. partial h over the slice, on the tensor cores, pushed to the rows' owners (A) */
         if (warp < 8) mnistcu__mc_tc_h<BM, U>(xc, w1s, ph, rcv, barA, r, Rr, kn, warp, lane);
-        if (L::KP > 1) { /* the parts in order, four units a thread, pushed */
+        if (L::KP > 1) { /* the parts in order, four units a thread (t's row's owner p1blk), pushed */
             enum { NP = L::KP };
+            static_assert(L::KP == 1 || BM * U / 4 <= T, "phase 1's parts: a thread a word");
             __syncthreads();
-            for (e = t; e < BM * U / 4; e += T) {
-                const int row = e / (U / 4), blk = row / Rr;
+            if (t < BM * U / 4 && p1blk < S) { /* rows past S Rr have no owner */
+                const int e = t, row = e / (U / 4), blk = p1blk;
                 float4 s = ((const float4 *)ph)[e];
-                if (blk >= S) continue; /* rows past S Rr have no owner */
 #pragma unroll
                 for (int p = 1; p < NP; ++p) {
                     const float4 v = ((const float4 *)(ph + p * BM * U))[e];
@@ -18114,7 +18127,10 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
         {   /* the partial logits to global memory (mnistcu__mc_put): with 32 or 64 units four chains
                (unit u in chain u % 4) on four lanes, added as (s0 + s1) + (s2 + s3); with fewer, a
                thread an output */
-            unsigned long long *dst = a.pz + ((size_t)((gstep & 1u) * S + r) * G + g) * (size_t)(Rr * C);
+            /* output (i, c)'s word at dst + i * oi + c * oc (the layout: mnistcu__mc_args.pz) */
+            unsigned long long *dst = a.pz + (size_t)((gstep & 1u) * S + r) * (size_t)(Rr * C) * GM +
+                                      (PAIRS ? (g >> 1) * 2 * C + (g & 1) : g * (Rr * C));
+            const int oi = PAIRS ? C * GM : C, oc = PAIRS ? 2 : 1;
             if (U >= 32) {
                 const int n4 = 4 * Rr * C;
                 for (e = t; e < (n4 + 31) / 32 * 32; e += T) { /* whole warps, for the shuffles */
@@ -18125,7 +18141,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
                         for (int u = j; u < U; u += 4) s = fmaf(hrow[i * HS + u], w2s[c * U + u], s);
                     s += __shfl_xor_sync(0xffffffffu, s, 1);
                     s += __shfl_xor_sync(0xffffffffu, s, 2);
-                    if (e < n4 && j == 0) mnistcu__mc_put(dst + i * C + c, gstep, s);
+                    if (e < n4 && j == 0) mnistcu__mc_put(dst + i * oi + c * oc, gstep, s);
                 }
             } else
                 for (e = t; e < Rr * C; e += T) {
@@ -18133,14 +18149,17 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
                     float s = 0.0f;
 #pragma unroll 8
                     for (int u = 0; u < U; ++u) s = fmaf(hrow[i * HS + u], w2s[c * U + u], s);
-                    mnistcu__mc_put(dst + e, gstep, s);
+                    mnistcu__mc_put(dst + i * oi + c * oc, gstep, s);
                 }
         }
-        for (e = t; e < S * Rr * (U / 4); e += T) { /* h of own rows (below BM) to every block's hall (B) */
-            const int blk = e / (Rr * (U / 4)), f = e - blk * (Rr * (U / 4)), i = f / (U / 4), u4 = f - i * (U / 4);
-            if (r * Rr + i < BM)
-                mnistcu__mc_push4(mnistcu__mc_mapa(hall + (r * Rr + i) * LDH + 4 * u4, blk),
-                                  *(const float4 *)(hrow + i * HS + 4 * u4), mnistcu__mc_mapa(barB, blk));
+        for (e = t; e < Rr * (U / 4); e += T) { /* h of own rows (below BM) to every block's hall (B) */
+            const int i = e / (U / 4), u4 = e - i * (U / 4);
+            if (r * Rr + i < BM) {
+                const float4 v = *(const float4 *)(hrow + i * HS + 4 * u4);
+#pragma unroll
+                for (int blk = 0; blk < S; ++blk)
+                    mnistcu__mc_push4(mnistcu__mc_mapa(hall + (r * Rr + i) * LDH + 4 * u4, blk), v, mnistcu__mc_mapa(barB, blk));
+            }
         }
         /* 3. while the other clusters catch up: the next batch's bytes into xn, the batch after's loads */
         if (t < bnn) inn[t] = idx2;
@@ -18153,20 +18172,31 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
             float z = -INFINITY, m, sum, ex, zy;
             int am = c, y = 0;
             if (lc) { /* 4. the G clusters' partials, polled until each carries this step */
-                const unsigned long long *src = a.pz + (size_t)((gstep & 1u) * S + r) * G * (size_t)(Rr * C) + i * C + c;
+                const unsigned long long *src = a.pz + (size_t)((gstep & 1u) * S + r) * (size_t)(Rr * C) * GM +
+                                                (PAIRS ? (i * C * GM + 2 * c) : i * C + c);
+                asm volatile("" : "+l"(src)); /* one register, the loads at offsets from it (else the compiler
+                                                  rebuilds each load's address in each round) */
                 unsigned long long v[GM];
+                unsigned wait = (1u << G) - 1u; /* the clusters whose word has not carried this step yet */
                 float s2 = 0.0f;
-                bool in;
-                do {
-                    in = true;
 #pragma unroll
-                    for (int gg = 0; gg < GM; ++gg) {
-                        v[gg] = gg < G ? mnistcu__mc_get(src + gg * (Rr * C)) : (unsigned long long)gstep << 32;
-                        in = in && (unsigned)(v[gg] >> 32) == gstep;
+                for (int gg = 0; gg < GM; ++gg) v[gg] = 0ull;
+                do { /* a round: the missing words (the pairs with one), loaded together */
+                    if (PAIRS) {
+#pragma unroll
+                        for (int gg = 0; gg < GM; gg += 2)
+                            if (wait >> gg & 3u) mnistcu__mc_get2(src + gg * C, v[gg], v[gg + 1]);
+                    } else {
+#pragma unroll
+                        for (int gg = 0; gg < GM; ++gg)
+                            if (wait >> gg & 1u) v[gg] = mnistcu__mc_get(src + gg * (Rr * C));
                     }
-                } while (!in);
 #pragma unroll
-                for (int gg = 0; gg < GM; ++gg) s2 += __uint_as_float((unsigned)v[gg]);
+                    for (int gg = 0; gg < GM; ++gg)
+                        if ((unsigned)(v[gg] >> 32) == gstep) wait &= ~(1u << gg);
+                } while (wait);
+#pragma unroll
+                for (int gg = 0; gg < GM; ++gg) s2 += gg < G ? __uint_as_float((unsigned)v[gg]) : 0.0f;
                 z = s2 + b2s[c];
             }
             m = z;
@@ -18203,15 +18233,14 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
         {   /* dh and dz of own rows (below BM) to every block's dhall and dzall (B); then the batch's
                h, dh and dz, once in */
             enum { F = U / 4 + CM / 4 };
-            for (e = t; e < S * Rr * F; e += T) {
-                const int blk = e / (Rr * F), f = e - blk * (Rr * F), i = f / F, w = f - i * F, row = r * Rr + i;
+            for (e = t; e < Rr * F; e += T) { /* a thread a word, to the S blocks */
+                const int i = e / F, w = e - i * F, row = r * Rr + i;
                 if (row >= BM) continue;
-                if (w < U / 4)
-                    mnistcu__mc_push4(mnistcu__mc_mapa(dhall + row * LDH + 4 * w, blk),
-                                      *(const float4 *)(dhrow + i * U + 4 * w), mnistcu__mc_mapa(barB, blk));
-                else
-                    mnistcu__mc_push4(mnistcu__mc_mapa(dzall + row * LDZ + 4 * (w - U / 4), blk),
-                                      *(const float4 *)(dzrow + i * CM + 4 * (w - U / 4)), mnistcu__mc_mapa(barB, blk));
+                const bool h = w < U / 4;
+                const float4 v = *(const float4 *)(h ? dhrow + i * U + 4 * w : dzrow + i * CM + 4 * (w - U / 4));
+                float *d = h ? dhall + row * LDH + 4 * w : dzall + row * LDZ + 4 * (w - U / 4);
+#pragma unroll
+                for (int blk = 0; blk < S; ++blk) mnistcu__mc_push4(mnistcu__mc_mapa(d, blk), v, mnistcu__mc_mapa(barB, blk));
             }
             mnistcu__mc_wait(bB, (uint32_t)q & 1u);
             if (t == 0 && q + 1 < a.nsteps) mnistcu__mc_expect(bB, txb); /* the next step's bytes */

@@ -14,7 +14,8 @@ phase 2 (h of own rows, partial logits, h pushed), phase 3 (the next batch) and 
 of phase 5, thread 0's polls of the other clusters' partial logits (its row's; 0 where it waits for
 none), the rest of phase 5 (logits, loss, dz, dh), the pushes of dh and dz, the wait for the batch's h,
 dh and dz (mbarrier B), then the rest of the update phase after thread 0's W1 tiles ("dw1"); with an
-optimizer that keeps state, the W1 tiles' products and their general steps apart ("general steps").
+optimizer that keeps state, the W1 tiles' products and their general steps apart ("general steps"); and
+thread 0's rounds of polls a step (1.00: its first loads already carried the step).
 Block 0's thread 0 alone is timed: the other threads' time shows in the waits that follow.
 Per-instruction stall reasons: bench/variants/cluster_ncu.py.
 Exits non-zero where the header no longer has a marked place."""
@@ -43,6 +44,9 @@ put("    for (int q = 0; q < a.nsteps; ++q) {\n        const int off = q * B, b 
 put("        mnistcu__mc_wait(bA, (uint32_t)q & 1u);", "        MCM(0) mnistcu__mc_wait(bA, (uint32_t)q & 1u); MCM(1)")
 put("        /* 3. while the other clusters catch up", "        MCM(2) /* 3. while the other clusters catch up")
 put("        {   /* 4, 5. the logits of own rows", "        MCM(3) {   /* 4, 5. the logits of own rows")
+put("                do { /* a round: the missing words (the pairs with one), loaded together */",
+    "                do { /* a round: the missing words (the pairs with one), loaded together */\n"
+    "                    if (mcp) mcp[13] += 1;")
 put("            if (lc) { /* 4. the G clusters' partials, polled until each carries this step */",
     "            if (t == 0) MCM(-1)\n            if (lc) { /* 4. the G clusters' partials, polled until each carries this step */")
 put("                z = s2 + b2s[c];\n            }", "                z = s2 + b2s[c];\n            }\n            if (t == 0) MCM(4)")
@@ -69,6 +73,7 @@ put("        if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;\n        __synct
                (double)mcp[6] / a.nsteps, (double)mcp[7] / a.nsteps, (double)mcp[8] / a.nsteps);
         printf("mcphases general steps: products %.0f, steps %.0f, tiles %.0f a step\\n", (double)mcp[10] / a.nsteps,
                (double)mcp[11] / a.nsteps, (double)mcp[12] / a.nsteps);
+        printf("mcphases polls: %.2f rounds a step\\n", (double)mcp[13] / a.nsteps);
         printf("mcphases dw1 %.0f; ns a step %.1f, cycles a step %.0f\\n", (double)mcp[9] / a.nsteps,
                (double)(g1_ - mcg0) / a.nsteps, (double)(clock64() - mcc0) / a.nsteps);
     }""")
