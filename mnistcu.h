@@ -17550,10 +17550,10 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
    stale one. Each row's
    loss and whether it was predicted right go to global memory; a small kernel
    sums them per step in row order (the statistics).
-   Measured on an H100 (bench/RESULTS.md): P2 (784-128-10, batch 64) about 7.1-7.7
-   ms an epoch against 15.5-16 in the fused MLP kernel (JAX 26.4), P1
-   (784-1024-10, batch 32) about 0.043 s for 10 epochs against 0.073 (JAX
-   0.097). bench/mlp_cluster.cu is the design's standalone form, with the CPU
+   Measured (bench/RESULTS.md): P2 (784-128-10, batch 64) 6.25-6.33 ms an epoch
+   on an H200 (JAX 26.2 in the same call; the fused MLP kernel 15.5-16 on an
+   H100), P1 (784-1024-10, batch 32) 0.035-0.036 s for 10 epochs (JAX 0.098).
+   bench/mlp_cluster.cu is the design's first standalone form, with the CPU
    reference it was checked against. */
 enum { MNISTCU__MC_T = 384, MNISTCU__MC_S = 6, MNISTCU__MC_G = 16, MNISTCU__MC_CM = 16, MNISTCU__MC_DMAX = 784,
        MNISTCU__MC_BMAX = 64, MNISTCU__MC_HMAX = 16 * 64 };
