@@ -2396,11 +2396,14 @@ TEST cuda_fused_lenet_declines_what_it_cannot_do(void)
    (batches up to 32 and 64; 8, 16, 32 and 64 units a cluster, with units past
    H), every optimizer, W1's state in shared memory (1, 2 and 3 slots) and in
    the arena (the 64-row, 64-unit instance has no room for it), several
-   launches an epoch, a sum reduction, 16 classes and inputs that are not 784. */
+   launches an epoch, a sum reduction, 16 classes and inputs that are not 784, and both forms of x:
+   the standard normalisation (a shift: x's floats, three TF32 parts a product) and x / 255 (no
+   shift: x's bytes, two parts; mnistcu__mc_args.xb). */
 typedef struct tc_mc_case {
     const char *name, *spec;
     size_t n;
     int D, C, B, epochs, progress_every, cosine_per_step, loss_sum;
+    int unit; /* x / 255 (MNISTCU_NORM_UNIT), not the standard normalisation */
     mnistcu_optim_desc optim;
 } tc_mc_case;
 
@@ -2449,6 +2452,7 @@ static float *tc_mc_train(const tc_mc_case *c, int clusters, size_t *np, mnistcu
     float *p = NULL;
     if (!ctx) return NULL;
     ds = f32 ? tc_synthetic(ctx, c->n, (size_t)c->D, c->C, 11) : tc_u8_dataset(ctx, c->n, c->D, c->C, 11);
+    if (ds && c->unit) mnistcu__dataset_set_norm(ds, MNISTCU_NORM_UNIT);
     memset(&td, 0, sizeof td);
     td.epochs = c->epochs;
     td.batch_size = c->B;
@@ -2480,7 +2484,7 @@ static float *tc_mc_train(const tc_mc_case *c, int clusters, size_t *np, mnistcu
 
 TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
 {
-    static tc_mc_case cases[12];
+    static tc_mc_case cases[20];
     int i, ncases = 0;
     tc_mc_case *c;
     memset(cases, 0, sizeof cases);
@@ -2561,6 +2565,43 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
     c->spec = "784 dense1000 relu dense10"; c->D = 784; c->C = 10;
     c->n = 100; c->B = 64; c->epochs = 2;
     c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+    /* x / 255, x's bytes in the products: P1's and P2's recipes, momentum with weight decay and W1's
+       state in the arena, and the sum reduction in the 32-row, 32-unit instance with inputs that are not
+       784 (SGD: Adam's, RMSprop's and Adagrad's first steps are about lr sign(g), and the sign of a
+       gradient that cancels to near 0 differs between two orders of the sums, by a whole step) */
+    c = &cases[ncases++];
+    c->name = "784-1024-10, batch 32, SGD, 101 samples, x / 255";
+    c->spec = "784 dense1024 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 101; c->B = 32; c->epochs = 1; c->unit = 1;
+    c->optim.learning_rate = 0.05f;
+    /* plain SGD in the 32-row, 64-unit instance takes each next step's phase 1 ahead (mnistcu__mc_tc_g):
+       with x's floats, over chunks of 2 steps (the chunk's first step without it), a short last batch
+       ahead; and P1's recipe over 2 epochs with a rate each step */
+    c = &cases[ncases++];
+    c->name = "784-1024-10, batch 32, SGD, 101 samples, chunks of 2";
+    c->spec = "784 dense1024 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 101; c->B = 32; c->epochs = 1; c->progress_every = 2;
+    c->optim.learning_rate = 0.05f;
+    c = &cases[ncases++];
+    c->name = "784-700-10, batch 30, SGD, 200 samples, 2 epochs, per-step cosine, x / 255";
+    c->spec = "784 dense700 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 200; c->B = 30; c->epochs = 2; c->cosine_per_step = 1; c->unit = 1;
+    c->optim.learning_rate = 0.05f;
+    c = &cases[ncases++];
+    c->name = "784-128-10, batch 64, SGD, 200 samples, 2 epochs, x / 255";
+    c->spec = "784 dense128 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 200; c->B = 64; c->epochs = 2; c->unit = 1;
+    c->optim.learning_rate = 0.1f;
+    c = &cases[ncases++];
+    c->name = "784-1000-10, batch 64, SGD momentum, weight decay, 150 samples, x / 255";
+    c->spec = "784 dense1000 relu dense10"; c->D = 784; c->C = 10;
+    c->n = 150; c->B = 64; c->epochs = 1; c->unit = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f; c->optim.weight_decay = 1e-3f;
+    c = &cases[ncases++];
+    c->name = "196-300-16, batch 20, SGD, sum loss, 90 samples, x / 255";
+    c->spec = "196 dense300 relu dense16"; c->D = 196; c->C = 16;
+    c->n = 90; c->B = 20; c->epochs = 1; c->unit = 1; c->loss_sum = 1;
+    c->optim.learning_rate = 0.01f;
     for (i = 0; i < ncases; ++i) {
         mnistcu_train_result ra, rb, rc;
         size_t na = 0, nb = 0, nc = 0, steps, k, t, s, slots;
@@ -2642,20 +2683,23 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
 }
 
 /* The kernel alone, twice, at 8 and at 64 units a cluster (the latter with momentum, whose state of W1
-   is in shared memory): the same bits, every step in it where the device holds its clusters. Small enough for compute-sanitizer's racecheck (tests/run_gpu_tests.sh),
+   is in shared memory, and with plain SGD, which takes each next step's phase 1 ahead): the same bits, every step in it where the device holds its clusters. Small enough for compute-sanitizer's racecheck (tests/run_gpu_tests.sh),
    which takes minutes over the test above. */
 TEST cuda_fused_mlp_clusters_repeats(void)
 {
-    static tc_mc_case cases[2];
+    static tc_mc_case cases[3];
     int i;
     memset(cases, 0, sizeof cases);
     cases[0].name = "784-128-10, batch 64, 130 samples";
     cases[0].spec = "784 dense128 relu dense10";
     cases[0].n = 130; cases[0].B = 64;
-    cases[1].name = "784-1024-10, batch 32, 70 samples";
+    cases[1].name = "784-1024-10, batch 32, 70 samples, x / 255";
     cases[1].spec = "784 dense1024 relu dense10";
-    cases[1].n = 70; cases[1].B = 32;
-    for (i = 0; i < 2; ++i) {
+    cases[1].n = 70; cases[1].B = 32; cases[1].unit = 1; /* x's bytes in the products (mnistcu__mc_args.xb) */
+    cases[2].name = "784-1024-10, batch 32, 70 samples, plain SGD, x / 255"; /* each next phase 1 ahead */
+    cases[2].spec = "784 dense1024 relu dense10";
+    cases[2].n = 70; cases[2].B = 32; cases[2].unit = 1;
+    for (i = 0; i < 3; ++i) {
         tc_mc_case *c = &cases[i];
         mnistcu_train_result ra, rb;
         size_t na = 0, nb = 0, steps = (c->n + (size_t)c->B - 1) / (size_t)c->B;
