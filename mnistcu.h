@@ -17541,7 +17541,7 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
    any case. Where the normalisation has no shift (x / 255, say), x's bytes
    are TF32 values as they are: x holds them, its products take two parts
    (ah bh + ah bl, exact in a), and the scale multiplies their sums
-   (mnistcu__mc_args.xb; P1 4-6% faster, bench/RESULTS.md). The FP32 fmafs
+   (mnistcu__mc_args.xb; P1 2-6% faster, bench/RESULTS.md). The FP32 fmafs
    these replaced were bound by shared-memory loads, a few per fmaf (P1's
    phase 1 took 6300 cycles a step, now 3400; its update phase 8600, now
    5000; bench/RESULTS.md).
@@ -17623,12 +17623,7 @@ template <int BM, int U> struct mnistcu__mc_lay {
         str = b2s + CM,             /* [3][NREP] their optimizer state */
         opt = str + 3 * NREP,       /* the step's scalars: [0] W1's (state stride np), [1] the copies' (NREP),
                                        [2] W1's with its state in shared memory (SST) */
-        /* the next step's phase 1 ahead (EARLY, see mnistcu__mc_tc_g): where the batch has at most half as
-           many rows as the cluster has units, the rows' products x' x^T over the slice cost less than
-           phase 1 again */
-        EARLY = 2 * BM <= U, LDG = BM + 4,
-        gs = opt + OPTF,            /* with EARLY: [BM][LDG] the next batch's rows times this one's, over the slice */
-        bars = gs + (EARLY ? BM * LDG : 0),          /* two mbarriers (8 bytes each): the partial h's pushes, then h's, dh's, dz's */
+        bars = opt + OPTF,          /* two mbarriers (8 bytes each): the partial h's pushes, then h's, dh's, dz's */
         ints = bars + 4,            /* sample indices [4][BM] (steps q .. q + 3), own rows' labels [2][R] */
         total = ints + 4 * BM + 2 * R,
         w1st = (total + 3) / 4 * 4  /* with a.sst: W1's optimizer state [slots][SST], as w1s */
@@ -17837,7 +17832,7 @@ static __host__ __device__ __forceinline__ void mnistcu__mc_slice(int D, int r, 
    goes straight to the rows' owners (row's block row / Rr, its slot r of rcv, pushed: mnistcu__mc_push2),
    KP parts to ph [KP][BM][U] (the caller adds them in order and pushes them). XB: x holds bytes
    (mnistcu__mc_args.xb), each sum times xsc */
-template <int BM, int U, bool XB, bool PUSH = true>
+template <int BM, int U, bool XB>
 static __device__ __forceinline__ void mnistcu__mc_tc_h(const float *xc, const float *w1s, float *ph, float *rcv,
                                                         const void *bar, int r, int Rr, int kn, int warp, int lane,
                                                         float xsc)
@@ -17885,7 +17880,7 @@ static __device__ __forceinline__ void mnistcu__mc_tc_h(const float *xc, const f
             for (int h2 = 0; h2 < 2; ++h2) { /* rows gq and gq + 8 of the tile */
                 const int row = m0 + 16 * m + gq + 8 * h2, col = n0 + 8 * n + 2 * q, blk = row / Rr;
                 const float v0 = mnistcu__mc_sum3(acc[m][n], 2 * h2) * xsc, v1 = mnistcu__mc_sum3(acc[m][n], 2 * h2 + 1) * xsc;
-                if (KP > 1 || !PUSH) /* !PUSH: all parts to ph (the next step's, ahead: mnistcu__mc_tc_g) */
+                if (KP > 1)
                     *(float2 *)(ph + kp * BM * U + row * U + col) = make_float2(v0, v1);
                 else if (blk < L::S) /* rows past S Rr have no owner */
                     mnistcu__mc_push2(mnistcu__mc_mapa(rcv + (r * L::R + row - blk * Rr) * U + col, blk), v0, v1,
@@ -17957,95 +17952,6 @@ static __device__ __forceinline__ void mnistcu__mc_tc_dz(const float *hall, cons
         mnistcu__mc_split(hr[LDH], hh[1], hl[1]);
         mnistcu__mc_mma3(az, zh, zl, hh, hl);
     }
-}
-/* The next step's phase 1 ahead (mnistcu__mc_lay::EARLY; plain SGD, whose step is W' = W - lr dh^T x).
-   The partial h of the next batch x' over the slice is x' W'^T = x' W^T - lr (x' x^T) dh: its first
-   term needs only this step's weights, and the second is small where the batch has fewer rows than
-   the cluster has units. So while a step waits for the other clusters' partial logits, warps 4-11
-   take x' W^T (mnistcu__mc_tc_h, into ph) and the rows' products G = x' x^T over the slice (this
-   function: one 16 by 8 tile of G a warp, into gs; x's column of ones, in the sums where kn is not a
-   multiple of 8, taken out: G's entries are whole numbers with XB, 1 less exactly), and once the
-   batch's dh is in, warps 0-7 add -lr G dh (mnistcu__mc_tc_corr) and push the result to the rows'
-   owners, as phase 1 would at the next step's start; the next step starts at the wait for them.
-   Phase 1 and the wait for its slowest warp leave the chain of dependent work that crosses the grid
-   each step. In exact arithmetic the partial h is the same; in FP32 it is rounded otherwise */
-template <int BM, int U, bool XB>
-static __device__ __forceinline__ void mnistcu__mc_tc_g(const float *xn, const float *xc, float *gs, int kn, int w,
-                                                        int lane)
-{
-    typedef mnistcu__mc_lay<BM, U> L;
-    enum { LDX = L::LDX, LDG = L::LDG, MT = BM / 16 };
-    if (MT * (BM / 8) != 8) return; /* instances with EARLY only: one tile a warp of eight */
-    const int gq = lane >> 2, q = lane & 3, m0 = 16 * (w % MT), n0 = 8 * (w / MT), nks = (kn + 7) / 8;
-    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll 2
-    for (int ks = 0; ks < nks; ++ks) {
-        const int k = 8 * ks + q;
-        const float *xr = xn + (m0 + gq) * LDX + k, *yr = xc + (n0 + gq) * LDX + k;
-        uint32_t ah[4], al[4], bh[2], bl[2];
-        mnistcu__mc_split_x<XB>(xr[0], ah[0], al[0]);
-        mnistcu__mc_split_x<XB>(xr[8 * LDX], ah[1], al[1]);
-        mnistcu__mc_split_x<XB>(xr[4], ah[2], al[2]);
-        mnistcu__mc_split_x<XB>(xr[8 * LDX + 4], ah[3], al[3]);
-        mnistcu__mc_split_x<XB>(yr[0], bh[0], bl[0]);
-        mnistcu__mc_split_x<XB>(yr[4], bh[1], bl[1]);
-        if (XB) mnistcu__mc_mma(acc[0], ah, bh); /* bytes times bytes: exact */
-        else mnistcu__mc_mma3(acc, ah, al, bh, bl);
-    }
-    const float ones = (kn & 7) ? 1.0f : 0.0f;
-#pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-        const int row = m0 + gq + 8 * h2, col = n0 + 2 * q;
-        *(float2 *)(gs + row * LDG + col) = make_float2(mnistcu__mc_sum3(acc, 2 * h2) - ones,
-                                                        mnistcu__mc_sum3(acc, 2 * h2 + 1) - ones);
-    }
-}
-/* ... and the partial h of the next step: ph + c G dh (c = -lr, times xsc^2 with XB), warp w of 0-7
-   taking 16 rows by 16 units (the rows' K in pairs, as mnistcu__mc_tc_dw), pushed to the rows' owners */
-template <int BM, int U>
-static __device__ __forceinline__ void mnistcu__mc_tc_corr(const float *gs, const float *dhall, const float *ph,
-                                                           float *rcv, const void *bar, int r, int Rr, int w,
-                                                           int lane, float c)
-{
-    typedef mnistcu__mc_lay<BM, U> L;
-    enum { LDG = L::LDG, LDH = L::LDH, MT = BM / 16 };
-    if (MT * (U / 16) != 8) return; /* instances with EARLY only: 16 by 16 a warp of eight */
-    const int gq = lane >> 2, q = lane & 3, m0 = 16 * (w % MT), n0 = 16 * (w / MT);
-    float acc[2][2][4];
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[n][0][e] = acc[n][1][e] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < BM / 8; ++ks) {
-        const int r0 = 8 * ks + 2 * q;
-        const float *g0 = gs + (m0 + gq) * LDG + r0;
-        uint32_t ah[4], al[4], bh[2][2], bl[2][2];
-        mnistcu__mc_split(g0[0], ah[0], al[0]);
-        mnistcu__mc_split(g0[8 * LDG], ah[1], al[1]);
-        mnistcu__mc_split(g0[1], ah[2], al[2]);
-        mnistcu__mc_split(g0[8 * LDG + 1], ah[3], al[3]);
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-            const float *dr = dhall + r0 * LDH + n0 + 8 * n + gq;
-            mnistcu__mc_split(dr[0], bh[n][0], bl[n][0]);
-            mnistcu__mc_split(dr[LDH], bh[n][1], bl[n][1]);
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n) mnistcu__mc_mma3(acc[n], ah, al, bh[n], bl[n]);
-    }
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-            const int row = m0 + gq + 8 * h2, col = n0 + 8 * n + 2 * q, blk = row / Rr;
-            const float2 p = *(const float2 *)(ph + row * U + col);
-            const float v0 = fmaf(c, mnistcu__mc_sum3(acc[n], 2 * h2), p.x);
-            const float v1 = fmaf(c, mnistcu__mc_sum3(acc[n], 2 * h2 + 1), p.y);
-            if (blk < L::S) /* rows past S Rr have no owner */
-                mnistcu__mc_push2(mnistcu__mc_mapa(rcv + (r * L::R + row - blk * Rr) * U + col, blk), v0, v1,
-                                  mnistcu__mc_mapa(bar, blk));
-        }
 }
 /* The general steps of one of W1's gradient tiles (mnistcu__mc_tc_dw; g[4 n + j] its element (n, j)) for
    optimizer kind K (mnistcu__mc_step_k): W1's with a thread's private copy of the step's scalars (ow) and
@@ -18190,7 +18096,6 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
         mnistcu__mc_load<NW>(pre, pm, b1, a.x, sidx + BM, D, k0);
         __syncthreads();
     }
-    bool ahead = false; /* this step's partial h pushed during the last one (mnistcu__mc_tc_g) */
     for (int q = 0; q < a.nsteps; ++q) {
         const int off = q * B, b = min(B, a.n - off);
         const int bn = q + 1 < a.nsteps ? min(B, a.n - off - B) : 0;
@@ -18212,13 +18117,12 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
             sopt[2] = sopt[0];
             sopt[2].n = L::SST;
         }
-        /* 1. partial h over the slice, on the tensor cores, pushed to the rows' owners (A); unless the
-           last step did (ahead) */
-        if (!ahead && warp < 8) {
+        /* 1. partial h over the slice, on the tensor cores, pushed to the rows' owners (A) */
+        if (warp < 8) {
             if (a.xb) mnistcu__mc_tc_h<BM, U, true>(xc, w1s, ph, rcv, barA, r, Rr, kn, warp, lane, a.xsc);
             else mnistcu__mc_tc_h<BM, U, false>(xc, w1s, ph, rcv, barA, r, Rr, kn, warp, lane, 1.0f);
         }
-        if (L::KP > 1 && !ahead) { /* the parts in order, four units a thread (t's row's owner p1blk), pushed */
+        if (L::KP > 1) { /* the parts in order, four units a thread (t's row's owner p1blk), pushed */
             enum { NP = L::KP };
             static_assert(L::KP == 1 || BM * U / 4 <= T, "phase 1's parts: a thread a word");
             __syncthreads();
@@ -18292,20 +18196,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
         mnistcu__mc_floats<NW, LDX>(pre, pm, bn, xn, a.scale, a.shift);
         __syncthreads();
         mnistcu__mc_load<NW>(pre, pm, bnn, a.x, inn, D, k0);
-        /* plain SGD's step, w - lr g, is what mnistcu__mc_step takes too (one fmaf): here without its
-           loads of the scalars per weight */
-        const bool plain = sopt[0].kind == MNISTCU_OPTIM_SGD && !sopt[0].has_momentum && sopt[0].wd == 0.0f;
-        const bool early = L::EARLY && plain && q + 1 < a.nsteps; /* the next step's phase 1 now */
-        static_assert(!L::EARLY || L::R <= 8, "the polls on warps 0-3 where EARLY");
-        if (early && warp >= 4) { /* while warps 0-3 poll: x' W^T and x' x^T (mnistcu__mc_tc_g) */
-            if (a.xb) {
-                mnistcu__mc_tc_h<BM, U, true, false>(xn, w1s, ph, rcv, barA, r, Rr, kn, warp - 4, lane, a.xsc);
-                mnistcu__mc_tc_g<BM, U, true>(xn, xc, sm + L::gs, kn, warp - 4, lane);
-            } else {
-                mnistcu__mc_tc_h<BM, U, false, false>(xn, w1s, ph, rcv, barA, r, Rr, kn, warp - 4, lane, 1.0f);
-                mnistcu__mc_tc_g<BM, U, false>(xn, xc, sm + L::gs, kn, warp - 4, lane);
-            }
-        } else {   /* 4, 5. the logits of own rows, a half warp a row (lane c: class c), their loss, dz, then dh */
+        {   /* 4, 5. the logits of own rows, a half warp a row (lane c: class c), their loss, dz, then dh */
             const int i = warp * 2 + (lane >> 4), c = lane & 15, row = r * Rr + i;
             const bool live = i < Rr && row < b, lc = live && c < C;
             float z = -INFINITY, m, sum, ex, zy;
@@ -18384,10 +18275,10 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
             mnistcu__mc_wait(bB, (uint32_t)q & 1u);
             if (t == 0 && q + 1 < a.nsteps) mnistcu__mc_expect(bB, txb); /* the next step's bytes */
         }
+        /* plain SGD's step, w - lr g, is what mnistcu__mc_step takes too (one fmaf): here without its
+           loads of the scalars per weight */
+        const bool plain = sopt[0].kind == MNISTCU_OPTIM_SGD && !sopt[0].has_momentum && sopt[0].wd == 0.0f;
         const float nlr = -sopt[0].lr;
-        if (early && warp < 8) /* the next step's partial h, pushed (mnistcu__mc_tc_g) */
-            mnistcu__mc_tc_corr<BM, U>(sm + L::gs, dhall, ph, rcv, barA, r, Rr, warp, lane, nlr * (a.xsc * a.xsc));
-        ahead = early;
         {   /* the sums on the tensor cores (mnistcu__mc_tc_dw, _dz), each tile's steps after it: plain
                SGD's (no gradients kept) apart, without the general step's call in its loop */
             typedef mnistcu__mc_dwl<BM, U> W;

@@ -2574,9 +2574,8 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
     c->spec = "784 dense1024 relu dense10"; c->D = 784; c->C = 10;
     c->n = 101; c->B = 32; c->epochs = 1; c->unit = 1;
     c->optim.learning_rate = 0.05f;
-    /* plain SGD in the 32-row, 64-unit instance takes each next step's phase 1 ahead (mnistcu__mc_tc_g):
-       with x's floats, over chunks of 2 steps (the chunk's first step without it), a short last batch
-       ahead; and P1's recipe over 2 epochs with a rate each step */
+    /* plain SGD in the 32-row, 64-unit instance: with x's floats over chunks of 2 steps and a short
+       last batch, and with x / 255 at batch 30 over 2 epochs with a rate each step */
     c = &cases[ncases++];
     c->name = "784-1024-10, batch 32, SGD, 101 samples, chunks of 2";
     c->spec = "784 dense1024 relu dense10"; c->D = 784; c->C = 10;
@@ -2683,7 +2682,7 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
 }
 
 /* The kernel alone, twice, at 8 and at 64 units a cluster (the latter with momentum, whose state of W1
-   is in shared memory, and with plain SGD, which takes each next step's phase 1 ahead): the same bits, every step in it where the device holds its clusters. Small enough for compute-sanitizer's racecheck (tests/run_gpu_tests.sh),
+   is in shared memory, and with plain SGD and x / 255): the same bits, every step in it where the device holds its clusters. Small enough for compute-sanitizer's racecheck (tests/run_gpu_tests.sh),
    which takes minutes over the test above. */
 TEST cuda_fused_mlp_clusters_repeats(void)
 {
@@ -2696,7 +2695,7 @@ TEST cuda_fused_mlp_clusters_repeats(void)
     cases[1].name = "784-1024-10, batch 32, 70 samples, x / 255";
     cases[1].spec = "784 dense1024 relu dense10";
     cases[1].n = 70; cases[1].B = 32; cases[1].unit = 1; /* x's bytes in the products (mnistcu__mc_args.xb) */
-    cases[2].name = "784-1024-10, batch 32, 70 samples, plain SGD, x / 255"; /* each next phase 1 ahead */
+    cases[2].name = "784-1024-10, batch 32, 70 samples, plain SGD, x / 255";
     cases[2].spec = "784 dense1024 relu dense10";
     cases[2].n = 70; cases[2].B = 32; cases[2].unit = 1;
     for (i = 0; i < 3; ++i) {

@@ -43,7 +43,7 @@ put("    for (int q = 0; q < a.nsteps; ++q) {\n        const int off = q * B, b 
         const int off = q * B, b = min(B, a.n - off);""")
 put("        mnistcu__mc_wait(bA, (uint32_t)q & 1u);", "        MCM(0) mnistcu__mc_wait(bA, (uint32_t)q & 1u); MCM(1)")
 put("        /* 3. while the other clusters catch up", "        MCM(2) /* 3. while the other clusters catch up")
-put("        if (early && warp >= 4) {", "        MCM(3) if (early && warp >= 4) {")
+put("        {   /* 4, 5. the logits of own rows", "        MCM(3) {   /* 4, 5. the logits of own rows")
 put("                do { /* a round: the missing words (the pairs with one), loaded together */",
     "                do { /* a round: the missing words (the pairs with one), loaded together */\n"
     "                    if (mcp) mcp[13] += 1;")
@@ -52,7 +52,6 @@ put("            if (lc) { /* 4. the G clusters' partials, polled until each car
 put("                z = s2 + b2s[c];\n            }", "                z = s2 + b2s[c];\n            }\n            if (t == 0) MCM(4)")
 put("        {   /* dh and dz of own rows (below BM)", "        MCM(5) {   /* dh and dz of own rows (below BM)")
 put("            mnistcu__mc_wait(bB, (uint32_t)q & 1u);", "            MCM(6) mnistcu__mc_wait(bB, (uint32_t)q & 1u); MCM(7)")
-put("        ahead = early;", "        ahead = early;\n        MCM(14)")
 put("            if (jz < W::NZ) {\n                float az[2][4];", "            MCM(9) if (jz < W::NZ) {\n                float az[2][4];")
 # the general steps' part of thread 0's W1 tiles (momentum, Adam...): their products, then their steps
 put("                if (a.xb) mnistcu__mc_tc_dw<BM, U, true>(xc, dhall, mt, n0, lane, acc);",
@@ -75,7 +74,6 @@ put("        if (t < Rr) labs[((q + 1) & 1) * L::R + t] = labn;\n        __synct
         printf("mcphases general steps: products %.0f, steps %.0f, tiles %.0f a step\\n", (double)mcp[10] / a.nsteps,
                (double)mcp[11] / a.nsteps, (double)mcp[12] / a.nsteps);
         printf("mcphases polls: %.2f rounds a step\\n", (double)mcp[13] / a.nsteps);
-        printf("mcphases the next step's partial h ahead (correction, pushes): %.0f\\n", (double)mcp[14] / a.nsteps);
         printf("mcphases dw1 %.0f; ns a step %.1f, cycles a step %.0f\\n", (double)mcp[9] / a.nsteps,
                (double)(g1_ - mcg0) / a.nsteps, (double)(clock64() - mcc0) / a.nsteps);
     }""")
