@@ -17879,7 +17879,8 @@ static __device__ __forceinline__ void mnistcu__mc_tc_h(const float *xc, const f
 #pragma unroll
             for (int h2 = 0; h2 < 2; ++h2) { /* rows gq and gq + 8 of the tile */
                 const int row = m0 + 16 * m + gq + 8 * h2, col = n0 + 8 * n + 2 * q, blk = row / Rr;
-                const float v0 = mnistcu__mc_sum3(acc[m][n], 2 * h2) * xsc, v1 = mnistcu__mc_sum3(acc[m][n], 2 * h2 + 1) * xsc;
+                const float v0 = mnistcu__mc_sum3(acc[m][n], 2 * h2) * xsc;
+                const float v1 = mnistcu__mc_sum3(acc[m][n], 2 * h2 + 1) * xsc;
                 if (KP > 1)
                     *(float2 *)(ph + kp * BM * U + row * U + col) = make_float2(v0, v1);
                 else if (blk < L::S) /* rows past S Rr have no owner */

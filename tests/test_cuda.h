@@ -2682,7 +2682,8 @@ TEST cuda_fused_mlp_clusters_close_to_step_by_step(void)
 }
 
 /* The kernel alone, twice, at 8 and at 64 units a cluster (the latter with momentum, whose state of W1
-   is in shared memory, and with plain SGD and x / 255): the same bits, every step in it where the device holds its clusters. Small enough for compute-sanitizer's racecheck (tests/run_gpu_tests.sh),
+   is in shared memory, and with plain SGD and x / 255): the same bits, every step in it where the
+   device holds its clusters. Small enough for compute-sanitizer's racecheck (tests/run_gpu_tests.sh),
    which takes minutes over the test above. */
 TEST cuda_fused_mlp_clusters_repeats(void)
 {
