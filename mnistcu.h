@@ -137,7 +137,10 @@
      before when the very next step failed; the weights it started with if
      nothing better exists. The result's diverged_epoch and diverged_step say
      where. On the GPU the check costs no extra synchronisation (a flag
-     computed on the device is read with the statistics).
+     computed on the device is read with the statistics). Its two copies of
+     the weights (and of the optimizer state) stay with the model, on its
+     device, from one mnistcu_train call to the next, and go with it
+     (mnistcu_model_destroy, or a training with the check off).
      mnistcu_train_desc.no_divergence_check turns it off for those who want NaN
      to propagate; with it on, a model whose weights are already not finite is
      refused (MNISTCU_ERR_INVALID_ARGUMENT).
@@ -1283,14 +1286,27 @@ static double mnistcu__rng_normal(mnistcu__rng *r)
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
 }
 
-/* Uniform integer in [0, n), unbiased (Lemire's multiply-and-reject). */
+/* Uniform integer in [0, n), unbiased (Lemire's multiply-and-reject): the high half of x n, unless
+   the low half is below 2^64 mod n. That bound is under n, so a low half of n or more passes
+   without the 64-bit remainder (tens of cycles), which is taken only otherwise: the same draws and
+   the same result either way. With the 128-bit product below, a 60,000-sample shuffle takes about
+   a third of the time it did (bench/RESULTS.md). */
 static uint64_t mnistcu__rng_below(mnistcu__rng *r, uint64_t n)
 {
-    uint64_t x, hi, lo, threshold;
+    uint64_t x, hi, lo, threshold = 0;
+    int have_threshold = 0;
     if (n <= 1) return 0;
-    threshold = (0 - n) % n;
     for (;;) {
         x = mnistcu__rng_next(r);
+#if defined(__SIZEOF_INT128__)
+        { /* the compiler's 128-bit product: one instruction on 64-bit targets, three times faster
+             (__extension__: -pedantic's ISO C has no such type) */
+            __extension__ typedef unsigned __int128 mnistcu__u128;
+            const mnistcu__u128 p = (mnistcu__u128)x * n;
+            hi = (uint64_t)(p >> 64);
+            lo = (uint64_t)p;
+        }
+#else
         /* 64x64 -> 128 multiply from 32-bit halves, portable C99 */
         {
             uint64_t a = x >> 32, b = x & 0xFFFFFFFFu, c = n >> 32, d = n & 0xFFFFFFFFu;
@@ -1298,6 +1314,12 @@ static uint64_t mnistcu__rng_below(mnistcu__rng *r, uint64_t n)
             uint64_t mid = (bd >> 32) + (ad & 0xFFFFFFFFu) + (bc & 0xFFFFFFFFu);
             hi = ac + (ad >> 32) + (bc >> 32) + (mid >> 32);
             lo = (mid << 32) | (bd & 0xFFFFFFFFu);
+        }
+#endif
+        if (lo >= n) return hi;
+        if (!have_threshold) {
+            threshold = (0 - n) % n;
+            have_threshold = 1;
         }
         if (lo >= threshold) return hi;
     }
@@ -4684,6 +4706,9 @@ struct mnistcu_model {
     float *buffers;       /* [num_buffers] running statistics */
     uint64_t steps;       /* optimizer steps taken */
     mnistcu__rng rng;     /* initialisation and shuffling */
+    uint32_t *ahead;      /* [ahead_cap] the next epoch's sample order, made ahead (mnistcu__order_ahead) */
+    size_t ahead_cap, ahead_n; /* ... its capacity, and n of the order in it (0: none) */
+    mnistcu__rng ahead_from, ahead_to; /* rng before and after that shuffle */
     int has_norm;         /* the training set's normalisation, applied to what the model evaluates */
     int norm_u8;          /* ... when it was stored as uint8 */
     float norm_scale, norm_shift;
@@ -4702,6 +4727,8 @@ struct mnistcu_model {
     int32_t *iws;         /* one block: labels [B], pred [B] */
     int32_t *labels, *pred;
     char *class_names;    /* classes names, each NUL-terminated, one after the other; NULL: none */
+    void *finite_keep;    /* the divergence check's copies of the weights and its flags, kept on the model's
+                             device from one training to the next (mnistcu__finite_end); NULL: none */
     void *cuda;           /* mnistcu__cuda_model when on the GPU */
 };
 
@@ -8886,9 +8913,13 @@ static void mnistcu__model_free_ws(mnistcu_model *m)
     m->ws_batch = 0;
 }
 
+static void mnistcu__finite_keep_free(mnistcu_model *m);
+
 static void mnistcu__model_free(mnistcu__object *o)
 {
     mnistcu_model *m = (mnistcu_model *)o;
+    mnistcu__finite_keep_free(m);
+    mnistcu__free(m->ctx, m->ahead);
 #ifdef __CUDACC__
     if (m->device == MNISTCU_DEVICE_CUDA) mnistcu__cuda_model_free(m);
     else
@@ -9889,8 +9920,11 @@ static void mnistcu__opt_make(const mnistcu_optim_desc *o, uint64_t step, size_t
     k->c2 = (float)(1.0 - b2);
     k->calpha = (float)(1.0 - mnistcu__memo_decimal(mm, 3, o->alpha));
     k->cdamp = (float)(1.0 - mnistcu__memo_decimal(mm, 4, o->dampening));
-    k->step_size = (float)(lr / (1.0 - pow(b1, t)));
-    k->bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    if (o->kind == MNISTCU_OPTIM_ADAM || o->kind == MNISTCU_OPTIM_ADAMW) { /* their bias corrections alone:
+        two pow() a step were most of the time the fused kernels' thousand steps' scalars took */
+        k->step_size = (float)(lr / (1.0 - pow(b1, t)));
+        k->bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    }
     k->clr = (float)(lr / (1.0 + (t - 1.0) * mnistcu__memo_decimal(mm, 5, o->lr_decay)));
     k->decay_mult = (float)(1.0 - lr * mnistcu__memo_decimal(mm, 6, o->weight_decay));
     k->n = n;
@@ -11690,11 +11724,24 @@ static mnistcu_result mnistcu__finite_params(mnistcu_model *m, mnistcu__finite_g
 static mnistcu_result mnistcu__finite_begin(mnistcu_model *m, mnistcu__finite_guard *g, int on, float lr)
 {
     mnistcu_result r;
-    int ok = 1;
+    int ok = 1, k;
     memset(g, 0, sizeof *g);
     g->on = on;
     g->lr = lr;
     if (!on) return MNISTCU_OK;
+    if (m->finite_keep) { /* the last training's buffers (mnistcu__finite_end): their memory, none of their state */
+        mnistcu__finite_guard *kept = (mnistcu__finite_guard *)m->finite_keep;
+        for (k = 0; k < 2; ++k) {
+            g->slot[k].params = kept->slot[k].params;
+            g->slot[k].buffers = kept->slot[k].buffers;
+            g->slot[k].state = kept->slot[k].state;
+            g->slot[k].state_floats = kept->slot[k].state_floats;
+        }
+        g->dev_flags = kept->dev_flags;
+        g->host_flag = kept->host_flag;
+        mnistcu__free(m->ctx, kept);
+        m->finite_keep = NULL;
+    }
 #ifdef __CUDACC__
     if (m->device == MNISTCU_DEVICE_CUDA && (r = mnistcu__cuda_finite_begin(m, g))) return r;
 #endif
@@ -11706,7 +11753,8 @@ static mnistcu_result mnistcu__finite_begin(mnistcu_model *m, mnistcu__finite_gu
     return mnistcu__finite_snapshot(m, g, 0, 0);
 }
 
-static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
+/* The guard's buffers and flags freed */
+static void mnistcu__finite_release(mnistcu_model *m, mnistcu__finite_guard *g)
 {
     int k;
 #ifdef __CUDACC__
@@ -11718,6 +11766,36 @@ static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
         mnistcu__model_floats_free(m, g->slot[k].buffers);
     }
     memset(g, 0, sizeof *g);
+}
+
+/* At a training's end the guard's buffers stay with the model for the next one (m->finite_keep):
+   allocating them (cudaMalloc; cudaMallocHost for the flag) and freeing them (each free waits for
+   the device) took 0.1-0.2 ms of each call, 3-7% of an epoch of P1 or P2 (bench/RESULTS.md). They
+   go with the model (mnistcu__finite_keep_free). */
+static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
+{
+    mnistcu__finite_guard *kept;
+#ifdef __CUDACC__
+    /* the flag's copy may still be queued: done before the next training writes the flag */
+    if (g->host_flag && mnistcu__cu(m->ctx)->sticky == cudaSuccess) cudaStreamSynchronize(mnistcu__cu(m->ctx)->stream);
+#endif
+    mnistcu__finite_keep_free(m);
+    if (!g->on || !(kept = (mnistcu__finite_guard *)mnistcu__alloc(m->ctx, sizeof *kept))) {
+        mnistcu__finite_release(m, g);
+        return;
+    }
+    *kept = *g;
+    kept->on = 0;
+    m->finite_keep = kept;
+    memset(g, 0, sizeof *g);
+}
+
+static void mnistcu__finite_keep_free(mnistcu_model *m)
+{
+    if (!m->finite_keep) return;
+    mnistcu__finite_release(m, (mnistcu__finite_guard *)m->finite_keep);
+    mnistcu__free(m->ctx, m->finite_keep);
+    m->finite_keep = NULL;
 }
 
 /* Loss of step i of the epoch (summed over its samples), read at this report. */
@@ -12660,6 +12738,41 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
 }
 #endif
 
+/* The next epoch's order of n samples, shuffled ahead from a copy of the model's generator: made while
+   the GPU still trains this epoch's last steps (the host would only wait), it spares the next epoch's
+   start the shuffle (0.2-0.5 ms for 60,000 samples, a tenth of an epoch of P2; bench/RESULTS.md).
+   mnistcu__order_take uses it only where the generator is still where it was copied from, so the
+   order is the one the shuffle would make then, whoever trains next; else it is not used. Without
+   memory for it, nothing is made. */
+static void mnistcu__order_ahead(mnistcu_model *m, size_t n)
+{
+    mnistcu__rng r = m->rng;
+    size_t i;
+    m->ahead_n = 0;
+    if (n > m->ahead_cap) {
+        uint32_t *p = (uint32_t *)mnistcu__alloc(m->ctx, n * sizeof *p);
+        if (!p) return;
+        mnistcu__free(m->ctx, m->ahead);
+        m->ahead = p;
+        m->ahead_cap = n;
+    }
+    for (i = 0; i < n; ++i) m->ahead[i] = (uint32_t)i;
+    mnistcu__shuffle(&r, m->ahead, n);
+    m->ahead_from = m->rng;
+    m->ahead_to = r;
+    m->ahead_n = n;
+}
+
+/* idx: the order made ahead, if there is one for n samples from the generator as it is now; 0: none */
+static int mnistcu__order_take(mnistcu_model *m, uint32_t *idx, size_t n)
+{
+    if (m->ahead_n != n || memcmp(&m->ahead_from, &m->rng, sizeof m->rng) != 0) return 0;
+    memcpy(idx, m->ahead, n * sizeof *idx);
+    m->rng = m->ahead_to;
+    m->ahead_n = 0;
+    return 1;
+}
+
 MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset *train, const mnistcu_train_desc *desc,
                                          mnistcu_train_result *result)
 {
@@ -12794,8 +12907,10 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                                   ? (float)plateau.lr
                                   : mnistcu_schedule_lr(&d.schedule, d.optim.learning_rate, epoch - 1, d.epochs);
         if (!resumed) { /* a resumed epoch has its order from the checkpoint */
-            for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
-            if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
+            if (d.no_shuffle || !mnistcu__order_take(m, idx, n)) {
+                for (i = 0; i < n; ++i) idx[i] = (uint32_t)i;
+                if (!d.no_shuffle) mnistcu__shuffle(&m->rng, idx, n);
+            }
         }
         if ((r = mnistcu__epoch_begin(m, train, idx, n, &st))) goto done;
 #ifdef __CUDACC__
@@ -12840,9 +12955,18 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
                      step + 1 < steps;
             if (mnistcu__report_due(&d, logf != NULL, step, steps)) {
                 mnistcu_progress p;
-                if ((r = mnistcu__finite_queue(m, &guard)) ||
-                    (r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct)))
-                    goto done;
+                if ((r = mnistcu__finite_queue(m, &guard))) goto done;
+#ifdef __CUDACC__
+                /* the epoch's end, the GPU still at work: the next epoch's order meanwhile (a query that
+                   finds the stream busy may leave cudaErrorNotReady as the last error: cleared; an error
+                   of the device's own stays, and the synchronisation next returns it) */
+                if (m->device == MNISTCU_DEVICE_CUDA && step + 1 == steps && !d.no_shuffle &&
+                    cudaStreamQuery(mnistcu__cu(ctx)->stream) == cudaErrorNotReady) {
+                    (void)cudaGetLastError();
+                    mnistcu__order_ahead(m, n);
+                }
+#endif
+                if ((r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct))) goto done;
                 reported = step + 1;
                 memset(&p, 0, sizeof p);
                 p.epoch = epoch;
@@ -19216,13 +19340,19 @@ static mnistcu_result mnistcu__cuda_device_copy(mnistcu_model *m, float *dst, co
     return mnistcu__cuda_check(m->ctx, e, "divergence check: copying the weights");
 }
 
+/* The flags, unless kept from the last training (mnistcu__finite_end) */
 static mnistcu_result mnistcu__cuda_finite_begin(mnistcu_model *m, mnistcu__finite_guard *g)
 {
     cudaError_t e;
     mnistcu_result r;
-    if ((r = mnistcu__cuda_malloc(m->ctx, (void **)&g->dev_flags, (MNISTCU__FINITE_BLOCKS + 1) * sizeof(int),
+    if (!g->dev_flags &&
+        (r = mnistcu__cuda_malloc(m->ctx, (void **)&g->dev_flags, (MNISTCU__FINITE_BLOCKS + 1) * sizeof(int),
                                   "divergence check flags")))
         return r;
+    if (g->host_flag) {
+        *g->host_flag = 0;
+        return MNISTCU_OK;
+    }
     e = cudaMallocHost((void **)&g->host_flag, sizeof(int));
     if (e != cudaSuccess) {
         g->host_flag = NULL;

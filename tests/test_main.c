@@ -175,6 +175,51 @@ TEST rng_float_and_below_ranges(void)
     PASS();
 }
 
+/* Lemire's method as written first (the 128-bit product from 32-bit halves, the bound 2^64 mod n
+   taken before every draw): mnistcu__rng_below must give the same values and leave the generator in
+   the same place, for bounds where the rejection is rare (small n) and where it is frequent (n just
+   over 2^63: about half the draws rejected) */
+static uint64_t ref_below(mnistcu__rng *r, uint64_t n)
+{
+    uint64_t threshold;
+    if (n <= 1) return 0;
+    threshold = (0 - n) % n;
+    for (;;) {
+        uint64_t x = mnistcu__rng_next(r), a = x >> 32, b = x & 0xFFFFFFFFu, c = n >> 32, d = n & 0xFFFFFFFFu;
+        uint64_t ac = a * c, ad = a * d, bc = b * c, bd = b * d;
+        uint64_t mid = (bd >> 32) + (ad & 0xFFFFFFFFu) + (bc & 0xFFFFFFFFu);
+        uint64_t hi = ac + (ad >> 32) + (bc >> 32) + (mid >> 32), lo = (mid << 32) | (bd & 0xFFFFFFFFu);
+        if (lo >= threshold) return hi;
+    }
+}
+
+TEST rng_below_matches_lemire_reference(void)
+{
+    static const uint64_t bounds[] = {2, 3, 7, 1000, 60000, 0xFFFFFFFFull, 0x100000001ull, 0x8000000000000001ull,
+                                      0xC000000000000000ull, 0xFFFFFFFFFFFFFFFFull};
+    size_t b;
+    int i, rejected = 0;
+    for (b = 0; b < sizeof bounds / sizeof bounds[0]; ++b) {
+        mnistcu__rng r, q;
+        mnistcu__rng_seed(&r, 17, b);
+        q = r;
+        for (i = 0; i < 4000; ++i) {
+            uint64_t v = mnistcu__rng_below(&r, bounds[b]), w = ref_below(&q, bounds[b]);
+            ASSERT_EQ_FMT(MNISTCU__ULL(w), MNISTCU__ULL(v), "%llu");
+            ASSERT(v < bounds[b]);
+        }
+        ASSERT_MEM_EQ(&q, &r, sizeof r); /* the same draws, rejected ones included */
+        if (bounds[b] == 0x8000000000000001ull) { /* rejections did happen: more draws than values */
+            mnistcu__rng z;
+            mnistcu__rng_seed(&z, 17, b);
+            for (i = 0; i < 4000; ++i) (void)mnistcu__rng_next(&z);
+            rejected = memcmp(&z, &r, sizeof z) != 0;
+        }
+    }
+    ASSERT(rejected);
+    PASS();
+}
+
 TEST shuffle_is_a_permutation(void)
 {
     mnistcu__rng r;
@@ -190,6 +235,37 @@ TEST shuffle_is_a_permutation(void)
     }
     for (i = 0; i < 1000; ++i) ASSERT_EQ(1, seen[i]);
     ASSERT_GT(moved, 900);
+    PASS();
+}
+
+/* The next epoch's order made ahead (mnistcu__order_ahead) is the shuffle it spares: the same order,
+   the generator left where that shuffle would leave it; used once, and not where n differs or the
+   generator has moved since */
+TEST order_ahead_is_the_shuffle_it_spares(void)
+{
+    mnistcu_ctx *ctx = tu_ctx(MNISTCU_DEVICE_CPU, 0);
+    mnistcu_model *m = NULL;
+    static uint32_t got[1000], want[1000];
+    mnistcu__rng before, r;
+    int i;
+    ASSERT(ctx);
+    ASSERT_EQ(MNISTCU_OK, mnistcu_model_create_mlp(ctx, "16-8-4", &m));
+    before = m->rng;
+    mnistcu__order_ahead(m, 1000);
+    ASSERT_MEM_EQ(&before, &m->rng, sizeof before); /* made from a copy */
+    r = before;
+    for (i = 0; i < 1000; ++i) want[i] = (uint32_t)i;
+    mnistcu__shuffle(&r, want, 1000);
+    ASSERT(mnistcu__order_take(m, got, 1000));
+    ASSERT_MEM_EQ(want, got, sizeof want);
+    ASSERT_MEM_EQ(&r, &m->rng, sizeof r);
+    ASSERT_FALSE(mnistcu__order_take(m, got, 1000)); /* once */
+    mnistcu__order_ahead(m, 1000);
+    ASSERT_FALSE(mnistcu__order_take(m, got, 999));
+    mnistcu__order_ahead(m, 1000);
+    (void)mnistcu__rng_next(&m->rng);
+    ASSERT_FALSE(mnistcu__order_take(m, got, 1000));
+    mnistcu_ctx_destroy(ctx);
     PASS();
 }
 
@@ -322,7 +398,9 @@ SUITE(cpu_ops_suite)
     RUN_TEST(cpu_gemm_tile_width_changes_no_bit);
     RUN_TEST(rng_is_reproducible_and_streams_differ);
     RUN_TEST(rng_float_and_below_ranges);
+    RUN_TEST(rng_below_matches_lemire_reference);
     RUN_TEST(shuffle_is_a_permutation);
+    RUN_TEST(order_ahead_is_the_shuffle_it_spares);
     RUN_TEST(softmax_ce_matches_double_reference);
 }
 
