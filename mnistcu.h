@@ -4233,6 +4233,9 @@ typedef struct mnistcu__cuda {
     float *splitk;             /* partial sums of split-K products, grown on demand */
     size_t splitk_floats;
     int *wide_flags;           /* the wide-tile product's arrival counters, one a tile, zero between products */
+    int *finite_flag;          /* the divergence check's flag on the host, pinned: one for the context, made
+                                  at its first check (cudaMallocHost took 1.1-1.4 ms, a third of an epoch of
+                                  P1, each time a new model's first training made its own; bench/RESULTS.md) */
     uint64_t frees;            /* device buffers freed so far: a captured step graph whose count differs
                                   may hold a freed address, and is captured again (see >>cuda_graph) */
 #ifdef MNISTCU_CUBLAS
@@ -11738,7 +11741,6 @@ static mnistcu_result mnistcu__finite_begin(mnistcu_model *m, mnistcu__finite_gu
             g->slot[k].state_floats = kept->slot[k].state_floats;
         }
         g->dev_flags = kept->dev_flags;
-        g->host_flag = kept->host_flag;
         mnistcu__free(m->ctx, kept);
         m->finite_keep = NULL;
     }
@@ -11769,9 +11771,9 @@ static void mnistcu__finite_release(mnistcu_model *m, mnistcu__finite_guard *g)
 }
 
 /* At a training's end the guard's buffers stay with the model for the next one (m->finite_keep):
-   allocating them (cudaMalloc; cudaMallocHost for the flag) and freeing them (each free waits for
-   the device) took 0.1-0.2 ms of each call, 3-7% of an epoch of P1 or P2 (bench/RESULTS.md). They
-   go with the model (mnistcu__finite_keep_free). */
+   allocating them (cudaMalloc) and freeing them (each free waits for the device), with the pinned
+   flag the context now keeps (mnistcu__cuda.finite_flag), took 0.1-0.2 ms of each call, 3-7% of an
+   epoch of P1 or P2 (bench/RESULTS.md). They go with the model (mnistcu__finite_keep_free). */
 static void mnistcu__finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
 {
     mnistcu__finite_guard *kept;
@@ -14921,6 +14923,7 @@ static void mnistcu__cuda_ctx_free(mnistcu_ctx *ctx)
 #endif
     mnistcu__cuda_free(ctx, cu->splitk);
     mnistcu__cuda_free(ctx, cu->wide_flags);
+    if (cu->finite_flag) cudaFreeHost(cu->finite_flag);
     if (cu->stream) cudaStreamDestroy(cu->stream);
     if (cu->copy_stream) cudaStreamDestroy(cu->copy_stream);
     mnistcu__free(ctx, cu);
@@ -19340,24 +19343,22 @@ static mnistcu_result mnistcu__cuda_device_copy(mnistcu_model *m, float *dst, co
     return mnistcu__cuda_check(m->ctx, e, "divergence check: copying the weights");
 }
 
-/* The flags, unless kept from the last training (mnistcu__finite_end) */
+/* The flags: the device's, unless kept from the last training (mnistcu__finite_end); the host's, the
+   context's (one check runs at a time: each reads its flag before another can queue one) */
 static mnistcu_result mnistcu__cuda_finite_begin(mnistcu_model *m, mnistcu__finite_guard *g)
 {
+    mnistcu__cuda *cu = mnistcu__cu(m->ctx);
     cudaError_t e;
     mnistcu_result r;
     if (!g->dev_flags &&
         (r = mnistcu__cuda_malloc(m->ctx, (void **)&g->dev_flags, (MNISTCU__FINITE_BLOCKS + 1) * sizeof(int),
                                   "divergence check flags")))
         return r;
-    if (g->host_flag) {
-        *g->host_flag = 0;
-        return MNISTCU_OK;
-    }
-    e = cudaMallocHost((void **)&g->host_flag, sizeof(int));
-    if (e != cudaSuccess) {
-        g->host_flag = NULL;
+    if (!cu->finite_flag && (e = cudaMallocHost((void **)&cu->finite_flag, sizeof(int))) != cudaSuccess) {
+        cu->finite_flag = NULL;
         return mnistcu__cuda_check(m->ctx, e, "divergence check: pinned flag");
     }
+    g->host_flag = cu->finite_flag;
     *g->host_flag = 0;
     return MNISTCU_OK;
 }
@@ -19368,9 +19369,8 @@ static void mnistcu__cuda_finite_end(mnistcu_model *m, mnistcu__finite_guard *g)
     /* the flag's copy may still be queued */
     if (g->host_flag && mnistcu__cu(ctx)->sticky == cudaSuccess) cudaStreamSynchronize(mnistcu__cu(ctx)->stream);
     mnistcu__cuda_free(ctx, g->dev_flags);
-    if (g->host_flag) cudaFreeHost(g->host_flag);
     g->dev_flags = NULL;
-    g->host_flag = NULL;
+    g->host_flag = NULL; /* the context's */
 }
 
 /* Queues the check of every parameter and the copy of its flag to the host;

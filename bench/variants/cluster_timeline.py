@@ -12,6 +12,13 @@ stored them, and each phase's part. Figures: bench/RESULTS.md (2026-11-28, sixth
     /tmp/tl/bench_tl P2 --gemm own --fused-mlp-clusters on --epochs 1 --data data/mnist 2>&1 |
         python3 bench/variants/cluster_timeline.py analyse
 
+The patch also prints, for each launch of the window, every block's kernel entry, loop start, loop
+end and exit ("mctk"); for each mnistcu_train call, host microseconds from its call to the end of its
+setup, the epoch's start, the plan, the chunk's launch returned, the statistics read (the stream
+synchronised), the divergence check, and `done` ("mcth"; with "mcts" inside the setup); and each
+device and pinned allocation's host time ("mcal"). `analyse` prints the launches and the "mcth"
+lines before the step's table.
+
 The points (thread 0 of the block): 0 the step's start; 1 the wait for the cluster's partials of h
 done (mbarrier A); 2 its rows' partial logits stored and h pushed; 3 the next batch converted (the
 polls start); 4 the barrier after the polls and the loss (every row of the block polled); 5 the wait
@@ -101,6 +108,28 @@ def patch(path):
             1e6 * (mth[0] - mth0), 1e6 * (mth[1] - mth0), 1e6 * (mth[2] - mth0), 1e6 * (mth[3] - mth0),
             1e6 * (mth[4] - mth0), 1e6 * (mth[5] - mth0), 1e6 * (mnistcu__now() - mth0));
 """ + src[j + len("\ndone:\n"):]
+    put("    if ((r = mnistcu__model_reserve(m, B))) return r;\n",
+        "    if ((r = mnistcu__model_reserve(m, B))) return r;\n"
+        "    fprintf(stderr, \"mcts reserved %.1f us\\n\", 1e6 * (mnistcu__now() - mth0));\n")
+    put("    if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;\n",
+        "    fprintf(stderr, \"mcts before the check %.1f us\\n\", 1e6 * (mnistcu__now() - mth0));\n"
+        "    if ((r = mnistcu__finite_begin(m, &guard, !d.no_divergence_check, o.learning_rate))) goto done;\n"
+        "    fprintf(stderr, \"mcts the check begun %.1f us\\n\", 1e6 * (mnistcu__now() - mth0));\n")
+    # each device and pinned allocation's host time (mnistcu__cuda_malloc, cudaMallocHost)
+    put("    e = cudaMalloc(p, bytes);\n    if (e != cudaSuccess) {\n        *p = NULL;\n        return mnistcu__cuda_check(ctx, e, what);",
+        "    { double t_ = mnistcu__now(); e = cudaMalloc(p, bytes); fprintf(stderr, \"mcal %s %lu bytes %.1f us\\n\", what, "
+        "(unsigned long)bytes, 1e6 * (mnistcu__now() - t_)); }\n    if (e != cudaSuccess) {\n        *p = NULL;\n"
+        "        return mnistcu__cuda_check(ctx, e, what);")
+    src = src.replace("cudaMallocHost(", "mctl_mallochost(")
+    src = src.replace("/* >>cuda_fused_clusters ----", """static double mnistcu__now(void);
+static cudaError_t mctl_mallochost(void **p, size_t bytes)
+{
+    double t_ = mnistcu__now();
+    cudaError_t e = cudaMallocHost(p, bytes);
+    fprintf(stderr, "mcal pinned %lu bytes %.1f us\\n", (unsigned long)bytes, 1e6 * (mnistcu__now() - t_));
+    return e;
+}
+/* >>cuda_fused_clusters ----""", 1)
     open(path, "w").write(src)
 
 
