@@ -17681,9 +17681,9 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
    stale one. Each row's
    loss and whether it was predicted right go to global memory; a small kernel
    sums them per step in row order (the statistics).
-   Measured (bench/RESULTS.md): P2 (784-128-10, batch 64) 6.25-6.33 ms an epoch
-   on an H200 (JAX 26.2 in the same call; the fused MLP kernel 15.5-16 on an
-   H100), P1 (784-1024-10, batch 32) 0.035-0.036 s for 10 epochs (JAX 0.098).
+   Measured (bench/RESULTS.md, sixth block): P2 (784-128-10, batch 64) 4.95-5.03
+   ms an epoch on an H200 (JAX 26.55; the fused MLP kernel 15.5-16 on an H100),
+   P1 (784-1024-10, batch 32) 0.0277-0.0283 s for 10 epochs (JAX 0.0985).
    bench/mlp_cluster.cu is the design's first standalone form, with the CPU
    reference it was checked against. */
 enum { MNISTCU__MC_T = 384, MNISTCU__MC_S = 6, MNISTCU__MC_G = 16, MNISTCU__MC_CM = 16, MNISTCU__MC_DMAX = 784,
@@ -18339,6 +18339,12 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
                 float s2 = 0.0f;
 #pragma unroll
                 for (int gg = 0; gg < GM; ++gg) v[gg] = 0ull;
+                /* a round that still misses a word sleeps about 64 ns (__nanosleep: 0-128) before the next.
+                   Every block polls in every round, and the 96 blocks' rounds load the same few hundred
+                   lines of L2: fewer rounds leave those lines' slices freer for the stores they wait
+                   for and for the round that finds them (on an H200, P2 5.30 -> 4.95-5.03 ms an epoch,
+                   P1 0.0281-0.0285 -> 0.0277-0.0283 s; 128 ns: 4.98-5.01 ms, 256: 5.11-5.13, 512:
+                   5.05-5.20; bench/RESULTS.md, sixth block) */
                 do { /* a round: the missing words (the pairs with one), loaded together */
                     if (PAIRS) {
 #pragma unroll
@@ -18352,6 +18358,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
 #pragma unroll
                     for (int gg = 0; gg < GM; ++gg)
                         if ((unsigned)(v[gg] >> 32) == gstep) wait &= ~(1u << gg);
+                    if (wait) __nanosleep(64);
                 } while (wait);
 #pragma unroll
                 for (int gg = 0; gg < GM; ++gg) s2 += gg < G ? __uint_as_float((unsigned)v[gg]) : 0.0f;

@@ -2,7 +2,7 @@
    mnistcu.h's >>cuda_fused_clusters costs with no arithmetic at all.
 
    nvcc -x cu -O3 -arch=sm_90 -std=c++17 -o build/cluster_latency bench/cluster_latency.cu
-   build/cluster_latency [steps]
+   build/cluster_latency [steps [pause]]
 
    A step of that kernel has three exchanges on its path, one after the other:
      A  every block pushes its partial h (BM rows by U units) to the rows' owners in its cluster
@@ -18,7 +18,8 @@
    the kernel's step no arithmetic can remove while the design stays; bench/RESULTS.md compares it
    with the kernel's step (P1: R = 6 rows a block, U = 64 units a cluster; P2: R = 11, U = 8).
    Each configuration is timed over `steps` steps (default 4000) with CUDA events, after a warm-up
-   launch; the figure is the median of 5 launches. */
+   launch; the figure is the median of 5 launches. `pause` (ns, default 64, as the header's polls;
+   0: none) is the __nanosleep after a round of polls that still misses a word. */
 #define MNISTCU_IMPLEMENTATION
 #include "../mnistcu.h"
 #include <cooperative_groups.h>
@@ -30,6 +31,7 @@ enum { T = 384, S = MNISTCU__MC_S, GM = MNISTCU__MC_G, C = 10, CM = 16 };
 
 struct lat_args {
     int steps, R, U, mode; /* mode: bit 0 A, bit 1 X, bit 2 B */
+    unsigned pause;        /* ns after a round of polls that misses a word (0: none) */
     unsigned step0;
     unsigned long long *pz; /* [2][S][G][R C] */
 };
@@ -93,6 +95,7 @@ __global__ void __launch_bounds__(T, 1) lat_kernel(lat_args a)
 #pragma unroll
                     for (int gg = 0; gg < GM; ++gg)
                         if ((unsigned)(v[gg] >> 32) == gstep) wait &= ~(1u << gg);
+                    if (wait && a.pause) __nanosleep(a.pause);
                 } while (wait);
 #pragma unroll
                 for (int gg = 0; gg < GM; ++gg) acc += gg < G ? __uint_as_float((unsigned)v[gg]) : 0.0f;
@@ -143,6 +146,7 @@ static int launch(lat_args a, int G, cudaStream_t st)
 int main(int argc, char **argv)
 {
     const int steps = argc > 1 ? atoi(argv[1]) : 4000;
+    const unsigned pause = argc > 2 ? (unsigned)atoi(argv[2]) : 64u;
     const struct { const char *name; int R, U; } shapes[] = {{"P2 (R 11, U 8)", 11, 8}, {"P1 (R 6, U 64)", 6, 64}};
     const struct { const char *name; int mode; } modes[] = {
         {"barriers only", 0}, {"A", 1}, {"X", 2}, {"B", 4}, {"A B", 5}, {"A X B (the step's skeleton)", 7}};
@@ -164,14 +168,14 @@ int main(int argc, char **argv)
         int clk = 0;
         cudaGetDeviceProperties(&p, 0);
         cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0);
-        printf("device: %s, %d multiprocessors, %d MHz; %d clusters of %d blocks of %d threads; %d steps a launch\n",
-               p.name, p.multiProcessorCount, clk / 1000, G, S, T, steps);
+        printf("device: %s, %d multiprocessors, %d MHz; %d clusters of %d blocks of %d threads; %d steps a launch; "
+               "polls pause %u ns\n", p.name, p.multiProcessorCount, clk / 1000, G, S, T, steps, pause);
     }
     for (const auto &sh : shapes)
         for (const auto &md : modes) {
             float ms[6];
             for (int rep = 0; rep < 6; ++rep) { /* rep 0: warm-up */
-                lat_args a = {steps, sh.R, sh.U, md.mode, step0, pz};
+                lat_args a = {steps, sh.R, sh.U, md.mode, pause, step0, pz};
                 cudaEventRecord(e0, st);
                 if (launch(a, G, st)) {
                     fprintf(stderr, "cluster_latency: launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
