@@ -12740,6 +12740,21 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
 }
 #endif
 
+/* 1 while the model's device still works on what was queued (the GPU's stream busy; a query that
+   finds it so may leave cudaErrorNotReady as the last error: cleared, while an error of the device's
+   own stays, and the next synchronisation returns it); the CPU never is */
+static int mnistcu__device_busy(mnistcu_model *m)
+{
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA && cudaStreamQuery(mnistcu__cu(m->ctx)->stream) == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return 1;
+    }
+#endif
+    (void)m;
+    return 0;
+}
+
 /* The next epoch's order of n samples, shuffled ahead from a copy of the model's generator: made while
    the GPU still trains this epoch's last steps (the host would only wait), it spares the next epoch's
    start the shuffle (0.2-0.5 ms for 60,000 samples, a tenth of an epoch of P2; bench/RESULTS.md).
@@ -12958,16 +12973,8 @@ MNISTCU_DEF mnistcu_result mnistcu_train(mnistcu_model *m, const mnistcu_dataset
             if (mnistcu__report_due(&d, logf != NULL, step, steps)) {
                 mnistcu_progress p;
                 if ((r = mnistcu__finite_queue(m, &guard))) goto done;
-#ifdef __CUDACC__
-                /* the epoch's end, the GPU still at work: the next epoch's order meanwhile (a query that
-                   finds the stream busy may leave cudaErrorNotReady as the last error: cleared; an error
-                   of the device's own stays, and the synchronisation next returns it) */
-                if (m->device == MNISTCU_DEVICE_CUDA && step + 1 == steps && !d.no_shuffle &&
-                    cudaStreamQuery(mnistcu__cu(ctx)->stream) == cudaErrorNotReady) {
-                    (void)cudaGetLastError();
-                    mnistcu__order_ahead(m, n);
-                }
-#endif
+                /* the epoch's end, the GPU still at work: the next epoch's order meanwhile */
+                if (step + 1 == steps && !d.no_shuffle && mnistcu__device_busy(m)) mnistcu__order_ahead(m, n);
                 if ((r = mnistcu__read_stats(m, &st, reported, step + 1, &loss_sum, &correct))) goto done;
                 reported = step + 1;
                 memset(&p, 0, sizeof p);
