@@ -17690,7 +17690,7 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
    sums them per step in row order (the statistics).
    Measured (bench/RESULTS.md, sixth block): P2 (784-128-10, batch 64) 4.95-5.03
    ms an epoch on an H200 (JAX 26.55; the fused MLP kernel 15.5-16 on an H100),
-   P1 (784-1024-10, batch 32) 0.0277-0.0283 s for 10 epochs (JAX 0.0985).
+   P1 (784-1024-10, batch 32) 0.0277-0.0285 s for 10 epochs (JAX 0.0985).
    bench/mlp_cluster.cu is the design's first standalone form, with the CPU
    reference it was checked against. */
 enum { MNISTCU__MC_T = 384, MNISTCU__MC_S = 6, MNISTCU__MC_G = 16, MNISTCU__MC_CM = 16, MNISTCU__MC_DMAX = 784,
