@@ -4317,6 +4317,9 @@ typedef struct mnistcu__cuda_model {
     void *prep;               /* l2 and clipping: per-block sums of squares (double), then the factor (float) */
     mnistcu__opt *fused_opt;  /* [fused_cap] the fused kernels' per-step optimizer scalars */
     size_t fused_cap;
+    size_t fused_nops;        /* how many of them the chunk made (mnistcu__opt_steps): later steps take the last */
+    mnistcu__opt fused_last[2]; /* what fused_opt holds when fused_last_n is 1 or 2: the same scalars are not */
+    size_t fused_last_n;        /* uploaded again (with SGD, every chunk after the first step's) */
     float *lenet;             /* the fused LeNet-5 kernel's rows a sample (mnistcu__lenet_floats, and 16 bytes to
                                  align them), made on first use */
     unsigned long long *mc_pz; /* the cluster MLP kernel's partial logits with their steps, rows (made on first
@@ -9933,6 +9936,28 @@ static void mnistcu__opt_make(const mnistcu_optim_desc *o, uint64_t step, size_t
     k->n = n;
 }
 
+/* The scalars of `count` steps from step t0 (1-based) at o's rate, as
+   mnistcu__opt_make makes each, in ops[count]; returns how many it wrote:
+   steps from there on are the last one's. Only `first` (step 1) and the
+   bias corrections and Adagrad's decayed rate change with the step; without
+   those the scalars are one or two, not an epoch's thousand made and uploaded
+   (the fused kernels read step q's as ops[min(q, returned - 1)]). */
+static size_t mnistcu__opt_steps(const mnistcu_optim_desc *o, uint64_t t0, size_t count, size_t n,
+                                 mnistcu__opt *ops, mnistcu__opt_memo *mm)
+{
+    size_t s;
+    if (!count) return 0;
+    mnistcu__opt_make(o, t0, n, &ops[0], mm);
+    if (o->kind != MNISTCU_OPTIM_ADAM && o->kind != MNISTCU_OPTIM_ADAMW && o->lr_decay == 0.0f) {
+        if (count == 1 || !ops[0].first) return 1;
+        ops[1] = ops[0];
+        ops[1].first = 0;
+        return 2;
+    }
+    for (s = 1; s < count; ++s) mnistcu__opt_make(o, t0 + s, n, &ops[s], mm);
+    return count;
+}
+
 /* A training step's optimizer step, taken where it can be in the weight
    gradients' products (>>cuda_update): on the GPU, for SGD without l2 or
    clipping (each parameter's step then needs its own gradient only), unless
@@ -11471,8 +11496,8 @@ static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds
                                      const mnistcu_optim_desc *o, int aug_on, int cnn, int clusters,
                                      mnistcu__fused_plan *pl);
 static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_dataset *ds,
-                                                const mnistcu__fused_plan *pl, const mnistcu__opt *ops, size_t B,
-                                                size_t n, size_t step0, size_t nsteps);
+                                                const mnistcu__fused_plan *pl, const mnistcu__opt *ops, size_t nops,
+                                                size_t B, size_t n, size_t step0, size_t nsteps);
 static int mnistcu__cuda_graph_usable(const mnistcu_model *m);
 static void mnistcu__cuda_graphs_reset(mnistcu_model *m);
 static mnistcu_result mnistcu__cuda_dyn_upload(mnistcu_model *m, const mnistcu__dyn *h, size_t count, size_t cap);
@@ -12519,22 +12544,24 @@ static mnistcu_result mnistcu__fused_chunk(mnistcu_model *m, const mnistcu_datas
                                            const mnistcu_train_desc *d, mnistcu_optim_desc *o, int epoch, size_t steps,
                                            size_t n, size_t step, size_t end)
 {
-    size_t s;
+    size_t s, nops = end - step;
     mnistcu__opt *ops;
     mnistcu_result r;
     if ((r = mnistcu__opt_state(m, o))) return r;
     ops = (mnistcu__opt *)mnistcu__alloc(m->ctx, (end - step) * sizeof *ops);
     if (!ops) return mnistcu__fail(m->ctx, MNISTCU_ERR_OUT_OF_MEMORY, "train: out of memory for %lu steps",
                                    (unsigned long)(end - step));
-    for (s = step; s < end; ++s) {
-        if (d->schedule.per_step)
+    if (d->schedule.per_step) {
+        for (s = step; s < end; ++s) {
             o->learning_rate = mnistcu__step_lr(d, epoch, steps, s);
-        m->steps++;
-        m->state_steps++;
-        mnistcu__opt_make(o, m->state_steps, m->num_params, &ops[s - step], &m->opt_memo);
-    }
+            mnistcu__opt_make(o, m->state_steps + 1 + (s - step), m->num_params, &ops[s - step], &m->opt_memo);
+        }
+    } else
+        nops = mnistcu__opt_steps(o, m->state_steps + 1, end - step, m->num_params, ops, &m->opt_memo);
+    m->steps += end - step;
+    m->state_steps += end - step;
     m->batch_targets = 0;
-    r = mnistcu__cuda_fused_steps(m, ds, pl, ops, (size_t)d->batch_size, n, step, end - step);
+    r = mnistcu__cuda_fused_steps(m, ds, pl, ops, nops, (size_t)d->batch_size, n, step, end - step);
     mnistcu__free(m->ctx, ops);
     return r;
 }
@@ -15782,7 +15809,8 @@ typedef struct mnistcu__fused_args {
     size_t np;               /* parameters (the state's slot stride) */
     size_t w1, b1, w2, b2;   /* offsets in the arenas */
     float *h, *z;            /* [B][H] hidden activations, [B][C] logits (the layers' outputs) */
-    const mnistcu__opt *opt; /* [nsteps] each step's optimizer scalars */
+    const mnistcu__opt *opt; /* [nops] each step's optimizer scalars; steps from nops on take opt[nops - 1] */
+    int nops;
     mnistcu__lossp lp;
     double *stats;           /* [2][stats_cap]: per step loss sums, then correct counts */
     size_t stats_cap;
@@ -16186,7 +16214,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_fused_mlp(mnistcu
         const int b = (int)MNISTCU__MIN((size_t)B, a.n - off);
         const int more = q + 1 < a.nsteps; /* else the gradients stay in Gd, as the unfused path leaves them */
         const int bn = more ? (int)MNISTCU__MIN((size_t)B, a.n - off - (size_t)B) : 0; /* the next batch */
-        const mnistcu__opt o = a.opt[q];
+        const mnistcu__opt o = a.opt[q < a.nops ? q : a.nops - 1];
         mnistcu__opt ol = o; /* the same step over the block's own arena */
         const float gscale = a.lp.sum ? 1.0f : 1.0f / (float)b;
         /* the W2 gradient in mnistcu__k_gemm_skinny's order where it applies:
@@ -16590,7 +16618,8 @@ typedef struct mnistcu__lenet_args {
     int nsteps, B;       /* steps in the chunk; batch size (the last batch may be smaller) */
     float scale, shift;  /* normalisation */
     float *params, *grads, *state;
-    const mnistcu__opt *opt; /* [nsteps] each step's optimizer scalars */
+    const mnistcu__opt *opt; /* [nops] each step's optimizer scalars; steps from nops on take opt[nops - 1] */
+    int nops;
     mnistcu__lossp lp;
     double *stats;       /* [2][stats_cap]: per step loss sums, then correct counts */
     size_t stats_cap;
@@ -17419,7 +17448,7 @@ __global__ void __launch_bounds__(MNISTCU__LN_T, 1) mnistcu__k_fused_lenet(mnist
         int b, k;
         if (tid == 0) { /* the step's optimizer scalars, for one parameter at a time (its slots 1 apart);
                            the grid barrier below publishes them to the block */
-            *os = a.opt[q];
+            *os = a.opt[q < a.nops ? q : a.nops - 1];
             os->n = 1;
         }
         {   /* a unit a sample: a block, or a pair of them (the sample's block and its helper) */
@@ -17607,6 +17636,7 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
     a.grads = m->grads;
     a.state = m->state;
     a.opt = cm->fused_opt;
+    a.nops = (int)cm->fused_nops;
     a.lp = m->lossp;
     a.stats = cm->stats;
     a.stats_cap = cm->stats_cap;
@@ -17714,7 +17744,8 @@ typedef struct mnistcu__mc_args {
     float *params, *grads, *state; /* the arenas (the chunk's last step leaves its gradients) */
     size_t np;               /* parameters (the state's slot stride) */
     size_t w1, b1, w2, b2;   /* offsets in the arenas */
-    const mnistcu__opt *opt; /* [nsteps] each step's optimizer scalars */
+    const mnistcu__opt *opt; /* [nops] each step's optimizer scalars; steps from nops on take opt[nops - 1] */
+    int nops;
     unsigned long long *pz;  /* partial logits, each with its step (mnistcu__mc_put), by step parity: with fewer
                                 than 32 units a cluster [2][S][R][G / 2][C][2] (MNISTCU__MC_G for G: a half
                                 warp's load of a pair of clusters, 16 bytes a lane, is C whole 16-byte pieces
@@ -18246,7 +18277,7 @@ __global__ void __launch_bounds__(MNISTCU__MC_T, 1) mnistcu__k_mc(mnistcu__mc_ar
         const int32_t labn = t < Rr && r * Rr + t < bn ? a.lab[inx[r * Rr + t]] : 0;
         if (t == 8 * 32) { /* the step's scalars, for W1 (state in the arena) and for the copies (in sopt's
                               stride), by a warp that phase 1 leaves idle (the load's latency off its path) */
-            sopt[0] = a.opt[q];
+            sopt[0] = a.opt[q < a.nops ? q : a.nops - 1];
             sopt[1] = sopt[0];
             sopt[1].n = NREP;
             sopt[2] = sopt[0];
@@ -18749,6 +18780,7 @@ static mnistcu_result mnistcu__mc_launch(mnistcu_model *m, const mnistcu_dataset
     a.w2 = pl->L2->wo;
     a.b2 = pl->L2->bo;
     a.opt = cm->fused_opt;
+    a.nops = (int)cm->fused_nops;
     a.pz = cm->mc_pz;
     a.rows = cm->mc_rows;
     args[0] = &a;
@@ -18874,8 +18906,8 @@ static void mnistcu__fused_plan_make(mnistcu_model *m, const mnistcu_dataset *ds
 /* Steps [step0, step0 + nsteps) of the epoch, with ops[nsteps] the optimizer's
    scalars of each (host memory). */
 static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_dataset *ds,
-                                                const mnistcu__fused_plan *pl, const mnistcu__opt *ops, size_t B,
-                                                size_t n, size_t step0, size_t nsteps)
+                                                const mnistcu__fused_plan *pl, const mnistcu__opt *ops, size_t nops,
+                                                size_t B, size_t n, size_t step0, size_t nsteps)
 {
     mnistcu_ctx *ctx = m->ctx;
     mnistcu__cuda *cu = mnistcu__cu(ctx);
@@ -18890,20 +18922,32 @@ static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_
         (r = mnistcu__cuda_malloc(ctx, (void **)&cm->lenet, (mnistcu__lenet_floats() + 4) * sizeof(float),
                                   "fused LeNet-5 rows")))
         return r;
-    if (nsteps > cm->fused_cap) {
+    if (!nops || nops > nsteps)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "fused steps: %lu scalars for %lu steps",
+                             (unsigned long)nops, (unsigned long)nsteps);
+    if (nops > cm->fused_cap) {
         mnistcu__opt *d = NULL;
-        if ((r = mnistcu__cuda_malloc(ctx, (void **)&d, nsteps * sizeof(mnistcu__opt), "fused step scalars")))
+        if ((r = mnistcu__cuda_malloc(ctx, (void **)&d, nops * sizeof(mnistcu__opt), "fused step scalars")))
             return r;
         cudaStreamSynchronize(cu->stream);
         mnistcu__cuda_free(ctx, cm->fused_opt);
         cm->fused_opt = d;
-        cm->fused_cap = nsteps;
+        cm->fused_cap = nops;
+        cm->fused_last_n = 0;
     }
-    /* ops may be pinned (an allocation hook's choice), when the copy would read it after the caller
-       frees it: wait for it, at a chunk's start, where the report before has emptied the stream anyway */
-    e = cudaMemcpyAsync(cm->fused_opt, ops, nsteps * sizeof(mnistcu__opt), cudaMemcpyHostToDevice, cu->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(cu->stream);
-    if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "fused step scalars");
+    cm->fused_nops = nops;
+    if (nops != cm->fused_last_n || memcmp(cm->fused_last, ops, nops * sizeof *ops) != 0) {
+        /* ops may be pinned (an allocation hook's choice), when the copy would read it after the caller
+           frees it: wait for it, at a chunk's start, where the report before has emptied the stream anyway */
+        cm->fused_last_n = 0;
+        e = cudaMemcpyAsync(cm->fused_opt, ops, nops * sizeof(mnistcu__opt), cudaMemcpyHostToDevice, cu->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(cu->stream);
+        if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "fused step scalars");
+        if (nops <= 2) {
+            memcpy(cm->fused_last, ops, nops * sizeof *ops);
+            cm->fused_last_n = nops;
+        }
+    }
     if (pl->lenet) return mnistcu__lenet_launch(m, ds, pl, B, n, step0, nsteps);
     if (pl->mc) return mnistcu__mc_launch(m, ds, pl, B, n, step0, nsteps);
     memset(&a, 0, sizeof a);
@@ -18938,6 +18982,7 @@ static mnistcu_result mnistcu__cuda_fused_steps(mnistcu_model *m, const mnistcu_
     a.h = pl->L1->out;
     a.z = pl->L2->out;
     a.opt = cm->fused_opt;
+    a.nops = (int)cm->fused_nops;
     a.lp = m->lossp;
     a.stats = cm->stats;
     a.stats_cap = cm->stats_cap;

@@ -269,6 +269,47 @@ TEST order_ahead_is_the_shuffle_it_spares(void)
     PASS();
 }
 
+/* The fused kernels' scalars for a chunk of steps: one or two made where the
+   step changes nothing else, each step's otherwise; step q reads entry
+   min(q, made - 1), which must be the scalars mnistcu__opt_make makes for it. */
+TEST opt_steps_are_opt_make_for_every_step(void)
+{
+    static const mnistcu_optim kinds[] = {MNISTCU_OPTIM_SGD, MNISTCU_OPTIM_ADAM, MNISTCU_OPTIM_ADAMW,
+                                          MNISTCU_OPTIM_RMSPROP, MNISTCU_OPTIM_ADAGRAD};
+    static const uint64_t starts[] = {1, 2, 938};
+    static const float decays[] = {0.0f, 0.01f};
+    mnistcu__opt ops[7], want;
+    size_t k, si, di, count, s, made;
+    for (k = 0; k < sizeof kinds / sizeof *kinds; ++k)
+        for (di = 0; di < 2; ++di)
+            for (si = 0; si < 3; ++si)
+                for (count = 1; count <= 7; count += 3) {
+                    mnistcu_optim_desc o;
+                    mnistcu__opt_memo mm, mm2;
+                    memset(&o, 0, sizeof o);
+                    memset(&mm, 0, sizeof mm);
+                    memset(&mm2, 0, sizeof mm2);
+                    o.kind = kinds[k];
+                    o.learning_rate = 0.1f;
+                    o.momentum = 0.9f;
+                    o.beta1 = 0.9f;
+                    o.beta2 = 0.999f;
+                    o.eps = 1e-8f;
+                    o.alpha = 0.99f;
+                    o.weight_decay = 0.01f;
+                    o.lr_decay = decays[di];
+                    made = mnistcu__opt_steps(&o, starts[si], count, 1234, ops, &mm);
+                    ASSERT(made >= 1 && made <= count);
+                    if ((o.kind == MNISTCU_OPTIM_SGD || o.kind == MNISTCU_OPTIM_RMSPROP) && di == 0)
+                        ASSERT(made <= 2); /* the point: not a step's scalars for every step */
+                    for (s = 0; s < count; ++s) {
+                        mnistcu__opt_make(&o, starts[si] + s, 1234, &want, &mm2);
+                        ASSERT_MEM_EQ(&want, &ops[s < made ? s : made - 1], sizeof want);
+                    }
+                }
+    PASS();
+}
+
 /* ---- the fused CPU ops against double references ------------------------- */
 TEST softmax_ce_matches_double_reference(void)
 {
@@ -401,6 +442,7 @@ SUITE(cpu_ops_suite)
     RUN_TEST(rng_below_matches_lemire_reference);
     RUN_TEST(shuffle_is_a_permutation);
     RUN_TEST(order_ahead_is_the_shuffle_it_spares);
+    RUN_TEST(opt_steps_are_opt_make_for_every_step);
     RUN_TEST(softmax_ce_matches_double_reference);
 }
 
