@@ -334,13 +334,23 @@ typedef enum mnistcu_cnn {
    layers) in FP32, where the tensor cores do not pay, and cuBLAS picks its own
    kernels for its FAST_TF32 / FAST_16BF compute types. The CPU, the direct
    convolution kernels, cuDNN and the fused MLP kernel compute in FP32 whatever is asked; a context on the CPU, or
-   on a GPU older than sm_80, resolves TF32 and BF16 to FP32 and says so in
-   its log (mnistcu_ctx_resolved_desc reports what is used). */
+   on a GPU older than sm_80, resolves TF32, BF16 and TF32X3 to FP32 and says so in
+   its log (mnistcu_ctx_resolved_desc reports what is used).
+   TF32X3 is FP32's accuracy on the tensor cores: each operand v = hi + lo, two
+   TF32 values, a b = ah bh + ah bl + al bh summed in FP32, every 32 terms' sum
+   added to the total rounded to nearest (>>cuda_x3). Each product is within
+   FP32's error of the exact one (relative 2.5e-7 against cuBLAS FP32's 2.9e-7
+   on P3's products, bench/gemm_tc3.cu), not FP32's bits; on an H200 P3 takes
+   20.0-20.3 ms an epoch against 21.6-21.9 with cuBLAS's FP32, P5 186.8 against
+   205.8 (bench/RESULTS.md). It takes the products of
+   16 or more 64x64 tiles whose dimensions are multiples of 4 (own kernels and
+   cuBLAS builds alike: cuBLAS has no such mode); the rest stay FP32. */
 typedef enum mnistcu_precision {
     MNISTCU_PRECISION_DEFAULT = 0, /* FP32 */
     MNISTCU_PRECISION_FP32,
     MNISTCU_PRECISION_TF32,
-    MNISTCU_PRECISION_BF16
+    MNISTCU_PRECISION_BF16,
+    MNISTCU_PRECISION_TF32X3       /* FP32's accuracy, three TF32 products on the tensor cores */
 } mnistcu_precision;
 
 typedef enum mnistcu_data_mode {
@@ -2912,6 +2922,13 @@ static void mnistcu__cuda_ctx_free(mnistcu_ctx *ctx);
 static void mnistcu__cuda_dataset_free(mnistcu_dataset *ds);
 #endif
 
+/* A resolved precision's name, as logs and device names give it. */
+static const char *mnistcu__precision_name(int p)
+{
+    return p == MNISTCU_PRECISION_TF32 ? "TF32" : p == MNISTCU_PRECISION_BF16 ? "BF16"
+           : p == MNISTCU_PRECISION_TF32X3 ? "TF32X3" : "FP32";
+}
+
 MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_ctx_desc *desc)
 {
     mnistcu_ctx_desc d;
@@ -2942,7 +2959,7 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
 
     if ((unsigned)d.device > MNISTCU_DEVICE_CUDA || (unsigned)d.log_level > MNISTCU_LOG_DEBUG ||
         d.threads < 0 || d.cuda_device < 0 || (unsigned)d.gemm > MNISTCU_GEMM_CUBLAS || (unsigned)d.cnn > MNISTCU_CNN_CUDNN ||
-        (unsigned)d.data_mode > MNISTCU_DATA_STREAM || (unsigned)d.precision > MNISTCU_PRECISION_BF16)
+        (unsigned)d.data_mode > MNISTCU_DATA_STREAM || (unsigned)d.precision > MNISTCU_PRECISION_TF32X3)
         return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT,
                              "context desc: device %d, log_level %d, threads %d, cuda_device %d, gemm %d, "
                              "data_mode %d or precision %d out of range", (int)d.device, (int)d.log_level, d.threads,
@@ -3005,12 +3022,12 @@ MNISTCU_DEF mnistcu_result mnistcu_ctx_create(mnistcu_ctx **out, const mnistcu_c
                  ctx->threads == 1 ? "" : "s");
         if (ctx->desc.precision != MNISTCU_PRECISION_FP32) {
             mnistcu__log(ctx, MNISTCU_LOG_INFO, "precision %s applies to GPU matrix products: the CPU computes in FP32",
-                         ctx->desc.precision == MNISTCU_PRECISION_TF32 ? "TF32" : "BF16");
+                         mnistcu__precision_name(ctx->desc.precision));
             ctx->desc.precision = MNISTCU_PRECISION_FP32;
         }
     } else if (d.precision > MNISTCU_PRECISION_FP32 && ctx->desc.precision == MNISTCU_PRECISION_FP32) {
         mnistcu__log(ctx, MNISTCU_LOG_WARN, "precision %s needs tensor cores (sm_80 or newer) and code for them in this "
-                     "build, and %s has none: computing in FP32", d.precision == MNISTCU_PRECISION_TF32 ? "TF32" : "BF16",
+                     "build, and %s has none: computing in FP32", mnistcu__precision_name(d.precision),
                      ctx->device_name);
     }
     ctx->desc.device = ctx->device;
@@ -4225,7 +4242,10 @@ typedef struct mnistcu__cuda {
     cudaError_t sticky;        /* latched unrecoverable error, cudaSuccess if none */
     int use_cublas;
     int use_cudnn;
-    int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32 or BF16 */
+    int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32, BF16 or TF32X3 */
+    int sms;                   /* multiprocessors */
+    unsigned x3_smem;          /* bit 2 ta + tb: mnistcu__k_gemm_x3<ta, tb> was given its shared memory */
+    size_t x3_products;        /* products mnistcu__cuda_gemm_x3 took (the tests read it) */
     size_t smem_optin;         /* the most shared memory a block may ask for */
     int mc_clusters[32];       /* the cluster MLP kernel's instances, each without and with 1-3 slots of W1's
                                   optimizer state in shared memory: 1 + the most clusters resident at once
@@ -9942,8 +9962,13 @@ static void mnistcu__opt_make(const mnistcu_optim_desc *o, uint64_t step, size_t
    bias corrections and Adagrad's decayed rate change with the step; without
    those the scalars are one or two, not an epoch's thousand made and uploaded
    (the fused kernels read step q's as ops[min(q, returned - 1)]). */
-static size_t mnistcu__opt_steps(const mnistcu_optim_desc *o, uint64_t t0, size_t count, size_t n,
-                                 mnistcu__opt *ops, mnistcu__opt_memo *mm)
+#if defined(__GNUC__) || defined(__clang__) /* the CUDA backend's and the tests': unused in a C build */
+#define MNISTCU__CUDA_HELPER __attribute__((unused))
+#else
+#define MNISTCU__CUDA_HELPER
+#endif
+static MNISTCU__CUDA_HELPER size_t mnistcu__opt_steps(const mnistcu_optim_desc *o, uint64_t t0, size_t count,
+                                                      size_t n, mnistcu__opt *ops, mnistcu__opt_memo *mm)
 {
     size_t s;
     if (!count) return 0;
@@ -13971,6 +13996,180 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_tc(int M, int N, int K, c
 #endif
 }
 
+/* >>cuda_x3 -----------------------------------------------------------------------
+   FP32's accuracy on the tensor cores (mnistcu_ctx_desc.precision TF32X3).
+   C = op(A) op(B) in 64x64 tiles, a block of four warps each taking 32x32 of
+   its tile, over a slice of K (blockIdx.z; Ks each). The operands come into
+   shared memory by cp.async, three stages of 32 k ahead, zero-filled past the
+   edges, each in its global order: A [m][k] and B [n][k] as rows of k padded
+   by 4 floats, A [k][m] and B [k][n] as rows of m or n padded by 8, so that
+   mma.sync's fragment loads meet no bank conflict either way. Each value v is
+   split as it is loaded into hi + lo (mnistcu__tf32_split: an integer add and a
+   mask, full rate, where cvt.rna.tf32 is quarter rate and measured 1.2 times
+   slower here), and a b = al bh + ah bl + ah bh on mma.sync m16n8k8. The
+   tensor cores' own FP32 sums truncate, which over P3's K lost 20 times FP32's
+   error (bench/gemm_tc3.cu); so each stage's 32 k are summed there from zero
+   and added to the FP32 total rounded to nearest, which costs nothing measurable
+   and gives FP32's error (2.5e-7 relative against cuBLAS's 2.9e-7). The sum's
+   order is fixed, so two runs give the same bits. With few tiles K is split
+   and the parts added in order (mnistcu__splitk_sum), as the other kernels do.
+   Every dimension and leading dimension a multiple of 4, the operands 16-byte
+   aligned (mnistcu__x3_ok). Compiled to nothing before sm_80 (the context
+   then keeps FP32). */
+#define MNISTCU__X3_T 64       /* the tile of C */
+#define MNISTCU__X3_BK 32      /* k a stage */
+#define MNISTCU__X3_STAGES 3
+#define MNISTCU__X3_LDK (MNISTCU__X3_BK + 4) /* a row of k */
+#define MNISTCU__X3_LDR (MNISTCU__X3_T + 8)  /* a row of m or n */
+#define MNISTCU__X3_OPF (MNISTCU__X3_T * MNISTCU__X3_LDK) /* an operand's stage, floats: 64 x 36 = 32 x 72 */
+#define MNISTCU__X3_SMEM ((size_t)MNISTCU__X3_STAGES * 2 * MNISTCU__X3_OPF * sizeof(float))
+typedef char mnistcu__x3_same_stage[MNISTCU__X3_BK * MNISTCU__X3_LDR == MNISTCU__X3_OPF ? 1 : -1];
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+/* Three TF32 parts for FP32's accuracy on the tensor cores: v = hi + lo, hi = v rounded to TF32's 10
+   bits (to nearest, ties away: an integer add and a mask, full-rate instructions where cvt.rna.tf32
+   is quarter-rate), lo = v - hi exactly (|lo| <= 2^-11 |v|), of which the tensor cores take the top
+   10 bits (truncated: an error under 2^-21 |v|). a b is then ah bh + ah bl + al bh (al bl, under
+   2^-22 |a b|, is left out) */
+static __device__ __forceinline__ void mnistcu__tf32_split(float v, uint32_t &hi, uint32_t &lo)
+{
+    hi = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+    lo = __float_as_uint(v - __uint_as_float(hi));
+}
+/* d += a b for a 16x8 tile over 8 of K (PTX's m16n8k8 TF32 fragments: lane = 4 g + q holds A (g, q),
+   (g + 8, q), (g, q + 4), (g + 8, q + 4); B (q, g), (q + 4, g); D (g, 2q), (g, 2q + 1), (g + 8, 2q),
+   (g + 8, 2q + 1)) */
+static __device__ __forceinline__ void mnistcu__tf32_mma(float *d, const uint32_t *a, const uint32_t *b)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* One stage of an operand: 64 rows (m or n) from r0 (rows past rlim zero), k from k0 (past kend zero). KM:
+   the global matrix is X[r][k] (ld a row), kept as rows of k; else X[k][r], kept as rows of r. */
+template <int KM>
+static __device__ __forceinline__ void mnistcu__x3_stage(float *s, const float *X, int ld, int r0, int rlim, int k0,
+                                                         int kend)
+{
+    int c;
+    for (c = (int)threadIdx.x; c < MNISTCU__X3_T * MNISTCU__X3_BK / 4; c += 128) {
+        const int r = KM ? c / (MNISTCU__X3_BK / 4) : (c % (MNISTCU__X3_T / 4)) * 4;
+        const int k = KM ? (c % (MNISTCU__X3_BK / 4)) * 4 : c / (MNISTCU__X3_T / 4);
+        const bool in = r0 + r < rlim && k0 + k < kend;
+        const float *src = in ? X + (KM ? (size_t)(r0 + r) * ld + k0 + k : (size_t)(k0 + k) * ld + r0 + r) : X;
+        float *dst = s + (KM ? r * MNISTCU__X3_LDK + k : k * MNISTCU__X3_LDR + r);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                     "l"(src), "r"(in ? 16 : 0));
+    }
+}
+/* Element (r, k) of a stage kept as rows of k (KM) or of r. */
+template <int KM> static __device__ __forceinline__ float mnistcu__x3_at(const float *s, int r, int k)
+{
+    return KM ? s[r * MNISTCU__X3_LDK + k] : s[k * MNISTCU__X3_LDR + r];
+}
+#endif
+
+template <int TA, int TB>
+__global__ void __launch_bounds__(128) mnistcu__k_gemm_x3(int M, int N, int K, int Ks, const float *__restrict__ A,
+                                                          int lda, const float *__restrict__ B, int ldb,
+                                                          float *__restrict__ C, int ldc)
+{
+    MNISTCU__PDL_WAIT();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) float mnistcu__x3_sm[];
+    float *As = mnistcu__x3_sm, *Bs = mnistcu__x3_sm + MNISTCU__X3_STAGES * MNISTCU__X3_OPF;
+    const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g = lane / 4, q = lane % 4;
+    const int wm0 = 32 * (w / 2), wn0 = 32 * (w % 2);
+    const int m0 = (int)blockIdx.y * MNISTCU__X3_T, n0 = (int)blockIdx.x * MNISTCU__X3_T;
+    const int kbeg = (int)blockIdx.z * Ks, kend = min(K, kbeg + Ks);
+    const int nk = (kend - kbeg + MNISTCU__X3_BK - 1) / MNISTCU__X3_BK;
+    float acc[2][4][4], part[2][4][4];
+    int i, j, e, st, kt, kk;
+    for (i = 0; i < 2; ++i)
+        for (j = 0; j < 4; ++j)
+            for (e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    for (st = 0; st < MNISTCU__X3_STAGES - 1; ++st) {
+        if (st < nk) {
+            mnistcu__x3_stage<!TA>(As + st * MNISTCU__X3_OPF, A, lda, m0, M, kbeg + st * MNISTCU__X3_BK, kend);
+            mnistcu__x3_stage<TB>(Bs + st * MNISTCU__X3_OPF, B, ldb, n0, N, kbeg + st * MNISTCU__X3_BK, kend);
+        }
+        asm volatile("cp.async.commit_group;");
+    }
+    for (kt = 0; kt < nk; ++kt) {
+        const float *as = As + (kt % MNISTCU__X3_STAGES) * MNISTCU__X3_OPF;
+        const float *bs = Bs + (kt % MNISTCU__X3_STAGES) * MNISTCU__X3_OPF;
+        asm volatile("cp.async.wait_group %0;" ::"n"(MNISTCU__X3_STAGES - 2));
+        __syncthreads(); /* stage kt is in; every warp is done with kt - 1, whose buffer the next load takes */
+        {
+            const int nt = kt + MNISTCU__X3_STAGES - 1, sb = nt % MNISTCU__X3_STAGES;
+            if (nt < nk) {
+                mnistcu__x3_stage<!TA>(As + sb * MNISTCU__X3_OPF, A, lda, m0, M, kbeg + nt * MNISTCU__X3_BK, kend);
+                mnistcu__x3_stage<TB>(Bs + sb * MNISTCU__X3_OPF, B, ldb, n0, N, kbeg + nt * MNISTCU__X3_BK, kend);
+            }
+            asm volatile("cp.async.commit_group;");
+        }
+#pragma unroll
+        for (i = 0; i < 2; ++i)
+#pragma unroll
+            for (j = 0; j < 4; ++j)
+#pragma unroll
+                for (e = 0; e < 4; ++e) part[i][j][e] = 0.0f;
+#pragma unroll
+        for (kk = 0; kk < MNISTCU__X3_BK; kk += 8) {
+            uint32_t ah[2][4], al[2][4], bh[4][2], bl[4][2];
+#pragma unroll
+            for (i = 0; i < 2; ++i) { /* A's m16n8k8 fragment: (g, q), (g + 8, q), (g, q + 4), (g + 8, q + 4) */
+                const int r = wm0 + 16 * i + g;
+                mnistcu__tf32_split(mnistcu__x3_at<!TA>(as, r, kk + q), ah[i][0], al[i][0]);
+                mnistcu__tf32_split(mnistcu__x3_at<!TA>(as, r + 8, kk + q), ah[i][1], al[i][1]);
+                mnistcu__tf32_split(mnistcu__x3_at<!TA>(as, r, kk + q + 4), ah[i][2], al[i][2]);
+                mnistcu__tf32_split(mnistcu__x3_at<!TA>(as, r + 8, kk + q + 4), ah[i][3], al[i][3]);
+            }
+#pragma unroll
+            for (j = 0; j < 4; ++j) { /* B's: (k q, n g), (k q + 4, n g) */
+                const int n = wn0 + 8 * j + g;
+                mnistcu__tf32_split(mnistcu__x3_at<TB>(bs, n, kk + q), bh[j][0], bl[j][0]);
+                mnistcu__tf32_split(mnistcu__x3_at<TB>(bs, n, kk + q + 4), bh[j][1], bl[j][1]);
+            }
+            /* each pass over all eight (i, j): eight independent sums between two that depend */
+#pragma unroll
+            for (i = 0; i < 2; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) mnistcu__tf32_mma(part[i][j], al[i], bh[j]);
+#pragma unroll
+            for (i = 0; i < 2; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) mnistcu__tf32_mma(part[i][j], ah[i], bl[j]);
+#pragma unroll
+            for (i = 0; i < 2; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) mnistcu__tf32_mma(part[i][j], ah[i], bh[j]);
+        }
+#pragma unroll
+        for (i = 0; i < 2; ++i) /* the stage's sums into the total, rounded to nearest */
+#pragma unroll
+            for (j = 0; j < 4; ++j)
+#pragma unroll
+                for (e = 0; e < 4; ++e) acc[i][j][e] += part[i][j][e];
+    }
+    asm volatile("cp.async.wait_group 0;");
+    C += (size_t)blockIdx.z * (size_t)M * (size_t)N; /* slice z's part (ldc = N then); slice 0 with one slice */
+#pragma unroll
+    for (i = 0; i < 2; ++i)
+#pragma unroll
+        for (j = 0; j < 4; ++j) { /* D's: (g, 2q), (g, 2q + 1), (g + 8, 2q), (g + 8, 2q + 1) */
+            const int r = m0 + wm0 + 16 * i + g, c = n0 + wn0 + 8 * j + 2 * q;
+            if (c < N) {
+                if (r < M) *(float2 *)(C + (size_t)r * ldc + c) = make_float2(acc[i][j][0], acc[i][j][1]);
+                if (r + 8 < M) *(float2 *)(C + (size_t)(r + 8) * ldc + c) = make_float2(acc[i][j][2], acc[i][j][3]);
+            }
+        }
+#else
+    (void)M, (void)N, (void)K, (void)Ks, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc;
+#endif
+}
+
 /* C = epilogue(sum over s of part [S][M][N]), slices added in order. fuse 1:
    act(sum + bias); 2: act'(y) * sum, y laid out as C (an input gradient times
    the derivative of the activation that made the input, see >>cuda_head). */
@@ -14774,6 +14973,7 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
     }
 #endif
     cu->precision = ctx->desc.precision;
+    cu->sms = prop.multiProcessorCount;
     if (cu->precision != MNISTCU_PRECISION_FP32) { /* is there tensor-core code for this GPU? (ctx_create logs a no) */
         int *probe = NULL, tc = 0;
         mnistcu_allocator al = ctx->desc.allocator;
@@ -14801,9 +15001,10 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
     }
 #endif
     ctx->device = MNISTCU_DEVICE_CUDA;
-    snprintf(ctx->device_name, sizeof ctx->device_name, "%.255s (sm_%d%d%s%s%s)", prop.name, prop.major, prop.minor,
+    snprintf(ctx->device_name, sizeof ctx->device_name, "%.255s (sm_%d%d%s%s%s%s)", prop.name, prop.major, prop.minor,
              cu->use_cublas ? ", cuBLAS" : "", cu->use_cudnn ? ", cuDNN" : "",
-             cu->precision == MNISTCU_PRECISION_TF32 ? ", TF32" : cu->precision == MNISTCU_PRECISION_BF16 ? ", BF16" : "");
+             cu->precision != MNISTCU_PRECISION_FP32 ? ", " : "",
+             cu->precision != MNISTCU_PRECISION_FP32 ? mnistcu__precision_name(cu->precision) : "");
     return MNISTCU_OK;
 }
 
@@ -15391,6 +15592,80 @@ static void mnistcu__cuda_blas_workspace(mnistcu_ctx *ctx)
 }
 #endif
 
+/* Whether mnistcu__cuda_gemm_x3 takes a product (>>cuda_x3): a TF32X3 context,
+   16 or more 64x64 tiles (fewer stay FP32's, as in TF32, MNISTCU__TC_MIN_TILES),
+   every dimension and leading dimension a multiple of 4 and the operands
+   16-byte aligned (its 16-byte copies), each below 2^31. */
+static int mnistcu__x3_ok(const mnistcu__cuda *cu, size_t M, size_t N, size_t K, const float *A, size_t lda,
+                          const float *B, size_t ldb, const float *C, size_t ldc)
+{
+    const size_t big = (size_t)INT_MAX;
+    if (cu->precision != MNISTCU_PRECISION_TF32X3 || ((M | N | K | lda | ldb | ldc) & 3) != 0 ||
+        (((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) & 15) != 0 || M > big || N > big || K > big || lda > big ||
+        ldb > big || ldc > big || (M && N > SIZE_MAX / 16 / M)) /* 16 slices of M x N at most */
+        return 0;
+    return ((M + MNISTCU__X3_T - 1) / MNISTCU__X3_T) * ((N + MNISTCU__X3_T - 1) / MNISTCU__X3_T) >=
+           MNISTCU__TC_MIN_TILES;
+}
+
+/* mnistcu__k_gemm_x3's slices of K: one where the tiles are 1.5 a multiprocessor or more, else enough for
+   two blocks a multiprocessor, each of 128 k or more, at most 16. Measured on P3's and the Fashion CNN's
+   products on an H200 (bench/gemm_tc3.cu, 64x64 tiles): 512x1024x784 best in 3 slices, 1024x1024x512 in 1,
+   128x576x7744 in 6 (108 blocks) of those tried. */
+static size_t mnistcu__x3_split(size_t M, size_t N, size_t K, int sms)
+{
+    const size_t tiles = ((M + MNISTCU__X3_T - 1) / MNISTCU__X3_T) * ((N + MNISTCU__X3_T - 1) / MNISTCU__X3_T);
+    size_t S;
+    if (sms <= 0) sms = 1;
+    if (2 * tiles >= 3 * (size_t)sms) return 1;
+    S = MNISTCU__MIN((2 * (size_t)sms + tiles - 1) / tiles, MNISTCU__MIN(K / 128, (size_t)16));
+    return S ? S : 1;
+}
+
+/* C = act(op(A) op(B) + bias) in TF32X3 (mnistcu__x3_ok said yes). */
+static mnistcu_result mnistcu__cuda_gemm_x3(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
+                                            const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                                            size_t ldc, const float *bias, int act)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    const int fuse = bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY), which = 2 * !!ta + !!tb;
+    const size_t S0 = mnistcu__x3_split(M, N, K, cu->sms);
+    const size_t Ks = ((K + S0 - 1) / S0 + MNISTCU__X3_BK - 1) / MNISTCU__X3_BK * MNISTCU__X3_BK;
+    const size_t S = Ks ? (K + Ks - 1) / Ks : 1; /* K 0: one slice, of zeros */
+    const dim3 grid((unsigned)((N + MNISTCU__X3_T - 1) / MNISTCU__X3_T),
+                    (unsigned)((M + MNISTCU__X3_T - 1) / MNISTCU__X3_T), (unsigned)(S ? S : 1));
+    void (*k)(int, int, int, int, const float *, int, const float *, int, float *, int) =
+        which == 0 ? mnistcu__k_gemm_x3<0, 0> : which == 1 ? mnistcu__k_gemm_x3<0, 1>
+                                              : which == 2 ? mnistcu__k_gemm_x3<1, 0> : mnistcu__k_gemm_x3<1, 1>;
+    float *out = C;
+    size_t ldo = ldc;
+    if (S > 1) {
+        mnistcu_result r = mnistcu__cuda_partials(ctx, S * M * N, &out);
+        if (r) return r;
+        ldo = N;
+    }
+    if (!(cu->x3_smem & (1u << which))) { /* above the 48 KB every GPU gives */
+        cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)MNISTCU__X3_SMEM);
+        if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "the TF32X3 product's shared memory");
+        cu->x3_smem |= 1u << which;
+    }
+    mnistcu__launch(k, grid, 128, MNISTCU__X3_SMEM, cu->stream, (int)M, (int)N, (int)K, (int)Ks, A, (int)lda, B,
+                    (int)ldb, out, (int)ldo);
+    MNISTCU__LAUNCHED(ctx, "gemm_x3");
+    cu->x3_products++;
+    if (S > 1) { /* the parts added in order, with the bias and the activation */
+        mnistcu__splitk_sum(cu->stream, out, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, fuse, NULL);
+        MNISTCU__LAUNCHED(ctx, "splitk_sum");
+    } else if (fuse) {
+        size_t n = M * N;
+        mnistcu__launch(mnistcu__k_bias_act, mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream, C, bias, n, (int)N,
+                        act);
+        MNISTCU__LAUNCHED(ctx, "bias_act");
+    }
+    return MNISTCU_OK;
+}
+
 static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K, const float *A,
                                          size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                          const float *bias, int act)
@@ -15399,6 +15674,8 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
     if (M == 0 || N == 0) return MNISTCU_OK;
     if (!bias && (act == 0 || act == MNISTCU_ACT_IDENTITY) && mnistcu__gemm_skinny_ok(ta, tb, M, N, K))
         return mnistcu__cuda_gemm_skinny(ctx, M, N, K, A, lda, B, ldb, C, ldc, NULL, NULL);
+    if (mnistcu__x3_ok(cu, M, N, K, A, lda, B, ldb, C, ldc)) /* before cuBLAS, which has no such mode */
+        return mnistcu__cuda_gemm_x3(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, act);
 #ifdef MNISTCU_CUBLAS
     if (cu->use_cublas) {
         /* cuBLAS is column-major: a row-major C = op(A) op(B) is, read column-major,
@@ -15407,8 +15684,9 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
         const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
         mnistcu__cuda_blas_workspace(ctx);
         const int fuse = bias || (act != 0 && act != MNISTCU_ACT_IDENTITY);
-        const size_t S = fuse && !ta && tb && cu->precision == MNISTCU_PRECISION_FP32 ? mnistcu__blas_split(M, N, K)
-                                                                                      : 1,
+        /* TF32X3's products that mnistcu__x3_ok declines are FP32's */
+        const int fp32 = cu->precision == MNISTCU_PRECISION_FP32 || cu->precision == MNISTCU_PRECISION_TF32X3;
+        const size_t S = fuse && !ta && tb && fp32 ? mnistcu__blas_split(M, N, K) : 1,
                      kc = K / S; /* part s: the columns s*kc.. of A [M][K] and of B [N][K] */
         float *out = C;
         int ldo = (int)ldc;
@@ -15422,7 +15700,7 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
             s = cublasSgemmStridedBatched(cu->blas, opb, opa, (int)N, (int)M, (int)kc, &one, B, (int)ldb,
                                           (long long)kc, A, (int)lda, (long long)kc, &zero, out, ldo,
                                           (long long)(M * N), (int)S);
-        else if (cu->precision == MNISTCU_PRECISION_FP32)
+        else if (fp32)
             s = cublasSgemm(cu->blas, opb, opa, (int)N, (int)M, (int)K, &one, B, (int)ldb, A, (int)lda, &zero, C,
                             (int)ldc);
         else /* FP32 operands and results, the products on the tensor cores in TF32 or BF16 */
@@ -17700,7 +17978,7 @@ static mnistcu_result mnistcu__lenet_launch(mnistcu_model *m, const mnistcu_data
    x having a column of ones; those of W2 and b2 as another, h having one) run
    on the tensor cores, in TF32 parts that keep FP32's accuracy: each operand
    v = hi + lo, both TF32 values, and a b = ah bh + ah bl + al bh (mma.sync
-   m16n8k8, FP32 sums; mnistcu__mc_split). About 2^-21 of each term is lost,
+   m16n8k8, FP32 sums; mnistcu__tf32_split). About 2^-21 of each term is lost,
    against 2^-24 for an FP32 product; the sums' order differs from fmafs' in
    any case. Where the normalisation has no shift (x / 255, say), x's bytes
    are TF32 values as they are: x holds them, its products take two parts
@@ -17857,34 +18135,15 @@ static __device__ __forceinline__ unsigned long long mnistcu__mc_get(const unsig
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p));
     return w;
 }
-/* Three TF32 parts for FP32's accuracy on the tensor cores: v = hi + lo, hi = v rounded to TF32's 10
-   bits (to nearest, ties away: an integer add and a mask, full-rate instructions where cvt.rna.tf32
-   is quarter-rate), lo = v - hi exactly (|lo| <= 2^-11 |v|), of which the tensor cores take the top
-   10 bits (truncated: an error under 2^-21 |v|). a b is then ah bh + ah bl + al bh (al bl, under
-   2^-22 |a b|, is left out) */
-static __device__ __forceinline__ void mnistcu__mc_split(float v, uint32_t &hi, uint32_t &lo)
-{
-    hi = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
-    lo = __float_as_uint(v - __uint_as_float(hi));
-}
-/* d += a b for a 16x8 tile over 8 of K (PTX's m16n8k8 TF32 fragments: lane = 4 g + q holds A (g, q),
-   (g + 8, q), (g, q + 4), (g + 8, q + 4); B (q, g), (q + 4, g); D (g, 2q), (g, 2q + 1), (g + 8, 2q),
-   (g + 8, 2q + 1)) */
-static __device__ __forceinline__ void mnistcu__mc_mma(float *d, const uint32_t *a, const uint32_t *b)
-{
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+/* (mnistcu__tf32_split and mnistcu__tf32_mma: >>cuda_x3) */
 /* The three parts' products in two chains: d[0] += ah bh, d[1] += ah bl + al bh; the sum d[0] + d[1]
    at the end (mnistcu__mc_sum3) */
 static __device__ __forceinline__ void mnistcu__mc_mma3(float (*d)[4], const uint32_t *ah, const uint32_t *al,
                                                         const uint32_t *bh, const uint32_t *bl)
 {
-    mnistcu__mc_mma(d[0], ah, bh);
-    mnistcu__mc_mma(d[1], ah, bl);
-    mnistcu__mc_mma(d[1], al, bh);
+    mnistcu__tf32_mma(d[0], ah, bh);
+    mnistcu__tf32_mma(d[1], ah, bl);
+    mnistcu__tf32_mma(d[1], al, bh);
 }
 static __device__ __forceinline__ float mnistcu__mc_sum3(const float (*d)[4], int e) { return d[0][e] + d[1][e]; }
 /* ... or, where a is exact in TF32 (XB: the bytes of x, mnistcu__mc_args.xb; al unread), two: ah bh + ah bl */
@@ -17893,8 +18152,8 @@ static __device__ __forceinline__ void mnistcu__mc_mma_x(float (*d)[4], const ui
                                                          const uint32_t *bh, const uint32_t *bl)
 {
     if (XB) {
-        mnistcu__mc_mma(d[0], ah, bh);
-        mnistcu__mc_mma(d[1], ah, bl);
+        mnistcu__tf32_mma(d[0], ah, bh);
+        mnistcu__tf32_mma(d[1], ah, bl);
     } else
         mnistcu__mc_mma3(d, ah, al, bh, bl);
 }
@@ -17902,7 +18161,7 @@ static __device__ __forceinline__ void mnistcu__mc_mma_x(float (*d)[4], const ui
 template <bool XB> static __device__ __forceinline__ void mnistcu__mc_split_x(float v, uint32_t &hi, uint32_t &lo)
 {
     if (XB) hi = __float_as_uint(v), lo = 0u;
-    else mnistcu__mc_split(v, hi, lo);
+    else mnistcu__tf32_split(v, hi, lo);
 }
 #endif
 
@@ -18029,8 +18288,8 @@ static __device__ __forceinline__ void mnistcu__mc_tc_h(const float *xc, const f
 #pragma unroll
         for (int n = 0; n < NW; ++n) {
             const float *wr = w1s + k * LDW + n0 + 8 * n + gq;
-            mnistcu__mc_split(wr[0], bh[n][0], bl[n][0]);
-            mnistcu__mc_split(wr[4 * LDW], bh[n][1], bl[n][1]);
+            mnistcu__tf32_split(wr[0], bh[n][0], bl[n][0]);
+            mnistcu__tf32_split(wr[4 * LDW], bh[n][1], bl[n][1]);
         }
 #pragma unroll
         for (int m = 0; m < MW; ++m)
@@ -18089,8 +18348,8 @@ static __device__ __forceinline__ void mnistcu__mc_tc_dw(const float *xc, const 
 #pragma unroll
         for (int n = 0; n < NW; ++n) {
             const float *dr = dhall + r0 * LDH + n0 + 8 * n + gq;
-            mnistcu__mc_split(dr[0], bh[n][0], bl[n][0]);
-            mnistcu__mc_split(dr[LDH], bh[n][1], bl[n][1]);
+            mnistcu__tf32_split(dr[0], bh[n][0], bl[n][0]);
+            mnistcu__tf32_split(dr[LDH], bh[n][1], bl[n][1]);
         }
 #pragma unroll
         for (int n = 0; n < NW; ++n) mnistcu__mc_mma_x<XB>(acc[n], ah, al, bh[n], bl[n]);
@@ -18110,12 +18369,12 @@ static __device__ __forceinline__ void mnistcu__mc_tc_dz(const float *hall, cons
         const int r0 = 8 * ks + 2 * q;
         const float *zr = dzall + r0 * LDZ + gq, *hr = hall + r0 * LDH + 8 * jz + gq;
         uint32_t zh[4], zl[4], hh[2], hl[2];
-        mnistcu__mc_split(zr[0], zh[0], zl[0]);
-        mnistcu__mc_split(zr[8], zh[1], zl[1]);
-        mnistcu__mc_split(zr[LDZ], zh[2], zl[2]);
-        mnistcu__mc_split(zr[LDZ + 8], zh[3], zl[3]);
-        mnistcu__mc_split(hr[0], hh[0], hl[0]);
-        mnistcu__mc_split(hr[LDH], hh[1], hl[1]);
+        mnistcu__tf32_split(zr[0], zh[0], zl[0]);
+        mnistcu__tf32_split(zr[8], zh[1], zl[1]);
+        mnistcu__tf32_split(zr[LDZ], zh[2], zl[2]);
+        mnistcu__tf32_split(zr[LDZ + 8], zh[3], zl[3]);
+        mnistcu__tf32_split(hr[0], hh[0], hl[0]);
+        mnistcu__tf32_split(hr[LDH], hh[1], hl[1]);
         mnistcu__mc_mma3(az, zh, zl, hh, hl);
     }
 }

@@ -7,7 +7,7 @@
    Usage: bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
                        [--threads N] [--seed S] [--limit N] [--warmup-limit N] [--fused on|off]
                        [--graph on|off] [--head on|off] [--fused-update on|off]
-                       [--precision fp32|tf32|bf16]
+                       [--precision fp32|tf32|bf16|tf32x3]
      CONFIG  P1  first 10,000 train images in file order, 784-1024-10, batch 32, SGD lr 0.01,
                  10 epochs: the total training time of the 10 epochs
              P2  MNIST 60k shuffled, 784-128-10, batch 64, SGD lr 0.1: time per epoch
@@ -44,8 +44,9 @@
                 compute capability 9.0; the run fails if the kernel did not take every step)
      --fused-update  off takes every optimizer step in the optimizer's pass instead of in the dense
                 layers' weight gradient products (own products, SGD; same bits; default on)
-     --precision  the GPU's matrix products: fp32 (default), tf32 or bf16 on the tensor cores (the
-                context must resolve to it, else the run fails)
+     --precision  the GPU's matrix products: fp32 (default), tf32 or bf16 on the tensor cores, or
+                tf32x3 (FP32's accuracy in three TF32 products; the context must resolve to it,
+                else the run fails)
      --limit N  train on the first N images only (quick tests; not a benchmark configuration)
      --warmup-limit N  the warm-up epoch trains on the first N images only (slow CPU runs;
                  default: a whole epoch)
@@ -135,7 +136,7 @@ static void usage(void)
                     "                               [--warmup-limit N] [--fused on|off] [--graph on|off]\n"
                     "                               [--head on|off] [--fused-update on|off] [--fused-cnn on|off]\n"
                     "                               [--fused-mlp-clusters on|off]\n"
-                    "                               [--precision fp32|tf32|bf16] [--batch N (P4, P5; else 64)]\n"
+                    "                               [--precision fp32|tf32|bf16|tf32x3] [--batch N (P4, P5; else 64)]\n"
                     "       bench P6 [the options above] [--spec SPEC] [--batch N] [--optim sgd|adam|adamw] [--lr X]\n"
                     "                [--momentum X] [--nesterov on|off] [--wd X] [--schedule onecycle|cosine|constant]\n"
                     "                [--target ACC] [--label-smoothing E]\n");
@@ -282,7 +283,8 @@ int main(int argc, char **argv)
     if (!precision_arg || !strcmp(precision_arg, "fp32")) cd.precision = MNISTCU_PRECISION_FP32;
     else if (!strcmp(precision_arg, "tf32")) cd.precision = MNISTCU_PRECISION_TF32;
     else if (!strcmp(precision_arg, "bf16")) cd.precision = MNISTCU_PRECISION_BF16;
-    else { fprintf(stderr, "bench: --precision must be fp32, tf32 or bf16\n"); return 2; }
+    else if (!strcmp(precision_arg, "tf32x3")) cd.precision = MNISTCU_PRECISION_TF32X3;
+    else { fprintf(stderr, "bench: --precision must be fp32, tf32, bf16 or tf32x3\n"); return 2; }
     if (cd.device == MNISTCU_DEVICE_CPU && (gemm_arg || cnn_arg || cd.precision != MNISTCU_PRECISION_FP32)) {
         fprintf(stderr, "bench: --gemm, --cnn and --precision apply to --device cuda only\n");
         return 2;
@@ -301,9 +303,10 @@ int main(int argc, char **argv)
         mnistcu_ctx_destroy(ctx);
         return 1;
     }
-    precision_json = resolved.precision == MNISTCU_PRECISION_TF32   ? "tf32"
-                     : resolved.precision == MNISTCU_PRECISION_BF16 ? "bf16"
-                                                                    : "fp32";
+    precision_json = resolved.precision == MNISTCU_PRECISION_TF32     ? "tf32"
+                     : resolved.precision == MNISTCU_PRECISION_BF16   ? "bf16"
+                     : resolved.precision == MNISTCU_PRECISION_TF32X3 ? "tf32x3"
+                                                                      : "fp32";
     if (cd.device == MNISTCU_DEVICE_CPU) {
         dev_json = "cpu"; gemm_json = "cpu"; cnn_json = "cpu";
     } else {

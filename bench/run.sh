@@ -32,7 +32,7 @@
 #   EPOCHS           timed epochs of P2/P3/P7 (default 6; P1 always runs its 10)
 #   CNN_EPOCHS       timed epochs of P4/P5 on the GPU (default 3), after one warm-up epoch
 #   CUDNN_BENCH      1 (default): P4/P5 also with PyTorch graph + cudnn.benchmark; 0: not
-#   PRECISIONS       reduced-precision mnistcu rows (default "tf32 bf16"; "" for none): each
+#   PRECISIONS       reduced-precision mnistcu rows (default "tf32 bf16 tf32x3"; "" for none): each
 #                    configuration again with --precision P, own kernels and cuBLAS, reported beside
 #                    FP32 (speed and test accuracy against the same path), never as mnistcu's best;
 #                    none when CUDA_ARCH is below 80 (no tensor cores)
@@ -79,7 +79,7 @@ P6_SEEDS=${P6_SEEDS:-1 2 3 4 5 6 7 8 9 10}
 EPOCHS=${EPOCHS:-6}
 CNN_EPOCHS=${CNN_EPOCHS:-3}
 CUDNN_BENCH=${CUDNN_BENCH:-1}
-PRECISIONS=${PRECISIONS-tf32 bf16}
+PRECISIONS=${PRECISIONS-tf32 bf16 tf32x3}
 KERNELS=${KERNELS-gemm conv}
 PEERS=$(echo ${PEERS-eager graph compile jax})
 TORCH_CPU_EPOCHS=${TORCH_CPU_EPOCHS:-5}
@@ -244,7 +244,7 @@ def label(r):
                    else " fused" if r.get("fused_steps") else "")
                 + ("" if fp32(r) else " " + r["precision"]))
     return r["impl"] + ("" if r["device"] == "cuda" else " cpu %st" % r.get("threads"))
-def fp32(r):  # the reference precision; TF32 and BF16 rows are reported beside it, not counted as mnistcu's best
+def fp32(r):  # the reference precision; TF32, BF16 and TF32X3 rows are reported beside it, not counted as mnistcu's best
     return r.get("precision", "fp32") == "fp32"
 def epochs(r):
     n, w = r.get("train_images", 0), r.get("warmup_images", r.get("train_images", 0))

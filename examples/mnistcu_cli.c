@@ -94,7 +94,9 @@ static void print_help(FILE *f)
           "  --threads N           CPU threads, 0 = all cores (default: 0)\n"
           "  --precision P         GPU matrix products: fp32, or tf32 / bf16 on the tensor\n"
           "                        cores (sm_80+; FP32 weights and sums, faster, not the\n"
-          "                        same bits; the CPU stays fp32) (default: fp32)\n"
+          "                        same bits; the CPU stays fp32), or tf32x3: FP32's\n"
+          "                        accuracy from three TF32 products on the tensor cores\n"
+          "                        (large products only; not FP32's bits) (default: fp32)\n"
           "  --loss NAME           ce (softmax cross-entropy), mse (against one-hot labels),\n"
           "                        bce (sigmoid per class, on logits), hinge (multi-class,\n"
           "                        as torch.nn.MultiMarginLoss) (default: ce)\n"
@@ -742,6 +744,7 @@ static int set_option(cli_options *o, const char *name, option_id id, const char
         if (strcmp(v, "fp32") == 0) o->precision = MNISTCU_PRECISION_FP32;
         else if (strcmp(v, "tf32") == 0) o->precision = MNISTCU_PRECISION_TF32;
         else if (strcmp(v, "bf16") == 0) o->precision = MNISTCU_PRECISION_BF16;
+        else if (strcmp(v, "tf32x3") == 0) o->precision = MNISTCU_PRECISION_TF32X3;
         else break;
         return 1;
     case OPT_QUIET: o->quiet = 1; return 1;
@@ -1125,7 +1128,10 @@ static const char *precision_name(const mnistcu_ctx *ctx)
     mnistcu_ctx_desc d;
     memset(&d, 0, sizeof d);
     mnistcu_ctx_resolved_desc(ctx, &d);
-    return d.precision == MNISTCU_PRECISION_TF32 ? "tf32" : d.precision == MNISTCU_PRECISION_BF16 ? "bf16" : "fp32";
+    return d.precision == MNISTCU_PRECISION_TF32     ? "tf32"
+           : d.precision == MNISTCU_PRECISION_BF16   ? "bf16"
+           : d.precision == MNISTCU_PRECISION_TF32X3 ? "tf32x3"
+                                                     : "fp32";
 }
 
 /* Loads DIR/mnist or DIR/fashion-mnist, train or test split. */

@@ -504,6 +504,19 @@ if [ "$status" -eq 0 ]; then
     else
         fail "--precision tf32 on the CPU: the same loss as without it ($cpu_tf32_loss; $(tail -n 1 "$TMP/out"))"
     fi
+    run train --limit 1000 --epochs 1 --layers 784-32-10 --device cpu --quiet --precision tf32x3
+    if [ "$status" -eq 0 ] && json_check 'j["precision"] == "fp32"' &&
+        [ "$(json_number train_loss)" = "$cpu_tf32_loss" ]; then
+        pass "--precision tf32x3 on the CPU: trains in FP32, the same loss"
+    else
+        fail "--precision tf32x3 on the CPU: trains in FP32, the same loss ($(tail -n 1 "$TMP/out"))"
+    fi
+fi
+run train --limit 1000 --epochs 1 --layers 784-32-10 --device cpu --quiet --precision tf33
+if [ "$status" -eq 2 ]; then
+    pass "--precision tf33: a usage error"
+else
+    fail "--precision tf33: a usage error (exit $status)"
 fi
 
 # --no-fused is a training option on every device; the CPU never runs the fused GPU kernel

@@ -187,6 +187,21 @@ static int tc_has_tensor_cores(void)
     return major >= 8;
 }
 
+/* The reduced precisions' unit u of the bound below, and their names. TF32X3 (three TF32 products,
+   >>cuda_x3): each term within 2^-21 + 2^-22 of its value, so 2^-20, 1024 times TF32's. */
+static double tc_prec_unit(int prec)
+{
+    return prec == MNISTCU_PRECISION_TF32 ? ldexp(1.0, -10) : prec == MNISTCU_PRECISION_BF16 ? ldexp(1.0, -8)
+                                                                                            : ldexp(1.0, -20);
+}
+static const char *tc_prec_name(int prec) { return mnistcu__precision_name(prec); }
+/* Whether a TF32X3 context's product of these dimensions is mnistcu__cuda_gemm_x3's (the tests' operands are
+   aligned; leading dimensions are the dimensions) */
+static int tc_x3_takes(size_t M, size_t N, size_t K)
+{
+    return (M | N | K) % 4 == 0 && ((M + 63) / 64) * ((N + 63) / 64) >= MNISTCU__TC_MIN_TILES;
+}
+
 /* One product in reduced precision against a double-precision reference, element
    by element: |got - ref| <= (2u + u^2 + K 2^-23) sum_k |a_k b_k| + 1e-6, the
    rounding of both operands (unit u: 2^-10 covers TF32 whether rounded or
@@ -195,7 +210,7 @@ static int tc_has_tensor_cores(void)
    activations applied after are 1-Lipschitz. *differs counts the outputs that
    are not bitwise the FP32 product's (0 would mean the tensor cores were not used). */
 static int tc_gemm_prec_case(mnistcu_ctx *g, mnistcu_ctx *g32, double u, int ta, int tb, size_t M, size_t N, size_t K,
-                             int act, size_t *differs, char *msg, size_t msg_size)
+                             int act, size_t *differs, double *e2, char *msg, size_t msg_size)
 {
     tu_rng rng = tu_rng_make(M * 131 + N * 7 + K + (size_t)ta * 3 + (size_t)tb * 5 + (size_t)act);
     size_t lda = ta ? M : K, ldb = tb ? K : N, i, j, k;
@@ -230,6 +245,11 @@ static int tc_gemm_prec_case(mnistcu_ctx *g, mnistcu_ctx *g32, double u, int ta,
                 ok = 0;
             }
             if (memcmp(&got[i * N + j], &got32[i * N + j], sizeof(float)) != 0) ++*differs;
+            if (e2) { /* squared errors of the product and of FP32's, and the reference's square */
+                e2[0] += (v - ref) * (v - ref);
+                e2[1] += ((double)got32[i * N + j] - ref) * ((double)got32[i * N + j] - ref);
+                e2[2] += ref * ref;
+            }
         }
     free(A); free(B); free(bias); free(got); free(got32);
     cudaFree(dA); cudaFree(dB); cudaFree(dbias); cudaFree(dC); cudaFree(dC32);
@@ -249,38 +269,56 @@ TEST cuda_gemm_reduced_precision_within_bound(void)
 #ifndef MNISTCU_CUBLAS
         if (path) break;
 #endif
-        for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_BF16; ++prec) {
+        for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_TF32X3; ++prec) {
             mnistcu_ctx *g = tc_ctx_prec(gemm, (mnistcu_precision)prec), *g32 = tc_ctx_prec(gemm, MNISTCU_PRECISION_FP32);
             mnistcu_ctx_desc rd;
-            double u = prec == MNISTCU_PRECISION_TF32 ? ldexp(1.0, -10) : ldexp(1.0, -8);
-            size_t i, differs = 0, tc_outputs = 0;
-            char msg[320];
+            const int x3 = prec == MNISTCU_PRECISION_TF32X3;
+            double u = tc_prec_unit(prec), e2[3] = {0.0, 0.0, 0.0};
+            size_t i, differs = 0, tc_outputs = 0, x3_before, x3_want = 0;
+            char msg[320], name[16];
             ASSERT(g && g32);
             mnistcu_ctx_resolved_desc(g, &rd);
             ASSERT_EQ((int)prec, (int)rd.precision); /* the test GPUs have tensor cores (sm_80+) */
-            ASSERT(strstr(mnistcu_ctx_device_name(g), prec == MNISTCU_PRECISION_TF32 ? ", TF32" : ", BF16"));
+            snprintf(name, sizeof name, ", %s)", tc_prec_name(prec));
+            ASSERT(strstr(mnistcu_ctx_device_name(g), name));
+            x3_before = mnistcu__cu(g)->x3_products;
             for (i = 0; i < sizeof dims / sizeof dims[0]; ++i) {
                 size_t dif = 0, tiles = ((dims[i][0] + 63) / 64) * ((dims[i][1] + 63) / 64);
-                if (tiles >= MNISTCU__TC_MIN_TILES) tc_outputs += 7 * dims[i][0] * dims[i][1];
+                const int x3_takes = x3 && tc_x3_takes(dims[i][0], dims[i][1], dims[i][2]);
+                if (x3 ? x3_takes : tiles >= MNISTCU__TC_MIN_TILES) tc_outputs += 7 * dims[i][0] * dims[i][1];
                 for (ta = 0; ta < 2; ++ta)
-                    for (tb = 0; tb < 2; ++tb)
-                        if (!tc_gemm_prec_case(g, g32, u, ta, tb, dims[i][0], dims[i][1], dims[i][2], 0, &dif, msg,
-                                               sizeof msg))
+                    for (tb = 0; tb < 2; ++tb) {
+                        if (!tc_gemm_prec_case(g, g32, u, ta, tb, dims[i][0], dims[i][1], dims[i][2], 0, &dif,
+                                               x3_takes ? e2 : NULL, msg, sizeof msg))
                             FAILm(msg);
-                for (act = MNISTCU_ACT_RELU; act <= MNISTCU_ACT_TANH; ++act)
-                    if (!tc_gemm_prec_case(g, g32, u, 0, 1, dims[i][0], dims[i][1], dims[i][2], act, &dif, msg,
+                        x3_want += (size_t)x3_takes;
+                    }
+                for (act = MNISTCU_ACT_RELU; act <= MNISTCU_ACT_TANH; ++act) {
+                    if (!tc_gemm_prec_case(g, g32, u, 0, 1, dims[i][0], dims[i][1], dims[i][2], act, &dif, NULL, msg,
                                            sizeof msg))
                         FAILm(msg);
+                    x3_want += (size_t)x3_takes;
+                }
                 if (!path && tiles < MNISTCU__TC_MIN_TILES) ASSERT_EQ((size_t)0, dif); /* kept in FP32: its bits */
+                if (x3 && !x3_takes) ASSERT_EQ((size_t)0, dif); /* TF32X3 declines: FP32's product, FP32's bits */
                 differs += dif;
             }
             printf("    %s %s: %lu outputs differ from FP32's bits (%lu on the own tensor-core path)\n",
-                   path ? "cuBLAS" : "own", prec == MNISTCU_PRECISION_TF32 ? "TF32" : "BF16", (unsigned long)differs,
-                   (unsigned long)tc_outputs);
-            /* the own kernels: most tensor-core outputs are not FP32's bits; cuBLAS may keep FP32 kernels for
-               some shapes, but not one output differing would mean it never took the reduced-precision call */
-            if (!path) ASSERT(differs > tc_outputs / 2);
-            else ASSERT(differs > 0);
+                   path ? "cuBLAS" : "own", tc_prec_name(prec), (unsigned long)differs, (unsigned long)tc_outputs);
+            if (x3) { /* every product it takes, in both builds, and FP32's accuracy: the RMS error within twice
+                         FP32's (the tensor cores' own sums over the whole K measured 20 times FP32's) */
+                printf("    %s TF32X3: relative RMS error %.3g, FP32's %.3g\n", path ? "cuBLAS" : "own",
+                       sqrt(e2[0] / e2[2]), sqrt(e2[1] / e2[2]));
+                ASSERT_EQ(x3_want, mnistcu__cu(g)->x3_products - x3_before);
+                ASSERT(x3_want > 0);
+                ASSERT(e2[2] > 0.0 && e2[0] <= 4.0 * e2[1]);
+                ASSERT(differs > 0);
+            } else if (!path)
+                /* the own kernels: most tensor-core outputs are not FP32's bits; cuBLAS may keep FP32 kernels for
+                   some shapes, but not one output differing would mean it never took the reduced-precision call */
+                ASSERT(differs > tc_outputs / 2);
+            else
+                ASSERT(differs > 0);
             mnistcu_ctx_destroy(g);
             mnistcu_ctx_destroy(g32);
         }
@@ -288,30 +326,33 @@ TEST cuda_gemm_reduced_precision_within_bound(void)
     PASS();
 }
 
-/* The tensor-core kernel on two small products (the least tiles it takes; K split
-   into slices), both precisions, plain and fused: small enough for racecheck. */
+/* The tensor-core kernels on two small products (the least tiles they take; K split
+   into slices), each precision, plain and fused: small enough for racecheck. */
 TEST cuda_gemm_reduced_precision_small(void)
 {
     static const size_t dims[][3] = {{256, 256, 40}, {128, 576, 1100}};
     int prec, i, ta, tb;
     if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32 and BF16 resolve to FP32");
-    for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_BF16; ++prec) {
+    for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_TF32X3; ++prec) {
         mnistcu_ctx *g = tc_ctx_prec(MNISTCU_GEMM_OWN, (mnistcu_precision)prec);
         mnistcu_ctx *g32 = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
-        double u = prec == MNISTCU_PRECISION_TF32 ? ldexp(1.0, -10) : ldexp(1.0, -8);
+        double u = tc_prec_unit(prec);
         char msg[320];
         ASSERT(g && g32);
         for (i = 0; i < 2; ++i) {
-            size_t dif = 0;
+            size_t dif = 0, x3_before = mnistcu__cu(g)->x3_products;
             for (ta = 0; ta < 2; ++ta)
                 for (tb = 0; tb < 2; ++tb)
-                    if (!tc_gemm_prec_case(g, g32, u, ta, tb, dims[i][0], dims[i][1], dims[i][2], 0, &dif, msg,
+                    if (!tc_gemm_prec_case(g, g32, u, ta, tb, dims[i][0], dims[i][1], dims[i][2], 0, &dif, NULL, msg,
                                            sizeof msg))
                         FAILm(msg);
-            if (!tc_gemm_prec_case(g, g32, u, 0, 1, dims[i][0], dims[i][1], dims[i][2], MNISTCU_ACT_RELU, &dif, msg,
-                                   sizeof msg))
+            if (!tc_gemm_prec_case(g, g32, u, 0, 1, dims[i][0], dims[i][1], dims[i][2], MNISTCU_ACT_RELU, &dif, NULL,
+                                   msg, sizeof msg))
                 FAILm(msg);
-            ASSERT(dif > 5 * dims[i][0] * dims[i][1] / 2); /* most outputs are not FP32's bits */
+            if (prec == MNISTCU_PRECISION_TF32X3) /* every one its kernel's (the second with K split) */
+                ASSERT_EQ((size_t)5, mnistcu__cu(g)->x3_products - x3_before);
+            else
+                ASSERT(dif > 5 * dims[i][0] * dims[i][1] / 2); /* most outputs are not FP32's bits */
         }
         mnistcu_ctx_destroy(g);
         mnistcu_ctx_destroy(g32);
@@ -319,12 +360,12 @@ TEST cuda_gemm_reduced_precision_small(void)
     PASS();
 }
 
-/* Training with TF32 or BF16 products follows FP32's loss closely, on an MLP and
+/* Training with TF32, BF16 or TF32X3 products follows FP32's loss closely (TF32X3 closer), on an MLP and
    on a CNN whose second convolution goes through im2col and the product (more
    than 16 input channels), for the own kernels and cuBLAS; it is not FP32 (the
    weights differ) and it repeats to the bit; the fused MLP kernel declines it. */
 static int tc_prec_train(mnistcu_gemm gemm, mnistcu_precision prec, const char *spec, int steps, double *loss,
-                         float **params, size_t *np)
+                         float **params, size_t *np, size_t *x3_products)
 {
     mnistcu_ctx *g = tc_ctx_prec(gemm, prec);
     mnistcu_model *m = NULL;
@@ -344,6 +385,7 @@ static int tc_prec_train(mnistcu_gemm gemm, mnistcu_precision prec, const char *
     if (ok) {
         *np = m->num_params;
         *params = tc_down(m->params, *np);
+        if (x3_products) *x3_products = mnistcu__cu(g)->x3_products;
     } else if (g) {
         printf("    %s\n", mnistcu_ctx_error(g));
     }
@@ -367,23 +409,27 @@ TEST cuda_training_reduced_precision_close_to_fp32(void)
             double l32 = 0.0, first = 0.0;
             float *p32 = NULL;
             size_t n32 = 0;
-            ASSERT(tc_prec_train(gemm, MNISTCU_PRECISION_FP32, specs[sp], 1, &first, &p32, &n32));
+            ASSERT(tc_prec_train(gemm, MNISTCU_PRECISION_FP32, specs[sp], 1, &first, &p32, &n32, NULL));
             free(p32);
-            ASSERT(tc_prec_train(gemm, MNISTCU_PRECISION_FP32, specs[sp], 40, &l32, &p32, &n32));
-            for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_BF16; ++prec) {
+            ASSERT(tc_prec_train(gemm, MNISTCU_PRECISION_FP32, specs[sp], 40, &l32, &p32, &n32, NULL));
+            for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_TF32X3; ++prec) {
                 double l = 0.0, l2 = 0.0;
                 float *p = NULL, *p2 = NULL;
-                size_t n = 0, n2 = 0, i, same = 0;
-                ASSERT(tc_prec_train(gemm, (mnistcu_precision)prec, specs[sp], 40, &l, &p, &n));
-                ASSERT(tc_prec_train(gemm, (mnistcu_precision)prec, specs[sp], 40, &l2, &p2, &n2));
+                size_t n = 0, n2 = 0, i, same = 0, x3n = 0;
+                ASSERT(tc_prec_train(gemm, (mnistcu_precision)prec, specs[sp], 40, &l, &p, &n, &x3n));
+                ASSERT(tc_prec_train(gemm, (mnistcu_precision)prec, specs[sp], 40, &l2, &p2, &n2, NULL));
                 printf("    %s %s %s: loss after 40 steps %.6f (FP32 %.6f, first step %.6f)\n", path ? "cuBLAS" : "own",
-                       prec == MNISTCU_PRECISION_TF32 ? "TF32" : "BF16", sp ? "CNN" : "MLP", l, l32, first);
+                       tc_prec_name(prec), sp ? "CNN" : "MLP", l, l32, first);
                 ASSERT_EQ(n32, n);
                 ASSERT(l32 < 0.5 * first);                   /* FP32 learns */
                 ASSERT_IN_RANGE(l32, l, 0.05 * first);       /* and the reduced precision follows it */
                 ASSERT_ARRAY_EQ_BITS_F(p, p2, n);            /* repeatable */
                 for (i = 0; i < n; ++i) same += memcmp(&p[i], &p32[i], sizeof(float)) == 0;
-                if (!path) ASSERT(same < n / 2); /* not FP32 (the own kernels; cuBLAS may keep FP32 kernels) */
+                if (prec == MNISTCU_PRECISION_TF32X3) {
+                    ASSERT_IN_RANGE(l32, l, 0.002 * first); /* FP32's accuracy: far closer than TF32 needs to be */
+                    if (!sp) ASSERT(x3n >= 40);             /* the MLP's first layer's products are its kernel's */
+                } else if (!path)
+                    ASSERT(same < n / 2); /* not FP32 (the own kernels; cuBLAS may keep FP32 kernels) */
                 free(p); free(p2);
             }
             free(p32);

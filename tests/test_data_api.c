@@ -1176,7 +1176,7 @@ TEST ctx_create_rejects_out_of_range_fields(void)
         case 3: d.cuda_device = -1; break;
         case 4: d.gemm = (mnistcu_gemm)3; break;
         case 5: d.data_mode = (mnistcu_data_mode)3; break;
-        case 6: d.precision = (mnistcu_precision)4; break;
+        case 6: d.precision = (mnistcu_precision)(MNISTCU_PRECISION_TF32X3 + 1); break;
         default: d.allocator.free = plain_free; break; /* free without alloc */
         }
         r = mnistcu_ctx_create(&ctx, &d);
@@ -1194,7 +1194,7 @@ TEST ctx_create_rejects_out_of_range_fields(void)
 TEST precision_on_the_cpu_resolves_to_fp32(void)
 {
     int k;
-    for (k = MNISTCU_PRECISION_DEFAULT; k <= MNISTCU_PRECISION_BF16; ++k) {
+    for (k = MNISTCU_PRECISION_DEFAULT; k <= MNISTCU_PRECISION_TF32X3 + 1; ++k) {
         mnistcu_ctx_desc d, rd;
         mnistcu_ctx *ctx = NULL;
         log_sink sink;
@@ -1204,11 +1204,17 @@ TEST precision_on_the_cpu_resolves_to_fp32(void)
         d.log = sink_log;
         d.log_user = &sink;
         d.precision = (mnistcu_precision)k;
+        if (k > MNISTCU_PRECISION_TF32X3) { /* past the last: refused */
+            ASSERT_EQ(MNISTCU_ERR_INVALID_ARGUMENT, mnistcu_ctx_create(&ctx, &d));
+            mnistcu_ctx_destroy(ctx);
+            continue;
+        }
         ASSERT_EQ(MNISTCU_OK, mnistcu_ctx_create(&ctx, &d));
         mnistcu_ctx_resolved_desc(ctx, &rd);
         ASSERT_EQ((int)MNISTCU_PRECISION_FP32, (int)rd.precision);
         if (k >= MNISTCU_PRECISION_TF32) ASSERT(strstr(sink.last, "the CPU computes in FP32") != NULL);
         else ASSERT(strstr(sink.last, "precision") == NULL);
+        if (k == MNISTCU_PRECISION_TF32X3) ASSERT(strstr(sink.last, "precision TF32X3 ") != NULL);
         mnistcu_ctx_destroy(ctx);
     }
     PASS();
