@@ -258,10 +258,12 @@ static int tc_gemm_prec_case(mnistcu_ctx *g, mnistcu_ctx *g32, double u, int ta,
 
 TEST cuda_gemm_reduced_precision_within_bound(void)
 {
-    /* the first three on the tensor cores in the own path (16 tiles or more; the second with K split), the
-       rest small products that it keeps in FP32 */
+    /* the first three and the last on the tensor cores in the own path (16 tiles or more; the second with K
+       split; TF32X3 declines the first, 1030 not a multiple of 4, and takes the last's edge tiles in both m
+       and n, and its K that ends inside a stage), the rest small products that it keeps in FP32 */
     static const size_t dims[][3] = {{520, 1030, 200}, {128, 576, 1100}, {200, 1024, 300}, {1, 10, 784},
-                                     {7, 37, 100}, {64, 128, 784}, {65, 63, 17}, {6, 25, 36864}};
+                                     {7, 37, 100}, {64, 128, 784}, {65, 63, 17}, {6, 25, 36864},
+                                     {260, 1036, 204}};
     int path, prec, ta, tb, act;
     if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32 and BF16 resolve to FP32");
     for (path = 0; path < 2; ++path) {
