@@ -5,7 +5,7 @@
 #   OPT                 optimisation flags of the programs (not of the compile tests)
 #   OMP                 OpenMP flag for the CPU backend ('' for none)
 #   NVCC                CUDA compiler ('' to skip every CUDA build)
-#   CUDA_ARCH           e.g. 90 for sm_90; default: the local GPU, else CUDA_ARCHS (+ PTX)
+#   CUDA_ARCH           e.g. 90 for sm_90 (built as sm_90a); default: the local GPU, else CUDA_ARCHS (+ PTX)
 #   MNISTCU_MIRROR      a folder or URL that `make data` fetches from first
 
 CC      ?= cc
@@ -20,10 +20,13 @@ CUDA_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>
 # (Turing to Blackwell), PTX for compute_75 so the driver can compile it for any
 # newer GPU, and PTX for compute_120. (-arch=all-major would leave out sm_75.)
 CUDA_ARCHS ?= 75 80 86 89 90 100 120
+# sm_90 is built as sm_90a, whose code runs on sm_90 GPUs only (as sm_90's does here) and which has Hopper's
+# warp-group products (wgmma): TF32X3's faster kernel (mnistcu.h >>cuda_x3).
+arch_a = $(if $(filter 90,$(1)),90a,$(1))
 ifneq ($(strip $(CUDA_ARCH)),)
-NVCC_ARCH := -gencode arch=compute_$(CUDA_ARCH),code=[sm_$(CUDA_ARCH),compute_$(CUDA_ARCH)]
+NVCC_ARCH := -gencode arch=compute_$(call arch_a,$(CUDA_ARCH)),code=[sm_$(call arch_a,$(CUDA_ARCH)),compute_$(call arch_a,$(CUDA_ARCH))]
 else
-NVCC_ARCH := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+NVCC_ARCH := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(call arch_a,$(a)),code=sm_$(call arch_a,$(a))) \
              -gencode arch=compute_75,code=compute_75 -gencode arch=compute_120,code=compute_120
 endif
 NVCC_WARN := -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror

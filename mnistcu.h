@@ -4244,8 +4244,11 @@ typedef struct mnistcu__cuda {
     int use_cudnn;
     int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32, BF16 or TF32X3 */
     int sms;                   /* multiprocessors */
-    unsigned x3_smem;          /* bit 2 ta + tb: mnistcu__k_gemm_x3<ta, tb> was given its shared memory */
+    unsigned x3_smem;          /* bit 2 ta + tb: mnistcu__k_gemm_x3<ta, tb> was given its shared memory; bit
+                                  4 + 2 ta + tb: mnistcu__k_gemm_wg<ta, tb> */
+    int wg;                    /* TF32X3 on mnistcu__k_gemm_wg: an sm_90 GPU and a build with its code */
     size_t x3_products;        /* products mnistcu__cuda_gemm_x3 took (the tests read it) */
+    size_t wg_products;        /* of them, on mnistcu__k_gemm_wg */
     size_t smem_optin;         /* the most shared memory a block may ask for */
     int mc_clusters[32];       /* the cluster MLP kernel's instances, each without and with 1-3 slots of W1's
                                   optimizer state in shared memory: 1 + the most clusters resident at once
@@ -13896,7 +13899,9 @@ __global__ void __launch_bounds__(256, MINB) mnistcu__k_gemm_wide(mnistcu__wargs
 __global__ void mnistcu__k_tc_probe(int *ok)
 {
     MNISTCU__PDL_WAIT();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *ok = 3; /* and Hopper's warp-group products (mnistcu__k_gemm_wg) */
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     *ok = 1;
 #else
     *ok = 0;
@@ -14167,6 +14172,202 @@ __global__ void __launch_bounds__(128) mnistcu__k_gemm_x3(int M, int N, int K, i
         }
 #else
     (void)M, (void)N, (void)K, (void)Ks, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc;
+#endif
+}
+
+/* The same product on Hopper's warp-group instructions (wgmma), where the
+   build has them (sm_90a: -arch=sm_90a, or the Makefile's CUDA_ARCH=90) and
+   the GPU is an sm_90 one; mnistcu__cuda_gemm_x3 picks it for products of 16
+   or more 128x128 tiles with K of 256 or more. wgmma reads both TF32
+   operands from shared memory, k-major (A as [m][k], B as [n][k]) in 8-row
+   atoms of 128-byte rows whose 16-byte chunks are permuted by the row (the
+   128-byte swizzle), and a warp group of four warps makes 64 rows of C at
+   once. So the threads load a stage (32 k) from global memory into registers
+   a stage ahead, split each value into hi + lo as above and write both into
+   that layout, transposed where the global matrix is k-minor; then a block of
+   two warp groups (128 x 128 of C) runs the stage as 4 k-steps of al bh + ah
+   bl + ah bh, each warp group on its 64 rows, while the next stage is written
+   into the other buffer. As in mnistcu__k_gemm_x3, a stage's sum starts from
+   zero on the tensor cores and is added to the FP32 total. Measured on P3's
+   products on an H200 (bench/gemm_wg.cu, bench/RESULTS.md): 109 us a step's
+   five against 130 for mnistcu__k_gemm_x3 and 154 for cuBLAS's FP32, within
+   FP32's error. */
+#define MNISTCU__WG_T 128 /* the tile of C: two warp groups of 64 rows, 128 columns */
+#define MNISTCU__WG_OPB (MNISTCU__WG_T * MNISTCU__X3_BK * 4)               /* one part of one operand, bytes */
+#define MNISTCU__WG_SMEM ((size_t)2 * 4 * MNISTCU__WG_OPB + 1024)          /* two stages of A and B, hi and lo;
+                                                                              1024 for the swizzle's alignment */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MNISTCU__WG 1
+/* a k-major operand's descriptor: 128-byte swizzle, 8-row atoms 1024 bytes apart */
+static __device__ __forceinline__ uint64_t mnistcu__wg_desc(uint32_t saddr)
+{
+    return (uint64_t)((saddr & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+/* d (+)= a b, 64 x 128 over 8 of k; the accumulator's layout is mma.sync's m16n8 one, warp w of the group
+   taking rows 16 w.., n8 block j in d[4 j..4 j + 3] */
+static __device__ __forceinline__ void mnistcu__wgmma(float *d, uint64_t a, uint64_t b, int scale_d)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(scale_d));
+}
+/* Byte offset of element (r, k) in a swizzled tile of rows of 32 k. */
+static __device__ __forceinline__ uint32_t mnistcu__wg_swz(int r, int k)
+{
+    return (uint32_t)(r * 128 + ((((k >> 2) ^ r) & 7) << 4) + (k & 3) * 4);
+}
+/* A thread's part of one operand's stage: 128 rows from r0 (rows past rlim zero) and 32 k from k0 (past
+   kend zero), four 16-byte chunks c = tid + 256 i. KM (X[r][k]): row c / 8, k 4 (c % 8); else (X[k][r])
+   a warp's 32 chunks are 8 k by 4 runs of 4 rows, 64 bytes of a global row each, which keeps the
+   transposed stores to 2-way bank conflicts. */
+template <int KM> static __device__ __forceinline__ void mnistcu__wg_at(int c, int &r, int &k)
+{
+    if (KM) {
+        r = c >> 3;
+        k = (c & 7) * 4;
+    } else {
+        r = (((c >> 5) % 8) * 4 + (c & 3)) * 4;
+        k = ((c >> 5) / 8) * 8 + ((c & 31) >> 2);
+    }
+}
+template <int KM>
+static __device__ __forceinline__ void mnistcu__wg_load(float4 *v, const float *X, int ld, int r0, int rlim, int k0,
+                                                        int kend)
+{
+    int i, r, k;
+#pragma unroll
+    for (i = 0; i < 4; ++i) {
+        mnistcu__wg_at<KM>((int)threadIdx.x + 256 * i, r, k);
+        v[i] = r0 + r < rlim && k0 + k < kend
+                   ? __ldg((const float4 *)(X + (KM ? (size_t)(r0 + r) * ld + k0 + k : (size_t)(k0 + k) * ld + r0 + r)))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+template <int KM> static __device__ __forceinline__ void mnistcu__wg_store(const float4 *v, char *hi, char *lo)
+{
+    int i, j, r, k;
+#pragma unroll
+    for (i = 0; i < 4; ++i) {
+        const float e[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+        uint32_t h[4], l[4];
+        mnistcu__wg_at<KM>((int)threadIdx.x + 256 * i, r, k);
+#pragma unroll
+        for (j = 0; j < 4; ++j) mnistcu__tf32_split(e[j], h[j], l[j]);
+        if (KM) {
+            *(uint4 *)(hi + mnistcu__wg_swz(r, k)) = make_uint4(h[0], h[1], h[2], h[3]);
+            *(uint4 *)(lo + mnistcu__wg_swz(r, k)) = make_uint4(l[0], l[1], l[2], l[3]);
+        } else
+#pragma unroll
+            for (j = 0; j < 4; ++j) {
+                *(uint32_t *)(hi + mnistcu__wg_swz(r + j, k)) = h[j];
+                *(uint32_t *)(lo + mnistcu__wg_swz(r + j, k)) = l[j];
+            }
+    }
+}
+#else
+#define MNISTCU__WG 0
+#endif
+
+/* One slice (gridDim.z 1): C = act(product + bias) (fuse, as mnistcu__k_bias_act would); K in S slices:
+   slice z's part into C [z][M][N]. (The S blocks of a tile as a cluster adding their parts through
+   distributed shared memory, with no second kernel, made P3 slower: 22.4-22.6 ms an epoch against
+   16.8-17.0 on an H200, bench/RESULTS.md.) */
+template <int TA, int TB>
+__global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(int M, int N, int K, int Ks, const float *__restrict__ A,
+                                                          int lda, const float *__restrict__ B, int ldb,
+                                                          float *__restrict__ C, int ldc,
+                                                          const float *__restrict__ bias, int act, int fuse)
+{
+    MNISTCU__PDL_WAIT();
+#if MNISTCU__WG
+    extern __shared__ __align__(1024) char mnistcu__wg_sm[];
+    /* a stage: A hi, A lo, B hi, B lo, each 128 rows of 128 bytes */
+    char *sm = (char *)(((uintptr_t)mnistcu__wg_sm + 1023) & ~(uintptr_t)1023);
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
+    const int wg = (int)threadIdx.x / 128, lane = (int)threadIdx.x % 32, w = ((int)threadIdx.x / 32) % 4;
+    const int m0 = (int)blockIdx.y * MNISTCU__WG_T, n0 = (int)blockIdx.x * MNISTCU__WG_T;
+    const int kbeg = (int)blockIdx.z * Ks, kend = min(K, kbeg + Ks);
+    const int nk = (kend - kbeg + MNISTCU__X3_BK - 1) / MNISTCU__X3_BK;
+    float4 va[4], vb[4];
+    float acc[64], tot[64];
+    int j, kt, kk;
+    for (j = 0; j < 64; ++j) acc[j] = tot[j] = 0.0f;
+    if (nk > 0) {
+        mnistcu__wg_load<!TA>(va, A, lda, m0, M, kbeg, kend);
+        mnistcu__wg_load<TB>(vb, B, ldb, n0, N, kbeg, kend);
+        mnistcu__wg_store<!TA>(va, sm, sm + MNISTCU__WG_OPB);
+        mnistcu__wg_store<TB>(vb, sm + 2 * MNISTCU__WG_OPB, sm + 3 * MNISTCU__WG_OPB);
+        if (nk > 1) {
+            mnistcu__wg_load<!TA>(va, A, lda, m0, M, kbeg + MNISTCU__X3_BK, kend);
+            mnistcu__wg_load<TB>(vb, B, ldb, n0, N, kbeg + MNISTCU__X3_BK, kend);
+        }
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the stores, seen by wgmma's reads */
+    __syncthreads();
+    for (kt = 0; kt < nk; ++kt) {
+        const uint32_t s = sbase + (uint32_t)((kt & 1) * 4 * MNISTCU__WG_OPB) + (uint32_t)(wg * 64 * 128);
+        const uint64_t ah = mnistcu__wg_desc(s), al = mnistcu__wg_desc(s + MNISTCU__WG_OPB);
+        const uint64_t bh = mnistcu__wg_desc(s - wg * 64 * 128 + 2 * MNISTCU__WG_OPB);
+        const uint64_t bl = mnistcu__wg_desc(s - wg * 64 * 128 + 3 * MNISTCU__WG_OPB);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (kk = 0; kk < MNISTCU__X3_BK / 8; ++kk) { /* 32 bytes a k-step, 2 in the descriptor's units */
+            mnistcu__wgmma(acc, al + 2 * kk, bh + 2 * kk, kk > 0); /* the stage's sum from zero */
+            mnistcu__wgmma(acc, ah + 2 * kk, bl + 2 * kk, 1);
+            mnistcu__wgmma(acc, ah + 2 * kk, bh + 2 * kk, 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        if (kt + 1 < nk) { /* stage kt - 1's products are done: its buffer takes stage kt + 1 */
+            char *nb = sm + ((kt + 1) & 1) * 4 * MNISTCU__WG_OPB;
+            mnistcu__wg_store<!TA>(va, nb, nb + MNISTCU__WG_OPB);
+            mnistcu__wg_store<TB>(vb, nb + 2 * MNISTCU__WG_OPB, nb + 3 * MNISTCU__WG_OPB);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        }
+        if (kt + 2 < nk) {
+            mnistcu__wg_load<!TA>(va, A, lda, m0, M, kbeg + (kt + 2) * MNISTCU__X3_BK, kend);
+            mnistcu__wg_load<TB>(vb, B, ldb, n0, N, kbeg + (kt + 2) * MNISTCU__X3_BK, kend);
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (j = 0; j < 64; ++j) tot[j] += acc[j]; /* rounded to nearest */
+        __syncthreads();
+    }
+    {
+        const int r = m0 + wg * 64 + w * 16 + lane / 4, ld = gridDim.z == 1 ? ldc : N;
+        float *out = C + (size_t)blockIdx.z * (size_t)M * (size_t)N; /* slice z's part; C with one slice */
+#pragma unroll
+        for (j = 0; j < 64; ++j)
+            if (fuse) { /* one slice: as mnistcu__k_bias_act */
+                const int c = n0 + 8 * (j / 4) + 2 * (lane % 4) + j % 2;
+                tot[j] = mnistcu__act_f((mnistcu_act)act, bias && c < N ? tot[j] + bias[c] : tot[j]);
+            }
+#pragma unroll
+        for (j = 0; j < 16; ++j) {
+            const int c = n0 + 8 * j + 2 * (lane % 4);
+            if (c < N) {
+                if (r < M) *(float2 *)(out + (size_t)r * ld + c) = make_float2(tot[4 * j], tot[4 * j + 1]);
+                if (r + 8 < M) *(float2 *)(out + (size_t)(r + 8) * ld + c) = make_float2(tot[4 * j + 2], tot[4 * j + 3]);
+            }
+        }
+    }
+#else
+    (void)M, (void)N, (void)K, (void)Ks, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc, (void)bias;
+    (void)act, (void)fuse;
 #endif
 }
 
@@ -14988,6 +15189,7 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
         }
         (void)cudaGetLastError();
         if (!tc) cu->precision = ctx->desc.precision = MNISTCU_PRECISION_FP32;
+        cu->wg = (tc & 2) != 0 && prop.major == 9;
     }
 #ifdef MNISTCU_CUDNN
     cu->use_cudnn = ctx->desc.cnn != MNISTCU_CNN_OWN;
@@ -15623,6 +15825,55 @@ static size_t mnistcu__x3_split(size_t M, size_t N, size_t K, int sms)
 }
 
 /* C = act(op(A) op(B) + bias) in TF32X3 (mnistcu__x3_ok said yes). */
+/* Slices of K for mnistcu__k_gemm_wg: about a wave of blocks (one a multiprocessor), each slice 128 k or
+   more, at most 16. Measured on an H200 (bench/gemm_wg.cu): P3's
+   512x1024 products (32 tiles) best in 4 slices, its 1024x1024 and 1024x784 weight gradients (64 and 56
+   tiles) in 2, the Fashion CNN's 128x7744x576 (61) in 2. */
+static size_t mnistcu__wg_split(size_t tiles, size_t K, int sms)
+{
+    size_t S = tiles ? (size_t)(sms > 0 ? sms : 1) / tiles : 1;
+    S = MNISTCU__MIN(S, MNISTCU__MIN(K / 128, (size_t)16));
+    return S ? S : 1;
+}
+
+/* C = act(op(A) op(B) + bias) on mnistcu__k_gemm_wg, K's slices added by mnistcu__splitk_sum. */
+static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t M, size_t N, size_t K, const float *A,
+                                            size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
+                                            const float *bias, int act, int fuse, size_t tiles)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    const size_t S0 = mnistcu__wg_split(tiles, K, cu->sms);
+    const size_t Ks = ((K + S0 - 1) / S0 + MNISTCU__X3_BK - 1) / MNISTCU__X3_BK * MNISTCU__X3_BK;
+    const size_t S = (K + Ks - 1) / Ks; /* K is 256 or more */
+    const unsigned bit = 1u << (which + 4);
+    const dim3 grid((unsigned)((N + MNISTCU__WG_T - 1) / MNISTCU__WG_T),
+                    (unsigned)((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T), (unsigned)S);
+    void (*k)(int, int, int, int, const float *, int, const float *, int, float *, int, const float *, int, int) =
+        which == 0 ? mnistcu__k_gemm_wg<0, 0> : which == 1 ? mnistcu__k_gemm_wg<0, 1>
+                                              : which == 2 ? mnistcu__k_gemm_wg<1, 0> : mnistcu__k_gemm_wg<1, 1>;
+    float *out = C;
+    if (S > 1) {
+        mnistcu_result r = mnistcu__cuda_partials(ctx, S * M * N, &out);
+        if (r) return r;
+    }
+    if (!(cu->x3_smem & bit)) { /* above the 48 KB every GPU gives */
+        cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)MNISTCU__WG_SMEM);
+        if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "the TF32X3 product's shared memory");
+        cu->x3_smem |= bit;
+    }
+    mnistcu__launch(k, grid, 256, MNISTCU__WG_SMEM, cu->stream, (int)M, (int)N, (int)K, (int)Ks, A, (int)lda, B,
+                    (int)ldb, out, (int)ldc, bias, act, S > 1 ? 0 : fuse);
+    MNISTCU__LAUNCHED(ctx, "gemm_wg");
+    cu->x3_products++;
+    cu->wg_products++;
+    if (S > 1) { /* the parts added in order, with the bias and the activation */
+        mnistcu__splitk_sum(cu->stream, out, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, fuse, NULL);
+        MNISTCU__LAUNCHED(ctx, "splitk_sum");
+    }
+    return MNISTCU_OK;
+}
+
 static mnistcu_result mnistcu__cuda_gemm_x3(mnistcu_ctx *ctx, int ta, int tb, size_t M, size_t N, size_t K,
                                             const float *A, size_t lda, const float *B, size_t ldb, float *C,
                                             size_t ldc, const float *bias, int act)
@@ -15639,6 +15890,12 @@ static mnistcu_result mnistcu__cuda_gemm_x3(mnistcu_ctx *ctx, int ta, int tb, si
                                               : which == 2 ? mnistcu__k_gemm_x3<1, 0> : mnistcu__k_gemm_x3<1, 1>;
     float *out = C;
     size_t ldo = ldc;
+    /* Hopper's kernel where there are 16 tiles of 128 x 128 or more and K is 256 or more; with fewer tiles
+       its slices of K would be many and short, and mnistcu__k_gemm_x3's 64 x 64 tiles did better
+       (128x576x7744: 45 us against 92; 576x7744x128: 28.4 against 31.9, bench/gemm_wg.cu) */
+    const size_t wtiles = ((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T) * ((N + MNISTCU__WG_T - 1) / MNISTCU__WG_T);
+    if (cu->wg && wtiles >= MNISTCU__TC_MIN_TILES && K >= 256)
+        return mnistcu__cuda_gemm_wg(ctx, which, M, N, K, A, lda, B, ldb, C, ldc, bias, act, fuse, wtiles);
     if (S > 1) {
         mnistcu_result r = mnistcu__cuda_partials(ctx, S * M * N, &out);
         if (r) return r;

@@ -362,6 +362,60 @@ TEST cuda_gemm_reduced_precision_small(void)
     PASS();
 }
 
+/* TF32X3 on Hopper's warp-group kernel (mnistcu__k_gemm_wg) and, forced, on the mma.sync one
+   (mnistcu__k_gemm_x3), the same products: every output within the bound above, the RMS error within twice
+   FP32's, and each kernel took exactly the products it should. The shapes: edge tiles in m and n, K ending
+   inside a stage and inside a slice, K in 2, 5 and 8 slices, and, with the multiprocessors counted as 16,
+   all in one slice (the bias and activation then in the product's kernel). */
+TEST cuda_gemm_tf32x3_both_kernels(void)
+{
+    static const size_t dims[][3] = {{200, 1024, 300}, {260, 1036, 300}, {256, 1024, 784}, {1024, 512, 256},
+                                     {128, 2048, 1024}};
+    mnistcu_ctx *g, *g32;
+    int wg, i, ta, tb, sms, one;
+    char msg[320];
+    if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32X3 resolves to FP32");
+    g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32X3);
+    g32 = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
+    ASSERT(g && g32);
+    if (!mnistcu__cu(g)->wg) {
+        mnistcu_ctx_destroy(g);
+        mnistcu_ctx_destroy(g32);
+        SKIPm("TF32X3's warp-group kernel needs an sm_90 GPU and a build for sm_90a");
+    }
+    sms = mnistcu__cu(g)->sms;
+    for (one = 0; one < 2; ++one)
+        for (wg = 1; wg >= 0; --wg) {
+            const size_t x3_before = mnistcu__cu(g)->x3_products, wg_before = mnistcu__cu(g)->wg_products;
+            double e2[3] = {0.0, 0.0, 0.0};
+            size_t dif = 0, want = 0;
+            mnistcu__cu(g)->wg = wg;
+            mnistcu__cu(g)->sms = one ? 16 : sms; /* 16 tiles or more: one slice */
+            for (i = 0; i < (int)(sizeof dims / sizeof dims[0]); ++i) {
+                ASSERT(((dims[i][0] + 127) / 128) * ((dims[i][1] + 127) / 128) >= MNISTCU__TC_MIN_TILES);
+                ASSERT(dims[i][2] >= 256);
+                for (ta = 0; ta < 2; ++ta)
+                    for (tb = 0; tb < 2; ++tb)
+                        if (!tc_gemm_prec_case(g, g32, tc_prec_unit(MNISTCU_PRECISION_TF32X3), ta, tb, dims[i][0],
+                                               dims[i][1], dims[i][2], 0, &dif, e2, msg, sizeof msg))
+                            FAILm(msg);
+                if (!tc_gemm_prec_case(g, g32, tc_prec_unit(MNISTCU_PRECISION_TF32X3), 0, 1, dims[i][0], dims[i][1],
+                                       dims[i][2], MNISTCU_ACT_RELU, &dif, NULL, msg, sizeof msg))
+                    FAILm(msg);
+                want += 5;
+            }
+            printf("    TF32X3 on the %s kernel%s: relative RMS error %.3g, FP32's %.3g\n",
+                   wg ? "warp-group" : "mma.sync", one ? ", one slice" : "", sqrt(e2[0] / e2[2]), sqrt(e2[1] / e2[2]));
+            ASSERT_EQ(want, mnistcu__cu(g)->x3_products - x3_before);
+            ASSERT_EQ(wg ? want : (size_t)0, mnistcu__cu(g)->wg_products - wg_before);
+            ASSERT(e2[2] > 0.0 && e2[0] <= 4.0 * e2[1]);
+            ASSERT(dif > 0);
+        }
+    mnistcu_ctx_destroy(g);
+    mnistcu_ctx_destroy(g32);
+    PASS();
+}
+
 /* Training with TF32, BF16 or TF32X3 products follows FP32's loss closely (TF32X3 closer), on an MLP and
    on a CNN whose second convolution goes through im2col and the product (more
    than 16 input channels), for the own kernels and cuBLAS; it is not FP32 (the
@@ -3473,6 +3527,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_conv_tile_equals_direct_bitwise);
     RUN_TEST(cuda_gemm_reduced_precision_within_bound);
     RUN_TEST(cuda_gemm_reduced_precision_small);
+    RUN_TEST(cuda_gemm_tf32x3_both_kernels);
     RUN_TEST(cuda_training_reduced_precision_close_to_fp32);
     RUN_TEST(cuda_elementwise_ops_match_cpu);
     RUN_TEST(cuda_optimizers_match_cpu);
