@@ -16,10 +16,14 @@
    is then 4 k-steps of one product (1xTF32), or three (3xTF32: al bh + ah bl + ah bh). Three parts
    sum each stage's 32 k on the tensor cores from zero and add it to an FP32 total rounded to nearest
    (the tensor cores' own sums over long K truncate: bench/gemm_tc3.cu), in one accumulator (the next
-   stage waits for the add) or two in turn ("pp": the next stage runs while the last is added).
+   stage waits for the add), or two in turn ("pp": the next stage runs while the last is added), or
+   one over pairs of stages ("pair": 64 k summed on the tensor cores, a wait every other stage).
    One part keeps a stage of wgmma in flight while the next stage is written. A block is one or two
    warp groups (64 or 128 rows of C) and BN columns (64, 128 or 256), over a slice of K; slices are
    added by a second kernel in order.
+
+   "A regs" variants take A from registers (each thread loads its own fragments; shared memory then
+   holds B only). With any argument, only P3's products and the edges, and four variants.
 
    Checked and timed as bench/gemm_tc3.cu: relative Frobenius error against a double-precision CPU
    product (3xTF32 within 2x cuBLAS FP32's error plus 1e-6, 1xTF32 below 2e-3); CUDA events over 20
@@ -283,8 +287,10 @@ template <int KM, int R, int THREADS> struct opload {
 #endif
 
 /* C (or slice z's part) = op(A) op(B) over k in [z Ks, (z + 1) Ks). WGS warp groups of 64 rows, BN
-   columns; NP 1 or 3 parts; PP (3 parts): two accumulators in turn. */
-template <int BN, int WGS, int TA, int TB, int NP, int PP>
+   columns; NP 1 or 3 parts; PP (3 parts): two accumulators in turn; PAIR (3 parts, one accumulator):
+   the tensor cores sum two stages (64 k) before the FP32 total takes them, so that the products wait
+   for the sum once a pair of stages, not every stage. */
+template <int BN, int WGS, int TA, int TB, int NP, int PP, int PAIR = 0>
 __global__ void __launch_bounds__(128 * WGS)
     k_wg(int M, int N, int K, int Ks, const float *__restrict__ A, int lda, const float *__restrict__ B, int ldb,
          float *__restrict__ C, int ldc)
@@ -337,7 +343,7 @@ __global__ void __launch_bounds__(128 * WGS)
         for (int kk = 0; kk < BK / 8; ++kk) {
             const uint64_t o = (uint64_t)(kk * 32 >> 4); /* 32 bytes a k-step */
             if (NP == 3) {
-                wgmma<BN>(d, al + o, bh + o, kk > 0);
+                wgmma<BN>(d, al + o, bh + o, kk > 0 || (PAIR && (kt & 1)));
                 wgmma<BN>(d, ah + o, bl + o, 1);
                 wgmma<BN>(d, ah + o, bh + o, 1);
             } else
@@ -345,8 +351,10 @@ __global__ void __launch_bounds__(128 * WGS)
         }
         wg_commit();
         if (NP == 3 && !PP) {
-            /* one accumulator: stage kt - 1's products were waited for, so the next stage goes into the other
-               buffer while this one's run; then this stage's sum into the total */
+            /* one accumulator: stage kt - 1's products were waited for (with PAIR, at odd kt, they are now),
+               so the next stage goes into the other buffer while this one's run; then this stage's sum (or
+               the pair's) into the total */
+            if (PAIR && (kt & 1)) wg_wait<1>();
             if (kt + 1 < nk) {
                 put(1 - PAR);
                 proxy_fence();
@@ -355,9 +363,11 @@ __global__ void __launch_bounds__(128 * WGS)
                 la.load(A, lda, m0, M, kbeg + (kt + 2) * BK, kend);
                 lb.load(B, ldb, n0, N, kbeg + (kt + 2) * BK, kend);
             }
-            wg_wait<0>();
+            if (!PAIR || (kt & 1) || kt + 1 == nk) {
+                wg_wait<0>();
 #pragma unroll
-            for (int j = 0; j < NR; ++j) tot[j] += acc[0][j];
+                for (int j = 0; j < NR; ++j) tot[j] += acc[0][j];
+            }
         } else {
             wg_wait<1>(); /* stage kt - 1's products are done: its buffer takes the next stage */
             if (NP == 3 && kt > 0) {
@@ -596,19 +606,20 @@ template <int BN, int WGS, int NP> static cfg make_cfg_r(int ta, int tb)
     return c;
 }
 
-template <int BN, int WGS, int NP, int PP> static cfg make_cfg(int ta, int tb)
+template <int BN, int WGS, int NP, int PP, int PAIR = 0> static cfg make_cfg(int ta, int tb)
 {
     cfg c;
-    snprintf(c.name, sizeof c.name, "%s %dx%d%s", NP == 3 ? "3xTF32" : "1xTF32", 64 * WGS, BN, PP ? " pp" : "");
+    snprintf(c.name, sizeof c.name, "%s %dx%d%s%s", NP == 3 ? "3xTF32" : "1xTF32", 64 * WGS, BN, PP ? " pp" : "",
+             PAIR ? " pair" : "");
     c.bm = 64 * WGS;
     c.bn = BN;
     c.threads = 128 * WGS;
     c.np = NP;
     c.smem = 2 * (size_t)(NP == 3 ? 2 : 1) * (64 * WGS + BN) * 128 + 1024;
-    if (!ta && !tb) c.kern = k_wg<BN, WGS, 0, 0, NP, PP>;
-    else if (!ta && tb) c.kern = k_wg<BN, WGS, 0, 1, NP, PP>;
-    else if (ta && !tb) c.kern = k_wg<BN, WGS, 1, 0, NP, PP>;
-    else c.kern = k_wg<BN, WGS, 1, 1, NP, PP>;
+    if (!ta && !tb) c.kern = k_wg<BN, WGS, 0, 0, NP, PP, PAIR>;
+    else if (!ta && tb) c.kern = k_wg<BN, WGS, 0, 1, NP, PP, PAIR>;
+    else if (ta && !tb) c.kern = k_wg<BN, WGS, 1, 0, NP, PP, PAIR>;
+    else c.kern = k_wg<BN, WGS, 1, 1, NP, PP, PAIR>;
     return c;
 }
 
@@ -739,13 +750,17 @@ int main(int argc, char **argv)
                    flop / us * 1e-6, e);
         }
         double best[2] = {1e30, 1e30}; /* 1xTF32, 3xTF32 */
-        const cfg cs[] = {
-            make_cfg<128, 2, 3, 0>(s.ta, s.tb),   make_cfg<128, 2, 1, 1>(s.ta, s.tb),
-            make_cfg_r<128, 2, 3>(s.ta, s.tb),    make_cfg_r<128, 1, 3>(s.ta, s.tb),
-            make_cfg_r<64, 2, 3>(s.ta, s.tb),     make_cfg_r<128, 2, 1>(s.ta, s.tb),
-            make_cfg_r<256, 1, 1>(s.ta, s.tb),    make_cfg_r<256, 2, 1>(s.ta, s.tb),
-            make_cfg_r<128, 1, 1>(s.ta, s.tb),
+        const cfg all[] = {
+            make_cfg<128, 2, 3, 0>(s.ta, s.tb),    make_cfg<128, 2, 3, 0, 1>(s.ta, s.tb),
+            make_cfg<128, 1, 3, 0, 1>(s.ta, s.tb), make_cfg<64, 1, 3, 1>(s.ta, s.tb),
+            make_cfg<128, 2, 1, 1>(s.ta, s.tb),    make_cfg_r<128, 2, 3>(s.ta, s.tb),
+            make_cfg_r<128, 1, 3>(s.ta, s.tb),     make_cfg_r<64, 2, 3>(s.ta, s.tb),
+            make_cfg_r<128, 2, 1>(s.ta, s.tb),     make_cfg_r<256, 1, 1>(s.ta, s.tb),
+            make_cfg_r<256, 2, 1>(s.ta, s.tb),     make_cfg_r<128, 1, 1>(s.ta, s.tb),
         };
+        /* quick: the header's kernel, with and without pairs, and one 64-row variant */
+        const int ncs = quick ? 4 : (int)(sizeof all / sizeof all[0]);
+        std::vector<cfg> cs(all, all + ncs);
         for (const cfg &c : cs) {
             CK(cudaFuncSetAttribute(c.kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
             for (int S : {1, 2, 3, 4, 6, 8}) {

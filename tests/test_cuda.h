@@ -2900,6 +2900,7 @@ typedef struct tc_graph_run {
 static int tc_upd_off;    /* mnistcu_train_desc.no_fused_update of the runs below */
 static int tc_side_off;   /* the runs below without a second stream (>>cuda_side) */
 static int tc_want_state; /* tc_graph_train also copies the optimizer state (ns floats after the buffers) */
+static mnistcu_precision tc_graph_prec = MNISTCU_PRECISION_DEFAULT; /* the runs' desc.precision */
 
 static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_graph_run *out)
 {
@@ -2909,7 +2910,7 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
     mnistcu_train_desc td;
     int ok = 0, l;
     tc_cnn_path = c->cnn;
-    ctx = tc_ctx(c->gemm);
+    ctx = tc_ctx_prec(c->gemm, tc_graph_prec);
     tc_cnn_path = MNISTCU_CNN_OWN;
     memset(out, 0, sizeof *out);
     if (!ctx) return 0;
@@ -2968,6 +2969,53 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
     }
     mnistcu_ctx_destroy(ctx);
     return ok;
+}
+
+/* A dense layer's bias gradient as a branch on a second stream beside its weight and input gradients
+   (a batch over MNISTCU__BG_ROWS, so that the branch only reads dy; no optimizer's step in the products):
+   the same bits as in line, with our products and cuBLAS's, in FP32 and TF32X3, launched and in graphs. */
+TEST cuda_dense_bias_branch_equals_in_line_bitwise(void)
+{
+    tc_graph_case c;
+    int path, no_graph, x3;
+    memset(&c, 0, sizeof c);
+    c.spec = "784 dense96 relu dense40 tanh dense10";
+    c.n = 400; c.B = 160; c.epochs = 2; /* a partial last batch: two graphs */
+    c.optim.learning_rate = 0.05f; c.optim.momentum = 0.9f;
+    tc_upd_off = 1;
+    for (x3 = 0; x3 < 2; ++x3)
+        for (path = 0; path < 2; ++path) {
+#ifndef MNISTCU_CUBLAS
+            if (path) break;
+#endif
+            c.gemm = path ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
+            for (no_graph = 0; no_graph < 2; ++no_graph) {
+                tc_graph_run a, b;
+                c.name = path ? "cuBLAS" : "own products";
+                tc_graph_prec = x3 ? MNISTCU_PRECISION_TF32X3 : MNISTCU_PRECISION_FP32;
+                tc_side_off = 0;
+                ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &a));
+                tc_side_off = 1;
+                ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &b));
+                tc_side_off = 0;
+                tc_graph_prec = MNISTCU_PRECISION_DEFAULT;
+                printf("    %s, %s, %s: %lu branches, loss %.9g / %.9g\n", c.name, x3 ? "TF32X3" : "FP32",
+                       no_graph ? "launched" : "graphs", (unsigned long)a.side_forks, a.res.train_loss,
+                       b.res.train_loss);
+                /* TF32X3 leaves every bias gradient to mnistcu__k_bias_grad; FP32 may take some in the wide-tile
+                   product's epilogue */
+                if (x3) ASSERTm(c.name, a.side_forks > 0);
+                ASSERT_EQm(c.name, (uint64_t)0, b.side_forks);
+                ASSERTm(c.name, no_graph ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
+                ASSERT_EQm(c.name, a.np, b.np);
+                ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb);
+                ASSERT_EQm(c.name, 0, memcmp(&a.res.train_loss, &b.res.train_loss, sizeof(double)));
+                free(a.p);
+                free(b.p);
+            }
+        }
+    tc_upd_off = 0;
+    PASS();
 }
 
 /* A columns-path convolution's weight and bias gradients as a branch on a second stream beside its input
@@ -3553,6 +3601,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_fused_mlp_clusters_declines_what_it_cannot_do);
     RUN_TEST(cuda_graph_step_equals_launched_bitwise);
     RUN_TEST(cuda_conv_branch_equals_in_line_bitwise);
+    RUN_TEST(cuda_dense_bias_branch_equals_in_line_bitwise);
     RUN_TEST(cuda_head_step_matches_step_by_step);
     RUN_TEST(cuda_fused_update_equals_pass_bitwise);
     RUN_TEST(cuda_sticky_error_is_latched);
