@@ -43,7 +43,7 @@
 #                    8.6-11.4 s in Debian's PyTorch 1.13 on the 2-core machine, so no limit is needed)
 #   CPU_CNN_WARMUP   images of the CPU LeNet-5 rows' warm-up epoch (default 6400: 100 steps)
 #   BENCH_TIMEOUT    seconds one benchmark process may run (default 600) before it is killed and failed
-#   CUDA_ARCH (default 90), NVCC, CC, PYTHON (a python with torch), DATA (default data/mnist),
+#   CUDA_ARCH (default 90, built as sm_90a), NVCC, CC, PYTHON (a python with torch), DATA (default data/mnist),
 #   FASHION_DATA (default data/fashion-mnist; ../shared/datasets/* are tried too), CUDNN_DIR (a folder
 #   with include/cudnn.h and lib/ or lib64/ holding libcudnn.so.9; default as the Makefile: nvcc's
 #   CUDA, /usr/local/cuda, /usr, then the nvidia-cudnn wheel of PyTorch's python; CUDNN_DIR=none: no
@@ -71,6 +71,9 @@ mkdir -p "$OUTDIR" build || exit 1
 rm -f "$OUTDIR/cuda_gemm.txt" "$OUTDIR/cuda_conv.txt" "$SUMMARY"
 echo 0 > "$STATUS"
 CUDA_ARCH=${CUDA_ARCH:-90}
+# sm_90 built as sm_90a (as the Makefile does): Hopper's warp-group products, which --precision tf32x3 uses
+CUDA_SM=$CUDA_ARCH
+[ "$CUDA_ARCH" = 90 ] && CUDA_SM=90a
 CONFIGS=${CONFIGS:-P1 P2 P3 P4 P5 P6}
 # the GPU's compute capability, major (the fused LeNet-5 kernel needs 9); 0 when unknown
 GPU_CC_MAJOR=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | cut -d. -f1)
@@ -336,7 +339,7 @@ EOF
 
 # build_cuda_conv: build/cuda_conv with cuDNN (its v3/v4 columns) when one was found, else without
 build_cuda_conv() {
-    bc_base="$NVCCBIN -O3 -arch=sm_$CUDA_ARCH -o build/cuda_conv bench/cuda_conv.cu"
+    bc_base="$NVCCBIN -O3 -arch=sm_$CUDA_SM -o build/cuda_conv bench/cuda_conv.cu"
     if [ -n "$CUDNN" ]; then
         bc_flags=$(cudnn_flags WITH_CUDNN)
         echo "---- build: $bc_base $bc_flags" >&2
@@ -362,7 +365,7 @@ gpu_configs() {
     done
     HAVE_BENCH=0; HAVE_CUBLAS=0; HAVE_CUDNN=0
     # one binary serves every --gemm/--cnn choice: with cuBLAS and cuDNN, else cuBLAS only, else neither
-    gc_base="$NVCCBIN -x cu -O3 -arch=sm_$CUDA_ARCH -o build/bench_cuda bench/bench.c"
+    gc_base="$NVCCBIN -x cu -O3 -arch=sm_$CUDA_SM -o build/bench_cuda bench/bench.c"
     gc_dnn=$(cudnn_flags MNISTCU_CUDNN)
     if [ -n "$gc_dnn" ]; then
         echo "---- build: $gc_base -DMNISTCU_CUBLAS -lcublas $gc_dnn" >&2
@@ -511,8 +514,8 @@ kernels() {
             gemm)
                 echo
                 echo "== matrix-product kernels (bench/cuda_gemm.cu)"
-                echo "---- build: $NVCCBIN -O3 -arch=sm_$CUDA_ARCH bench/cuda_gemm.cu -o build/cuda_gemm -lcublas" >&2
-                if "$NVCCBIN" -O3 -arch=sm_"$CUDA_ARCH" bench/cuda_gemm.cu -o build/cuda_gemm -lcublas; then
+                echo "---- build: $NVCCBIN -O3 -arch=sm_$CUDA_SM bench/cuda_gemm.cu -o build/cuda_gemm -lcublas" >&2
+                if "$NVCCBIN" -O3 -arch=sm_"$CUDA_SM" bench/cuda_gemm.cu -o build/cuda_gemm -lcublas; then
                     run_kernel build/cuda_gemm "$OUTDIR/cuda_gemm.txt"
                 else
                     failed "building build/cuda_gemm"
