@@ -5216,19 +5216,23 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     }
     /* the weight gradient first where it takes no optimizer's step, as before (P3 with our products: 29.9 ms
        an epoch in this order, 30.3-30.4 with the input gradient first, bench/RESULTS.md) */
-    if (!u && (r = mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, NULL))) return r;
+    r = u ? MNISTCU_OK : mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, NULL);
     /* the input gradient, from dy with act' applied */
-    if (P && (r = mnistcu__cuda_gemm_x(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, (int)P->act,
-                                       L->in, NULL, NULL, &done)))
-        return r;
+    if (!r && P)
+        r = mnistcu__cuda_gemm_x(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, (int)P->act, L->in,
+                                 NULL, NULL, &done);
 #ifdef MNISTCU_CUBLAS
-    if (P && !done && (r = mnistcu__cuda_dx_act(ctx, B, in, out, dy, m->params + L->wo, dx, L->in, (int)P->act, &done)))
-        return r;
+    if (!r && P && !done)
+        r = mnistcu__cuda_dx_act(ctx, B, in, out, dy, m->params + L->wo, dx, L->in, (int)P->act, &done);
 #endif
-    if (done) P->dy_done = 1;
-    else if (dx && (r = mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0)))
-        return r;
-    if (side) return mnistcu__cuda_join(ctx);
+    if (!r && done) P->dy_done = 1;
+    else if (!r && dx)
+        r = mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
+    if (side) { /* the branch joined on every path, a failed one's too (a capture must not end with it loose) */
+        mnistcu_result j = mnistcu__cuda_join(ctx);
+        return r ? r : j;
+    }
+    if (r) return r;
     return u ? mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, u) : MNISTCU_OK;
 }
 #endif
@@ -14353,7 +14357,10 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(int M, int N, int K, i
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-        for (j = 0; j < 64; ++j) tot[j] += acc[j]; /* rounded to nearest */
+        for (j = 0; j < 64; ++j) { /* rounded to nearest; the empty asm keeps the read after the wait */
+            asm volatile("" : "+f"(acc[j])::"memory");
+            tot[j] += acc[j];
+        }
         __syncthreads();
     }
     {

@@ -71,12 +71,13 @@ mkdir -p "$OUTDIR" build || exit 1
 rm -f "$OUTDIR/cuda_gemm.txt" "$OUTDIR/cuda_conv.txt" "$SUMMARY"
 echo 0 > "$STATUS"
 CUDA_ARCH=${CUDA_ARCH:-90}
-# sm_90 built as sm_90a (as the Makefile does): Hopper's warp-group products, which --precision tf32x3 uses
-CUDA_SM=$CUDA_ARCH
-[ "$CUDA_ARCH" = 90 ] && CUDA_SM=90a
 CONFIGS=${CONFIGS:-P1 P2 P3 P4 P5 P6}
 # the GPU's compute capability, major (the fused LeNet-5 kernel needs 9); 0 when unknown
 GPU_CC_MAJOR=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | cut -d. -f1)
+# sm_90 built as sm_90a on an sm_90 GPU (as the Makefile does): Hopper's warp-group products, which
+# --precision tf32x3 uses; sm_90a's code runs there only, so elsewhere sm_90 (its PTX compiles for newer GPUs)
+CUDA_SM=$CUDA_ARCH
+[ "$CUDA_ARCH" = 90 ] && [ "$GPU_CC_MAJOR" = 9 ] && CUDA_SM=90a
 case $GPU_CC_MAJOR in ''|*[!0-9]*) GPU_CC_MAJOR=0 ;; esac
 P6_SEEDS=${P6_SEEDS:-1 2 3 4 5 6 7 8 9 10}
 EPOCHS=${EPOCHS:-6}

@@ -3002,9 +3002,7 @@ TEST cuda_dense_bias_branch_equals_in_line_bitwise(void)
                 printf("    %s, %s, %s: %lu branches, loss %.9g / %.9g\n", c.name, x3 ? "TF32X3" : "FP32",
                        no_graph ? "launched" : "graphs", (unsigned long)a.side_forks, a.res.train_loss,
                        b.res.train_loss);
-                /* TF32X3 leaves every bias gradient to mnistcu__k_bias_grad; FP32 may take some in the wide-tile
-                   product's epilogue */
-                if (x3) ASSERTm(c.name, a.side_forks > 0);
+                ASSERTm(c.name, a.side_forks > 0);
                 ASSERT_EQm(c.name, (uint64_t)0, b.side_forks);
                 ASSERTm(c.name, no_graph ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
                 ASSERT_EQm(c.name, a.np, b.np);
