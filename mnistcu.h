@@ -4249,6 +4249,9 @@ typedef struct mnistcu__cuda {
     int wg;                    /* TF32X3 on mnistcu__k_gemm_wg: an sm_90 GPU and a build with its code */
     size_t x3_products;        /* products mnistcu__cuda_gemm_x3 took (the tests read it) */
     size_t wg_products;        /* of them, on mnistcu__k_gemm_wg */
+    size_t wg_epi;             /* of those, with act'(y) or the optimizer's step in the epilogue (the tests) */
+    int wg_epi_off;            /* 1: mnistcu__cuda_gemm_x leaves mnistcu__k_gemm_wg's products to the plain
+                                  path (the tests compare the two) */
     size_t smem_optin;         /* the most shared memory a block may ask for */
     int mc_clusters[32];       /* the cluster MLP kernel's instances, each without and with 1-3 slots of W1's
                                   optimizer state in shared memory: 1 + the most clusters resident at once
@@ -4282,6 +4285,7 @@ typedef struct mnistcu__cuda {
     int side_broken;           /* it could not be made: no branches */
     int side_off;              /* 1: no branches (the tests compare steps with and without) */
     uint64_t side_forks;       /* branches launched so far (the tests) */
+    int side_in;               /* 1 between a fork and its unfork: no branch inside a branch */
 } mnistcu__cuda;
 
 /* A dataset's copy on the GPU (resident mode). */
@@ -4751,6 +4755,8 @@ struct mnistcu_model {
     int scratch_layer;    /* CUDA: 1 + the conv layer whose columns scratch holds, for its backward pass; 0: none */
     size_t scratch_batch; /* ... and for which batch size */
     float *sample_loss;   /* [B] */
+    float *head_g;        /* [B][classes]: the loss gradient of a GPU step with the classifier head (>>cuda_head),
+                             which its weight gradient's branch reads while dbuf[0] takes the next input gradient */
     float *targets;       /* [B][classes] float targets of the batch, when batch_targets */
     int batch_targets;    /* the batch has float targets instead of class labels */
     int32_t *iws;         /* one block: labels [B], pred [B] */
@@ -5202,10 +5208,11 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
         }
         if ((act != MNISTCU_ACT_IDENTITY && B <= MNISTCU__BG_ROWS) || db) {
             const int bg_act = B <= MNISTCU__BG_ROWS ? act : (int)MNISTCU_ACT_IDENTITY;
-            /* a bias gradient that only reads dy, with no optimizer's step in the weight gradient's product
-               (which would read it): a branch beside the products (>>cuda_side), one chain a column that
-               leaves most multiprocessors idle (P3 on an H200: about 5 us of each hidden layer's step) */
-            side = bg_act == MNISTCU_ACT_IDENTITY && !u && mnistcu__cuda_side_ready(ctx);
+            /* a bias gradient that only reads dy: a branch beside the products (>>cuda_side), one chain a
+               column that leaves most multiprocessors idle (P3 on an H200: about 5 us of each hidden layer's
+               step); an optimizer's step in the weight gradient's product leaves the bias's to the pass here
+               (the product that steps it sums its gradient itself, dw_db), which comes after the join */
+            side = bg_act == MNISTCU_ACT_IDENTITY && mnistcu__cuda_side_ready(ctx);
             if (side && (r = mnistcu__cuda_fork(ctx))) return r;
             mnistcu__launch(mnistcu__k_bias_grad, (unsigned)((out + 31) / 32), 256, 0, mnistcu__cuda_stream(ctx), dy,
                             L->out, bg_act, (int)B, (int)out, db);
@@ -5228,12 +5235,12 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     if (!r && done) P->dy_done = 1;
     else if (!r && dx)
         r = mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
+    if (!r && u) r = mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, u); /* after the last read of W */
     if (side) { /* the branch joined on every path, a failed one's too (a capture must not end with it loose) */
         mnistcu_result j = mnistcu__cuda_join(ctx);
         return r ? r : j;
     }
-    if (r) return r;
-    return u ? mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, u) : MNISTCU_OK;
+    return r;
 }
 #endif
 
@@ -8936,6 +8943,7 @@ static size_t mnistcu__model_layout(mnistcu_model *m, float *base, size_t B)
     MNISTCU__TAKE(m->dbuf[0], B, m->max_size);
     MNISTCU__TAKE(m->dbuf[1], B, m->max_size);
     MNISTCU__TAKE(m->sample_loss, B, 1);
+    MNISTCU__TAKE(m->head_g, B, m->classes);
     MNISTCU__TAKE(m->targets, B, m->classes);
     MNISTCU__TAKE(m->scratch, scratch, 1);
 #undef MNISTCU__TAKE
@@ -14296,19 +14304,24 @@ template <int KM> static __device__ __forceinline__ void mnistcu__wg_store(const
 #define MNISTCU__WG 0
 #endif
 
-/* One slice (gridDim.z 1): C = act(product + bias) (fuse, as mnistcu__k_bias_act would); K in S slices:
-   slice z's part into C [z][M][N]. (The S blocks of a tile as a cluster adding their parts through
-   distributed shared memory, with no second kernel, made P3 slower: 22.4-22.6 ms an epoch against
-   16.8-17.0 on an H200, bench/RESULTS.md.) */
+/* p as mnistcu__k_gemm_wide's (y for fuse 2; w, s, dyn, opt for fuse 4; no db or flags). One slice
+   (gridDim.z 1): C = the epilogue of the product, fuse as mnistcu__k_gemm_wide's FUSE (1: act(product +
+   bias), as mnistcu__k_bias_act; 2: act'(y) * product, as mnistcu__k_act_backward; 4: C = the product,
+   a weight gradient, and the optimizer's step of the weights, as mnistcu__k_optim). K in S slices: slice
+   z's part into part [z][M][N], which mnistcu__splitk_sum or mnistcu__splitk_step adds with the epilogue.
+   (A tile's last slice to arrive adding the parts itself, as mnistcu__k_gemm_wide does, made each of P3's
+   products 16-24 us slower under ncu: a 128 x 128 tile's parts are a long serial tail for one block; the
+   S blocks of a tile as a cluster adding their parts through distributed shared memory made P3 22.4-22.6
+   ms an epoch against 16.8-17.0 with a second kernel for the sum; bench/RESULTS.md.) */
 template <int TA, int TB>
-__global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(int M, int N, int K, int Ks, const float *__restrict__ A,
-                                                          int lda, const float *__restrict__ B, int ldb,
-                                                          float *__restrict__ C, int ldc,
-                                                          const float *__restrict__ bias, int act, int fuse)
+__global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int Ks, int fuse)
 {
     MNISTCU__PDL_WAIT();
 #if MNISTCU__WG
     extern __shared__ __align__(1024) char mnistcu__wg_sm[];
+    const int M = p.M, N = p.N, K = p.K, lda = p.lda, ldb = p.ldb;
+    const float *__restrict__ A = p.A;
+    const float *__restrict__ B = p.B;
     /* a stage: A hi, A lo, B hi, B lo, each 128 rows of 128 bytes */
     char *sm = (char *)(((uintptr_t)mnistcu__wg_sm + 1023) & ~(uintptr_t)1023);
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
@@ -14363,27 +14376,63 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(int M, int N, int K, i
         }
         __syncthreads();
     }
-    {
-        const int r = m0 + wg * 64 + w * 16 + lane / 4, ld = gridDim.z == 1 ? ldc : N;
-        float *out = C + (size_t)blockIdx.z * (size_t)M * (size_t)N; /* slice z's part; C with one slice */
-#pragma unroll
-        for (j = 0; j < 64; ++j)
-            if (fuse) { /* one slice: as mnistcu__k_bias_act */
-                const int c = n0 + 8 * (j / 4) + 2 * (lane % 4) + j % 2;
-                tot[j] = mnistcu__act_f((mnistcu_act)act, bias && c < N ? tot[j] + bias[c] : tot[j]);
-            }
+    if (gridDim.z > 1) { /* slice z's part */
+        const int r = m0 + wg * 64 + w * 16 + lane / 4;
+        float *out = p.part + (size_t)blockIdx.z * (size_t)M * (size_t)N;
 #pragma unroll
         for (j = 0; j < 16; ++j) {
             const int c = n0 + 8 * j + 2 * (lane % 4);
             if (c < N) {
-                if (r < M) *(float2 *)(out + (size_t)r * ld + c) = make_float2(tot[4 * j], tot[4 * j + 1]);
-                if (r + 8 < M) *(float2 *)(out + (size_t)(r + 8) * ld + c) = make_float2(tot[4 * j + 2], tot[4 * j + 3]);
+                if (r < M) *(float2 *)(out + (size_t)r * N + c) = make_float2(tot[4 * j], tot[4 * j + 1]);
+                if (r + 8 < M) *(float2 *)(out + (size_t)(r + 8) * N + c) = make_float2(tot[4 * j + 2], tot[4 * j + 3]);
+            }
+        }
+    } else { /* the result: each thread's 16 pairs of columns in rows r and r + 8 */
+        const mnistcu__opt o = fuse == 4 && p.dyn ? p.dyn->opt : p.opt; /* a replayed step's scalars */
+        const int ldc = p.ldc;
+#pragma unroll
+        for (j = 0; j < 32; ++j) {
+            const int r = m0 + wg * 64 + w * 16 + lane / 4 + 8 * (j % 2), c = n0 + 8 * (j / 2) + 2 * (lane % 4);
+            float2 v = make_float2(tot[2 * j], tot[2 * j + 1]);
+            if (r >= M || c >= N) continue; /* N: 4 n, so c + 1 < N too */
+            if (fuse == 1) {
+                v.x = mnistcu__act_f((mnistcu_act)p.act, p.bias ? v.x + p.bias[c] : v.x);
+                v.y = mnistcu__act_f((mnistcu_act)p.act, p.bias ? v.y + p.bias[c + 1] : v.y);
+            } else if (fuse == 2) {
+                v.x = mnistcu__act_backward_one((mnistcu_act)p.act, v.x, p.y[(size_t)r * ldc + c]);
+                v.y = mnistcu__act_backward_one((mnistcu_act)p.act, v.y, p.y[(size_t)r * ldc + c + 1]);
+            }
+            *(float2 *)(p.C + (size_t)r * ldc + c) = v;
+        }
+        if (fuse == 4) { /* the weights' step, 8 pairs at a time: their loads together, then the steps */
+            const int read_v = o.has_momentum && !o.first;
+            int h, i;
+#pragma unroll
+            for (h = 0; h < 32; h += 8) {
+                float pw[8][2], pv[8][2];
+#pragma unroll
+                for (i = 0; i < 8; ++i) {
+                    const int jj = h + i, r = m0 + wg * 64 + w * 16 + lane / 4 + 8 * (jj % 2);
+                    const size_t at = (size_t)r * ldc + n0 + 8 * (jj / 2) + 2 * (lane % 4);
+                    const int ok = r < M && n0 + 8 * (jj / 2) + 2 * (lane % 4) < N;
+                    pw[i][0] = ok ? p.w[at] : 0.0f, pw[i][1] = ok ? p.w[at + 1] : 0.0f;
+                    pv[i][0] = ok && read_v ? p.s[at] : 0.0f, pv[i][1] = ok && read_v ? p.s[at + 1] : 0.0f;
+                }
+#pragma unroll
+                for (i = 0; i < 8; ++i) {
+                    const int jj = h + i, r = m0 + wg * 64 + w * 16 + lane / 4 + 8 * (jj % 2);
+                    const size_t at = (size_t)r * ldc + n0 + 8 * (jj / 2) + 2 * (lane % 4);
+                    if (r >= M || n0 + 8 * (jj / 2) + 2 * (lane % 4) >= N) continue;
+                    pw[i][0] = mnistcu__sgd_step(&o, pw[i][0], tot[2 * jj], &pv[i][0]);
+                    pw[i][1] = mnistcu__sgd_step(&o, pw[i][1], tot[2 * jj + 1], &pv[i][1]);
+                    p.w[at] = pw[i][0], p.w[at + 1] = pw[i][1];
+                    if (o.has_momentum) p.s[at] = pv[i][0], p.s[at + 1] = pv[i][1];
+                }
             }
         }
     }
 #else
-    (void)M, (void)N, (void)K, (void)Ks, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc, (void)bias;
-    (void)act, (void)fuse;
+    (void)p, (void)Ks, (void)fuse;
 #endif
 }
 
@@ -14436,6 +14485,50 @@ __global__ void mnistcu__k_splitk_sum4(const float *part, int S, int M, int N, f
             for (q = 0; q < 4; ++q) v[q] = mnistcu__act_backward_one((mnistcu_act)act, v[q], y4[q]);
         }
         *(float4 *)(C + at) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+}
+
+/* A split weight gradient's parts added (mnistcu__k_splitk_sum's order) into C, and
+   the optimizer's step (SGD, mnistcu__opt_sgd) of the weights w [M][ldc] and
+   their state s laid out as C: the operations of mnistcu__k_optim on the same
+   values, so the same bits without the optimizer's pass over them (the step's
+   scalars from dyn in a replayed graph, else o). Four outputs a thread where N,
+   ldc and every address allow (vec), else one; the weights' loads issued with
+   the parts' (one weight at a time, each load after the last one's store, took
+   12.2 and 10.7 us for P3's two weight gradients under ncu, 8.6 and 7.3 so). */
+__global__ void mnistcu__k_splitk_step(const float *part, int S, int M, int N, float *C, int ldc, float *w, float *s,
+                                       mnistcu__opt o, const mnistcu__dyn *dyn, int vec)
+{
+    MNISTCU__PDL_WAIT();
+    const size_t n = (size_t)M * N, q = vec ? 4 : 1, nq = n / q, Nq = (size_t)N / q;
+    size_t e;
+    if (dyn) o = dyn->opt;
+    const int read_v = o.has_momentum && !o.first; /* the first step sets v (mnistcu__k_optim's) */
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < nq; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t row = mnistcu__div(e, Nq), at = row * (size_t)ldc + (e - row * Nq) * q;
+        const float *src = part + e * q;
+        int z, k;
+        if (vec) { /* the weights (and state) loaded with the parts, then stepped, 16 bytes at a time */
+            float4 acc = *(const float4 *)src, pw = *(const float4 *)(w + at);
+            const float4 ps = read_v ? *(const float4 *)(s + at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float g[4], p[4], v[4] = {ps.x, ps.y, ps.z, ps.w};
+            for (z = 1; z < S; ++z) {
+                const float4 b = *(const float4 *)(src + (size_t)z * n);
+                acc.x += b.x, acc.y += b.y, acc.z += b.z, acc.w += b.w;
+            }
+            *(float4 *)(C + at) = acc;
+            g[0] = acc.x, g[1] = acc.y, g[2] = acc.z, g[3] = acc.w;
+            p[0] = pw.x, p[1] = pw.y, p[2] = pw.z, p[3] = pw.w;
+#pragma unroll
+            for (k = 0; k < 4; ++k) p[k] = mnistcu__sgd_step(&o, p[k], g[k], &v[k]);
+            *(float4 *)(w + at) = make_float4(p[0], p[1], p[2], p[3]);
+            if (o.has_momentum) *(float4 *)(s + at) = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+            float g = src[0];
+            for (z = 1; z < S; ++z) g += src[(size_t)z * n];
+            C[at] = g;
+            mnistcu__opt_sgd(&o, at, w, g, s);
+        }
     }
 }
 
@@ -15299,7 +15392,7 @@ static int mnistcu__cuda_side_ready(mnistcu_ctx *ctx)
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     mnistcu__cuda_lane *l;
     int ok;
-    if (cu->side_off || cu->side_broken) return 0;
+    if (cu->side_off || cu->side_broken || cu->side_in) return 0;
     if (cu->side) return 1;
     if (cudaStreamIsCapturing(cu->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
         (void)cudaGetLastError();
@@ -15336,6 +15429,7 @@ static mnistcu_result mnistcu__cuda_fork(mnistcu_ctx *ctx)
     if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "a step's branch");
     mnistcu__cuda_lane_swap(cu, cu->side);
     cu->side_forks++;
+    cu->side_in = 1;
     return MNISTCU_OK;
 }
 
@@ -15345,6 +15439,7 @@ static mnistcu_result mnistcu__cuda_unfork(mnistcu_ctx *ctx, mnistcu_result r)
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     cudaError_t e;
     mnistcu__cuda_lane_swap(cu, cu->side);
+    cu->side_in = 0;
     e = cudaEventRecord(cu->side_join, cu->side->stream);
     if (r) { /* a failed branch: joined at once */
         if (e == cudaSuccess) cudaStreamWaitEvent(cu->stream, cu->side_join, 0);
@@ -15732,8 +15827,17 @@ static mnistcu_result mnistcu__cuda_gemm_skinny(mnistcu_ctx *ctx, size_t M, size
     return MNISTCU_OK;
 }
 
+static int mnistcu__x3_ok(const mnistcu__cuda *cu, size_t M, size_t N, size_t K, const float *A, size_t lda,
+                          const float *B, size_t ldb, const float *C, size_t ldc);
+static int mnistcu__wg_takes(const mnistcu__cuda *cu, size_t M, size_t N, size_t K);
+static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t M, size_t N, size_t K, const float *A,
+                                            size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
+                                            const float *bias, int act, const float *y, const mnistcu__wupd *upd);
+
 /* Whether mnistcu__cuda_gemm_x takes this product: -1 for the skinny kernel
-   (>>cuda_skinny), else the wide-tile kernel's slices of K, or 0.
+   (>>cuda_skinny), -2 for Hopper's TF32X3 kernel (mnistcu__k_gemm_wg, the same
+   kernel the plain path takes, with no bias gradient beside it), else the
+   wide-tile kernel's slices of K, or 0.
    With cuBLAS's products too, a weight gradient (TN) that sums the bias
    gradient beside it (db): one kernel where cuBLAS's product and a bias
    gradient pass follow each other (P3: 27.0-27.7 -> 25.5-26.6 ms an epoch,
@@ -15749,6 +15853,8 @@ static int mnistcu__cuda_gemm_x_takes(mnistcu_ctx *ctx, int ta, int tb, size_t M
     const int blas = cu->use_cublas && !(ta && !tb && db);
     if (mnistcu__gemm_skinny_ok(ta, tb, M, N, K)) /* mnistcu__k_gemm_skinny: FP32 in every context, as the plain path's */
         return -1;
+    if (!db && !cu->wg_epi_off && mnistcu__x3_ok(cu, M, N, K, A, lda, B, ldb, C, ldc) && mnistcu__wg_takes(cu, M, N, K))
+        return -2; /* mnistcu__k_gemm_wg (TF32X3), in every product path, as the plain path's */
     if (M == 0 || N == 0 || blas || cu->precision != MNISTCU_PRECISION_FP32 ||
         !mnistcu__gemm_wide_ok(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) ||
         (S = mnistcu__gemm_wide_split(M, N, K)) == 0 || (db && (S > 1 || !ta || tb)))
@@ -15771,6 +15877,12 @@ static mnistcu_result mnistcu__cuda_gemm_x(mnistcu_ctx *ctx, int ta, int tb, siz
     mnistcu_result r;
     *done = 0;
     if (!S) return MNISTCU_OK;
+    if (S == -2) { /* no db */
+        if ((r = mnistcu__cuda_gemm_wg(ctx, 2 * !!ta + !!tb, M, N, K, A, lda, B, ldb, C, ldc, NULL, act, y, upd)))
+            return r;
+        *done = 1;
+        return MNISTCU_OK;
+    }
     if (S < 0) { /* TN, a weight gradient of few outputs: no y */
         if ((r = mnistcu__cuda_gemm_skinny(ctx, M, N, K, A, lda, B, ldb, C, ldc, db, upd))) return r;
         *done = 1;
@@ -15849,6 +15961,10 @@ static size_t mnistcu__x3_split(size_t M, size_t N, size_t K, int sms)
    more, at most 16. Measured on an H200 (bench/gemm_wg.cu): P3's
    512x1024 products (32 tiles) best in 4 slices, its 1024x1024 and 1024x784 weight gradients (64 and 56
    tiles) in 2, the Fashion CNN's 128x7744x576 (61) in 2. */
+static size_t mnistcu__wg_tiles(size_t M, size_t N)
+{
+    return ((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T) * ((N + MNISTCU__WG_T - 1) / MNISTCU__WG_T);
+}
 static size_t mnistcu__wg_split(size_t tiles, size_t K, int sms)
 {
     size_t S = tiles ? (size_t)(sms > 0 ? sms : 1) / tiles : 1;
@@ -15856,39 +15972,66 @@ static size_t mnistcu__wg_split(size_t tiles, size_t K, int sms)
     return S ? S : 1;
 }
 
-/* C = act(op(A) op(B) + bias) on mnistcu__k_gemm_wg, K's slices added by mnistcu__splitk_sum. */
+/* Whether mnistcu__k_gemm_wg takes a TF32X3 product (mnistcu__x3_ok said yes): 16 or more tiles of 128 x
+   128 and K of 256 or more, on an sm_90 GPU in a build with its code; with fewer tiles its slices of K
+   would be many and short, and mnistcu__k_gemm_x3's 64 x 64 tiles did better (128x576x7744: 45 us against
+   92; 576x7744x128: 28.4 against 31.9, bench/gemm_wg.cu). */
+static int mnistcu__wg_takes(const mnistcu__cuda *cu, size_t M, size_t N, size_t K)
+{
+    return cu->wg && mnistcu__wg_tiles(M, N) >= MNISTCU__TC_MIN_TILES && K >= 256;
+}
+
+/* C = epilogue(op(A) op(B)) on mnistcu__k_gemm_wg (which = 2 ta + tb), the epilogue as mnistcu__k_gemm_wide's:
+   upd (ta, !tb: C a weight gradient), the optimizer's step of the weights; else y, C = act'(y) * product;
+   else act(product + bias), or the product. K in slices: their sum (mnistcu__splitk_sum, or with upd
+   mnistcu__k_splitk_step) applies the epilogue; one slice, the product kernel. */
 static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t M, size_t N, size_t K, const float *A,
                                             size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
-                                            const float *bias, int act, int fuse, size_t tiles)
+                                            const float *bias, int act, const float *y, const mnistcu__wupd *upd)
 {
     mnistcu__cuda *cu = mnistcu__cu(ctx);
+    const size_t tiles = mnistcu__wg_tiles(M, N);
     const size_t S0 = mnistcu__wg_split(tiles, K, cu->sms);
     const size_t Ks = ((K + S0 - 1) / S0 + MNISTCU__X3_BK - 1) / MNISTCU__X3_BK * MNISTCU__X3_BK;
     const size_t S = (K + Ks - 1) / Ks; /* K is 256 or more */
+    const int fuse = upd ? 4 : y ? 2 : bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY) ? 1 : 0;
     const unsigned bit = 1u << (which + 4);
     const dim3 grid((unsigned)((N + MNISTCU__WG_T - 1) / MNISTCU__WG_T),
                     (unsigned)((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T), (unsigned)S);
-    void (*k)(int, int, int, int, const float *, int, const float *, int, float *, int, const float *, int, int) =
+    void (*k)(mnistcu__wargs, int, int) =
         which == 0 ? mnistcu__k_gemm_wg<0, 0> : which == 1 ? mnistcu__k_gemm_wg<0, 1>
                                               : which == 2 ? mnistcu__k_gemm_wg<1, 0> : mnistcu__k_gemm_wg<1, 1>;
-    float *out = C;
-    if (S > 1) {
-        mnistcu_result r = mnistcu__cuda_partials(ctx, S * M * N, &out);
-        if (r) return r;
+    mnistcu__wargs p;
+    mnistcu_result r;
+    if (upd && which != 2)
+        return mnistcu__fail(ctx, MNISTCU_ERR_INVALID_ARGUMENT, "an update in the product's epilogue is only TN");
+    memset(&p, 0, sizeof p);
+    p.M = (int)M, p.N = (int)N, p.K = (int)K, p.lda = (int)lda, p.ldb = (int)ldb, p.ldc = (int)ldc, p.act = act;
+    p.A = A, p.B = B, p.bias = bias, p.y = y, p.C = C;
+    if (upd) {
+        p.w = upd->w, p.s = upd->s;
+        p.dyn = upd->dyn, p.opt = upd->opt;
     }
+    if (S > 1 && (r = mnistcu__cuda_partials(ctx, S * M * N, &p.part))) return r;
     if (!(cu->x3_smem & bit)) { /* above the 48 KB every GPU gives */
         cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)MNISTCU__WG_SMEM);
         if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "the TF32X3 product's shared memory");
         cu->x3_smem |= bit;
     }
-    mnistcu__launch(k, grid, 256, MNISTCU__WG_SMEM, cu->stream, (int)M, (int)N, (int)K, (int)Ks, A, (int)lda, B,
-                    (int)ldb, out, (int)ldc, bias, act, S > 1 ? 0 : fuse);
+    mnistcu__launch(k, grid, 256, MNISTCU__WG_SMEM, cu->stream, p, (int)Ks, fuse);
     MNISTCU__LAUNCHED(ctx, "gemm_wg");
     cu->x3_products++;
     cu->wg_products++;
-    if (S > 1) { /* the parts added in order, with the bias and the activation */
-        mnistcu__splitk_sum(cu->stream, out, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, fuse, NULL);
+    cu->wg_epi += fuse >= 2;
+    if (S > 1 && fuse == 4) { /* the parts added in order, and the weights' step */
+        const int vec = ((uintptr_t)p.w & 15) == 0 && ((uintptr_t)p.s & 15) == 0; /* s: NULL, or w's layout */
+        const size_t n = M * N / (vec ? 4 : 1);
+        mnistcu__launch(mnistcu__k_splitk_step, mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream, p.part, (int)S,
+                        (int)M, (int)N, C, (int)ldc, p.w, p.s, p.opt, p.dyn, vec);
+        MNISTCU__LAUNCHED(ctx, "splitk_step");
+    } else if (S > 1) { /* the parts added in order, with the bias and the activation, or act'(y) */
+        mnistcu__splitk_sum(cu->stream, p.part, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, fuse, y);
         MNISTCU__LAUNCHED(ctx, "splitk_sum");
     }
     return MNISTCU_OK;
@@ -15910,12 +16053,8 @@ static mnistcu_result mnistcu__cuda_gemm_x3(mnistcu_ctx *ctx, int ta, int tb, si
                                               : which == 2 ? mnistcu__k_gemm_x3<1, 0> : mnistcu__k_gemm_x3<1, 1>;
     float *out = C;
     size_t ldo = ldc;
-    /* Hopper's kernel where there are 16 tiles of 128 x 128 or more and K is 256 or more; with fewer tiles
-       its slices of K would be many and short, and mnistcu__k_gemm_x3's 64 x 64 tiles did better
-       (128x576x7744: 45 us against 92; 576x7744x128: 28.4 against 31.9, bench/gemm_wg.cu) */
-    const size_t wtiles = ((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T) * ((N + MNISTCU__WG_T - 1) / MNISTCU__WG_T);
-    if (cu->wg && wtiles >= MNISTCU__TC_MIN_TILES && K >= 256)
-        return mnistcu__cuda_gemm_wg(ctx, which, M, N, K, A, lda, B, ldb, C, ldc, bias, act, fuse, wtiles);
+    if (mnistcu__wg_takes(cu, M, N, K)) /* Hopper's kernel */
+        return mnistcu__cuda_gemm_wg(ctx, which, M, N, K, A, lda, B, ldb, C, ldc, bias, act, NULL, NULL);
     if (S > 1) {
         mnistcu_result r = mnistcu__cuda_partials(ctx, S * M * N, &out);
         if (r) return r;
@@ -16159,7 +16298,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     const mnistcu__dyn *dyn = mnistcu__cuda_dyn(m);
     mnistcu__headp p;
     mnistcu_result r;
-    int i, fold = P && H->need_dx && P->d.kind == MNISTCU_LAYER_DENSE && P->act != MNISTCU_ACT_IDENTITY &&
+    int i, side, fold = P && H->need_dx && P->d.kind == MNISTCU_LAYER_DENSE && P->act != MNISTCU_ACT_IDENTITY &&
                   P->out == H->in;
     /* the bias gradient in the weight gradient's product where the skinny kernel takes it (the same sums) */
     const int db_later = H->nb && mnistcu__gemm_skinny_ok(1, 0, (size_t)H->oc, (size_t)H->c, B);
@@ -16177,7 +16316,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     p.w = m->params + H->wo;
     p.bias = H->nb ? m->params + H->bo : NULL;
     p.logits = m->logits;
-    p.g = m->dbuf[0];
+    p.g = m->head_g;
     p.dx = H->need_dx ? m->dbuf[1] : NULL;
     p.db = H->nb && !db_later ? m->grads + H->bo : NULL;
     p.labels = m->labels;
@@ -16203,17 +16342,29 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
                              mnistcu__cu(m->ctx)->stream, p);
     MNISTCU__LAUNCHED(m->ctx, "head");
     H->db_done = !db_later; /* its weight gradient only, or with the bias gradient */
-    r = mnistcu__kinds[H->d.kind]->backward[m->backend](m, H, B, m->dbuf[0], NULL);
+    /* with layers before it to train, the head layer's weight gradient (and its optimizer step, where the
+       product takes it) is a branch beside their passes (>>cuda_side), joined at the end of the step's
+       backward pass: it reads the loss gradient in head_g and the layer's input, which nothing after writes,
+       and writes what only the optimizer's pass reads. Measured on an H200 with TF32X3 (bench/RESULTS.md):
+       P3 16.59-16.71 -> 16.25-16.26 ms an epoch, the Fashion CNN 202.4 -> 195.4-196.1 */
+    side = H->need_dx && mnistcu__cuda_side_ready(m->ctx);
+    if (side && (r = mnistcu__cuda_fork(m->ctx))) side = 0;
+    if (!r) r = mnistcu__kinds[H->d.kind]->backward[m->backend](m, H, B, m->head_g, NULL);
+    if (side) r = mnistcu__cuda_unfork(m->ctx, r);
     H->db_done = 0;
-    if (r) return r;
-    if (!H->need_dx) return MNISTCU_OK;
-    if (fold) P->dy_done = 1;
-    m->head_step = 1; /* dense layers' input gradients may take the act' of the layer before (mnistcu__cuda_dx_act) */
-    r = mnistcu__backward_from(m, B, h - 1, m->dbuf[1]);
-    m->head_step = 0;
-    for (i = 0; i < m->num_layers; ++i) {
-        m->layers[i].dy_done = 0;
-        m->layers[i].dy_pool = 0;
+    if (!r && H->need_dx) {
+        if (fold) P->dy_done = 1;
+        m->head_step = 1; /* dense layers' input gradients may take the act' of the layer before (mnistcu__cuda_dx_act) */
+        r = mnistcu__backward_from(m, B, h - 1, m->dbuf[1]);
+        m->head_step = 0;
+        for (i = 0; i < m->num_layers; ++i) {
+            m->layers[i].dy_done = 0;
+            m->layers[i].dy_pool = 0;
+        }
+    }
+    if (side) { /* the branch joined on every path, a failed one's too (a capture must not end with it loose) */
+        mnistcu_result j = mnistcu__cuda_join(m->ctx);
+        return r ? r : j;
     }
     return r;
 }
@@ -16232,7 +16383,11 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
    mnistcu__update_todo lists. The gradients are written as before, so the
    gradient arena holds the same values either way. Measured on the H100 it is
    neutral (P3's step 271 -> 270 us, ncu): the pass goes, but the product's one
-   wave ends with the weights' traffic, which nothing overlaps (bench/RESULTS.md). */
+   wave ends with the weights' traffic, which nothing overlaps (bench/RESULTS.md).
+   In TF32X3 on Hopper's kernel (mnistcu__k_gemm_wg) the step is taken where the
+   gradient is finished: by mnistcu__k_splitk_step as it adds K's slices, or in
+   the kernel's epilogue when K is whole; the skinny kernel (>>cuda_skinny) takes
+   it in every context. */
 
 /* The arena's ranges not stepped yet, in order; clears the layers' marks. */
 static void mnistcu__update_todo(mnistcu_model *m, mnistcu__segs *todo)

@@ -2892,6 +2892,7 @@ typedef struct tc_graph_run {
     uint64_t bn_pool;         /* passes in which a batch norm took the max pool after it */
     uint64_t conv_pool;       /* backward passes in which a first convolution routed its max pool's gradient */
     uint64_t side_forks;      /* branches launched on the second stream (graph captures count once) */
+    size_t wg_epi;            /* Hopper's TF32X3 products with act' or the optimizer's step in them (likewise) */
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
     mnistcu_train_result res;
     tc_curve curve;
@@ -2900,6 +2901,8 @@ typedef struct tc_graph_run {
 static int tc_upd_off;    /* mnistcu_train_desc.no_fused_update of the runs below */
 static int tc_side_off;   /* the runs below without a second stream (>>cuda_side) */
 static int tc_want_state; /* tc_graph_train also copies the optimizer state (ns floats after the buffers) */
+static int tc_wg_epi_off; /* the runs below with mnistcu__k_gemm_wg's epilogues left to the plain path */
+static int tc_sms;        /* the runs below as if the GPU had this many multiprocessors (0: as it has) */
 static mnistcu_precision tc_graph_prec = MNISTCU_PRECISION_DEFAULT; /* the runs' desc.precision */
 
 static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_graph_run *out)
@@ -2915,6 +2918,8 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
     memset(out, 0, sizeof *out);
     if (!ctx) return 0;
     mnistcu__cu(ctx)->side_off = tc_side_off;
+    mnistcu__cu(ctx)->wg_epi_off = tc_wg_epi_off;
+    if (tc_sms) mnistcu__cu(ctx)->sms = tc_sms;
     ds = c->u8 ? tc_u8_dataset(ctx, c->n, c->F ? (int)c->F : 784, c->classes ? c->classes : 10, 11)
                : tc_synthetic(ctx, c->n, c->F ? c->F : 784, c->classes ? c->classes : 10, 11);
     if (c->validation) val = tc_synthetic(ctx, 50, 784, 10, 12);
@@ -2965,6 +2970,7 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
         out->bn_pool = m->bn_pool_steps;
         out->conv_pool = m->conv_pool_steps;
         out->side_forks = mnistcu__cu(ctx)->side_forks;
+        out->wg_epi = mnistcu__cu(ctx)->wg_epi;
         for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
     }
     mnistcu_ctx_destroy(ctx);
@@ -2972,19 +2978,20 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
 }
 
 /* A dense layer's bias gradient as a branch on a second stream beside its weight and input gradients
-   (a batch over MNISTCU__BG_ROWS, so that the branch only reads dy; no optimizer's step in the products):
-   the same bits as in line, with our products and cuBLAS's, in FP32 and TF32X3, launched and in graphs. */
+   (a batch over MNISTCU__BG_ROWS, so that the branch only reads dy), and the head layer's weight gradient
+   beside the layers before it: the same bits as in line, with our products and cuBLAS's, in FP32 and
+   TF32X3, launched and in graphs, with the optimizer's step in the products and in its pass. */
 TEST cuda_dense_bias_branch_equals_in_line_bitwise(void)
 {
     tc_graph_case c;
-    int path, no_graph, x3;
+    int path, no_graph, k;
     memset(&c, 0, sizeof c);
     c.spec = "784 dense96 relu dense40 tanh dense10";
     c.n = 400; c.B = 160; c.epochs = 2; /* a partial last batch: two graphs */
     c.optim.learning_rate = 0.05f; c.optim.momentum = 0.9f;
-    tc_upd_off = 1;
-    for (x3 = 0; x3 < 2; ++x3)
+    for (k = 0; k < 4; ++k)
         for (path = 0; path < 2; ++path) {
+            const int upd = k >> 1, x3 = k & 1;
 #ifndef MNISTCU_CUBLAS
             if (path) break;
 #endif
@@ -2993,15 +3000,18 @@ TEST cuda_dense_bias_branch_equals_in_line_bitwise(void)
                 tc_graph_run a, b;
                 c.name = path ? "cuBLAS" : "own products";
                 tc_graph_prec = x3 ? MNISTCU_PRECISION_TF32X3 : MNISTCU_PRECISION_FP32;
+                tc_upd_off = !upd;
                 tc_side_off = 0;
                 ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &a));
                 tc_side_off = 1;
                 ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &b));
                 tc_side_off = 0;
                 tc_graph_prec = MNISTCU_PRECISION_DEFAULT;
-                printf("    %s, %s, %s: %lu branches, loss %.9g / %.9g\n", c.name, x3 ? "TF32X3" : "FP32",
-                       no_graph ? "launched" : "graphs", (unsigned long)a.side_forks, a.res.train_loss,
-                       b.res.train_loss);
+                printf("    %s, %s, %s, %s: %lu branches, loss %.9g / %.9g\n", c.name, x3 ? "TF32X3" : "FP32",
+                       no_graph ? "launched" : "graphs", upd ? "steps in the products" : "steps in the pass",
+                       (unsigned long)a.side_forks, a.res.train_loss, b.res.train_loss);
+                ASSERT_EQm(c.name, a.res.fused_update_steps, b.res.fused_update_steps);
+                ASSERTm(c.name, upd ? a.res.fused_update_steps > 0 : a.res.fused_update_steps == 0);
                 ASSERTm(c.name, a.side_forks > 0);
                 ASSERT_EQm(c.name, (uint64_t)0, b.side_forks);
                 ASSERTm(c.name, no_graph ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
@@ -3013,6 +3023,69 @@ TEST cuda_dense_bias_branch_equals_in_line_bitwise(void)
             }
         }
     tc_upd_off = 0;
+    PASS();
+}
+
+/* Hopper's TF32X3 kernel (mnistcu__k_gemm_wg) with more in its epilogue: an input gradient times act'(y)
+   and a weight gradient with the optimizer's step, in the sum of K's slices (K whole: in the kernel),
+   against the same products plain with mnistcu__k_act_backward and the optimizer's pass after them: the
+   same operations on the same values, so the parameters, gradients, buffers, momentum and losses to the
+   bit; our products and cuBLAS's (whose TF32X3 products are ours), graphs and launched, K in slices and,
+   as if the GPU had 16 multiprocessors, whole. P3's shape with a partial last batch (76 rows: products
+   the kernel declines). */
+TEST cuda_wg_epilogue_equals_passes_bitwise(void)
+{
+    tc_graph_case c;
+    int path, no_graph, one;
+    mnistcu_ctx *g;
+    if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32X3 resolves to FP32");
+    g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32X3);
+    ASSERT(g != NULL);
+    one = mnistcu__cu(g)->wg;
+    mnistcu_ctx_destroy(g);
+    if (!one) SKIPm("TF32X3's warp-group kernel needs an sm_90 GPU and a build for sm_90a");
+    memset(&c, 0, sizeof c);
+    c.spec = "784 dense1024 relu dense1024 relu dense10";
+    c.n = 1100; c.B = 512; c.epochs = 2; c.progress_every = 1;
+    c.optim.learning_rate = 0.05f; c.optim.momentum = 0.9f;
+    tc_graph_prec = MNISTCU_PRECISION_TF32X3;
+    tc_want_state = 1;
+    for (one = 0; one < 2; ++one)
+        for (path = 0; path < 2; ++path) {
+#ifndef MNISTCU_CUBLAS
+            if (path) break;
+#endif
+            c.gemm = path ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
+            c.name = path ? "cuBLAS" : "own products";
+            for (no_graph = 0; no_graph < 2; ++no_graph) {
+                tc_graph_run a, b;
+                tc_sms = one ? 16 : 0;
+                tc_wg_epi_off = 0;
+                ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &a));
+                tc_wg_epi_off = 1;
+                ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &b));
+                tc_wg_epi_off = 0;
+                tc_sms = 0;
+                printf("    %s, %s%s: %lu products with the epilogue, %lu of %lu steps fused, loss %.9g / %.9g\n",
+                       c.name, no_graph ? "launched" : "graphs", one ? ", one slice" : "", (unsigned long)a.wg_epi,
+                       (unsigned long)a.res.fused_update_steps, (unsigned long)a.res.steps, a.res.train_loss,
+                       b.res.train_loss);
+                ASSERTm(c.name, a.wg_epi > 0);
+                ASSERT_EQm(c.name, (size_t)0, b.wg_epi);
+                ASSERT_EQm(c.name, a.res.steps - 2, a.res.fused_update_steps); /* all but each size's first */
+                ASSERTm(c.name, no_graph ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
+                ASSERT_EQm(c.name, a.np, b.np);
+                ASSERT_EQm(c.name, a.ns, b.ns);
+                ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb + a.ns);
+                ASSERT_EQm(c.name, 0, memcmp(&a.res.train_loss, &b.res.train_loss, sizeof(double)));
+                ASSERT_EQm(c.name, a.curve.n, b.curve.n);
+                ASSERT_EQm(c.name, 0, memcmp(a.curve.loss, b.curve.loss, (size_t)a.curve.n * sizeof(double)));
+                free(a.p);
+                free(b.p);
+            }
+        }
+    tc_want_state = 0;
+    tc_graph_prec = MNISTCU_PRECISION_DEFAULT;
     PASS();
 }
 
@@ -3600,6 +3673,7 @@ SUITE(cuda_suite)
     RUN_TEST(cuda_graph_step_equals_launched_bitwise);
     RUN_TEST(cuda_conv_branch_equals_in_line_bitwise);
     RUN_TEST(cuda_dense_bias_branch_equals_in_line_bitwise);
+    RUN_TEST(cuda_wg_epilogue_equals_passes_bitwise);
     RUN_TEST(cuda_head_step_matches_step_by_step);
     RUN_TEST(cuda_fused_update_equals_pass_bitwise);
     RUN_TEST(cuda_sticky_error_is_latched);
