@@ -4250,6 +4250,9 @@ typedef struct mnistcu__cuda {
     size_t x3_products;        /* products mnistcu__cuda_gemm_x3 took (the tests read it) */
     size_t wg_products;        /* of them, on mnistcu__k_gemm_wg */
     size_t wg_epi;             /* of those, with act'(y) or the optimizer's step in the epilogue (the tests) */
+    unsigned head_smem;        /* bit 1: mnistcu__k_head<10, 1> was given its shared memory; bit 2: <0, 1> */
+    size_t head_res;           /* head kernels launched with the weights and rows resident (the tests) */
+    int head_res_off;          /* 1: the head stages them in passes (the tests compare) */
     int wg_epi_off;            /* 1: mnistcu__cuda_gemm_x leaves mnistcu__k_gemm_wg's products to the plain
                                   path (the tests compare the two) */
     size_t smem_optin;         /* the most shared memory a block may ask for */
@@ -14887,21 +14890,31 @@ static __device__ __forceinline__ void mnistcu__head_get(const mnistcu__headp &p
 /* CT: the number of classes when the kernel is made for it (10), so that its
    loops over the classes are exact; 0: any C up to MNISTCU__HEAD_MAX_C. Each
    row has two warps: the first runs the logits' chains (a lane per class), both
-   the input gradient (a lane per input). */
-template <int CT>
+   the input gradient (a lane per input). RES (mnistcu__head_res said yes): each
+   pass's chunk of the weights' C rows and of the block's rows of inputs stays
+   in (dynamic) shared memory, rows IN + 4 floats apart, so that the input
+   gradient reads the weights and the activation's outputs from there, not from
+   global memory again, and a pass needs one barrier, not two. The same chains
+   in the same order: the same bits. Measured on an H200 (ncu, P3's head, 512 x
+   1024 x 10): 19.3-20.2 -> 17.9-18.4 us (all of it loaded at once before the
+   chains: 21.1-22.2 us, the loads no longer under the chains; bench/RESULTS.md).
+   What is left is mostly waiting for the chains: 1,024 dependent fmaf a logit. */
+template <int CT, int RES>
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__headp p)
 {
     MNISTCU__PDL_WAIT();
     enum { NC = CT ? CT : MNISTCU__HEAD_MAX_C };
     /* rows MNISTCU__HEAD_LDW apart: a quarter warp's 16-byte loads of 8 rows fall in distinct banks */
-    __shared__ __align__(16) float ws[NC][MNISTCU__HEAD_LDW];
-    __shared__ __align__(16) float xs[MNISTCU__HEAD_ROWS][MNISTCU__HEAD_KC];
+    __shared__ __align__(16) float ws_[RES ? 1 : NC][RES ? 4 : MNISTCU__HEAD_LDW];
+    __shared__ __align__(16) float xs_[RES ? 1 : MNISTCU__HEAD_ROWS][RES ? 4 : MNISTCU__HEAD_KC];
+    extern __shared__ __align__(16) float mnistcu__head_sm[];
     __shared__ float zs[MNISTCU__HEAD_ROWS][NC], gs[MNISTCU__HEAD_ROWS][NC];
     __shared__ double sl[MNISTCU__THREADS / 32], sc[MNISTCU__THREADS / 32];
     __shared__ int last;
     const int t = (int)threadIdx.x, lane = t & 31, wp = t >> 5, row = wp >> 1, half = wp & 1;
     const int r0 = (int)blockIdx.x * MNISTCU__HEAD_ROWS, r = r0 + row, IN = p.IN, C = CT ? CT : p.C;
-    const int live = r < p.B;
+    const int live = r < p.B, ldr = p.IN + 4; /* RES: the rows' stride */
+    float *wsp = RES ? mnistcu__head_sm : &ws_[0][0], *xsp = RES ? mnistcu__head_sm + (size_t)C * ldr : &xs_[0][0];
     mnistcu__lossp lp = p.lp;
     float acc = 0.0f, wv[NC], xv[MNISTCU__HEAD_ROWS];
     int k0, k, u;
@@ -14909,15 +14922,21 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
     for (k0 = 0; k0 < IN; k0 += MNISTCU__HEAD_KC) { /* the logits: a lane per class */
         /* the last pass's zeros (to a multiple of 4) are added last, as the product kernel's padding */
         const int kn = IN - k0 < MNISTCU__HEAD_KC ? IN - k0 : MNISTCU__HEAD_KC, k4 = (kn + 3) & ~3;
-        __syncthreads(); /* the last pass has read its chunk */
+        /* each pass's chunk in its own place (RES: IN a multiple of 4, so no padding), or in the last one's */
+        const int lw = RES ? ldr : MNISTCU__HEAD_LDW, lx = RES ? ldr : MNISTCU__HEAD_KC, at = RES ? k0 + t : t;
+        if (!RES) __syncthreads(); /* the last pass has read its chunk */
+        if (!RES || t < kn) {
 #pragma unroll
-        for (u = 0; u < NC; ++u) ws[u][t] = wv[u];
+            for (u = 0; u < NC; ++u)
+                if (!RES || u < C) wsp[u * lw + at] = wv[u];
 #pragma unroll
-        for (u = 0; u < MNISTCU__HEAD_ROWS; ++u) xs[u][t] = xv[u];
+            for (u = 0; u < MNISTCU__HEAD_ROWS; ++u) xsp[u * lx + at] = xv[u];
+        }
         __syncthreads();
         if (k0 + MNISTCU__HEAD_KC < IN) mnistcu__head_get<NC>(p, k0 + MNISTCU__HEAD_KC, r0, wv, xv); /* in flight */
         if (half == 0 && lane < C && live) {
-            const float4 *xq = (const float4 *)xs[row], *wq = (const float4 *)ws[lane];
+            const float4 *xq = (const float4 *)(xsp + row * lx + (RES ? k0 : 0));
+            const float4 *wq = (const float4 *)(wsp + lane * lw + (RES ? k0 : 0));
 #pragma unroll 8
             for (k = 0; k < k4 / 4; ++k) { /* 16-byte shared loads: a broadcast, and 8 rows a quarter warp */
                 float4 a = xq[k], b = wq[k];
@@ -14948,9 +14967,11 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
             for (u = 0; u < 4; ++u) { /* every load of the pass at once */
                 k = k0 + 64 * u;
                 a[u] = 0.0f;
-                y[u] = p.act != MNISTCU_ACT_IDENTITY && k < IN ? p.x[(size_t)r * IN + k] : 0.0f;
+                y[u] = p.act == MNISTCU_ACT_IDENTITY || k >= IN ? 0.0f
+                       : RES ? xsp[(size_t)row * ldr + k] : p.x[(size_t)r * IN + k];
 #pragma unroll
-                for (c = 0; c < NC; ++c) w[u][c] = c < C && k < IN ? __ldg(p.w + (size_t)c * IN + k) : 0.0f;
+                for (c = 0; c < NC; ++c)
+                    w[u][c] = c >= C || k >= IN ? 0.0f : RES ? wsp[(size_t)c * ldr + k] : __ldg(p.w + (size_t)c * IN + k);
             }
 #pragma unroll
             for (c = 0; c < NC; ++c)
@@ -14983,11 +15004,12 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
         mnistcu__stats_block(p.loss, p.pred, p.labels, p.B, sl, sc, lo, co);
         if (p.db) { /* the bias gradient: each class's sum over the rows in order from 0, as mnistcu__k_bias_grad;
                        the rows staged MNISTCU__HEAD_DB_ROWS at a time in the weights' place */
-            float *tile = &ws[0][0], sum = 0.0f;
+            float *tile = wsp, sum = 0.0f; /* RES: the rows of weights and inputs, (C + 4) x ldr floats */
             const volatile float *g = p.g;
+            const int dbr = RES ? (C + MNISTCU__HEAD_ROWS) * ldr / C : MNISTCU__HEAD_DB_ROWS;
             int r1, n, e;
-            for (r1 = 0; r1 < p.B; r1 += MNISTCU__HEAD_DB_ROWS) {
-                n = p.B - r1 < MNISTCU__HEAD_DB_ROWS ? p.B - r1 : MNISTCU__HEAD_DB_ROWS;
+            for (r1 = 0; r1 < p.B; r1 += dbr) {
+                n = p.B - r1 < dbr ? p.B - r1 : dbr;
                 __syncthreads();
                 for (e = t; e < n * C; e += MNISTCU__THREADS) tile[e] = g[(size_t)r1 * C + e];
                 __syncthreads();
@@ -14998,6 +15020,17 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
         }
         if (t == 0) *p.ticket = 0;
     }
+}
+
+/* The head's weights and rows of inputs kept in shared memory (mnistcu__k_head's RES): the bytes, or 0 where
+   they do not fit in MNISTCU__HEAD_RES_SMEM or the inputs are not a multiple of 4 (each chain's 16-byte
+   reads would pass the row's end). */
+#define MNISTCU__HEAD_RES_SMEM ((size_t)96 * 1024)
+static size_t mnistcu__head_res(const mnistcu__cuda *cu, const mnistcu__headp *p)
+{
+    const size_t need = ((size_t)p->C + MNISTCU__HEAD_ROWS) * ((size_t)p->IN + 4) * sizeof(float);
+    if (cu->head_res_off || p->IN % 4 || need > MNISTCU__HEAD_RES_SMEM || need > cu->smem_optin) return 0;
+    return need;
 }
 
 /* The ranges of the parameter arena the optimizer's pass steps, in order:
@@ -16334,13 +16367,24 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     p.IN = H->c;
     p.C = H->oc;
     p.act = fold ? (int)P->act : (int)MNISTCU_ACT_IDENTITY;
-    if (p.C == 10) /* MNIST's classes: the loops over them exact */
-        mnistcu__launch(mnistcu__k_head<10>, (unsigned)((B + MNISTCU__HEAD_ROWS - 1) / MNISTCU__HEAD_ROWS), MNISTCU__THREADS, 0,
-                              mnistcu__cu(m->ctx)->stream, p);
-    else
-        mnistcu__launch(mnistcu__k_head<0>, (unsigned)((B + MNISTCU__HEAD_ROWS - 1) / MNISTCU__HEAD_ROWS), MNISTCU__THREADS, 0,
-                             mnistcu__cu(m->ctx)->stream, p);
-    MNISTCU__LAUNCHED(m->ctx, "head");
+    {
+        mnistcu__cuda *cu = mnistcu__cu(m->ctx);
+        const unsigned grid = (unsigned)((B + MNISTCU__HEAD_ROWS - 1) / MNISTCU__HEAD_ROWS);
+        const size_t res = mnistcu__head_res(cu, &p);
+        /* MNIST's classes: the loops over them exact */
+        void (*k)(mnistcu__headp) = p.C == 10 ? (res ? mnistcu__k_head<10, 1> : mnistcu__k_head<10, 0>)
+                                              : (res ? mnistcu__k_head<0, 1> : mnistcu__k_head<0, 0>);
+        const unsigned bit = p.C == 10 ? 1u : 2u;
+        if (res && !(cu->head_smem & bit)) { /* above the 48 KB every GPU gives */
+            cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)MNISTCU__HEAD_RES_SMEM);
+            if (e != cudaSuccess) return mnistcu__cuda_check(m->ctx, e, "the head's shared memory");
+            cu->head_smem |= bit;
+        }
+        mnistcu__launch(k, grid, MNISTCU__THREADS, res, cu->stream, p);
+        MNISTCU__LAUNCHED(m->ctx, "head");
+        cu->head_res += res != 0;
+    }
     H->db_done = !db_later; /* its weight gradient only, or with the bias gradient */
     /* with layers before it to train, the head layer's weight gradient (and its optimizer step, where the
        product takes it) is a branch beside their passes (>>cuda_side), joined at the end of the step's

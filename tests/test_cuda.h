@@ -2893,6 +2893,7 @@ typedef struct tc_graph_run {
     uint64_t conv_pool;       /* backward passes in which a first convolution routed its max pool's gradient */
     uint64_t side_forks;      /* branches launched on the second stream (graph captures count once) */
     size_t wg_epi;            /* Hopper's TF32X3 products with act' or the optimizer's step in them (likewise) */
+    size_t head_res;          /* head kernels with the weights and rows all in shared memory (likewise) */
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
     mnistcu_train_result res;
     tc_curve curve;
@@ -2903,6 +2904,7 @@ static int tc_side_off;   /* the runs below without a second stream (>>cuda_side
 static int tc_want_state; /* tc_graph_train also copies the optimizer state (ns floats after the buffers) */
 static int tc_wg_epi_off; /* the runs below with mnistcu__k_gemm_wg's epilogues left to the plain path */
 static int tc_sms;        /* the runs below as if the GPU had this many multiprocessors (0: as it has) */
+static int tc_head_res_off; /* the runs below with the head staging its weights and rows in passes */
 static mnistcu_precision tc_graph_prec = MNISTCU_PRECISION_DEFAULT; /* the runs' desc.precision */
 
 static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_graph_run *out)
@@ -2919,6 +2921,7 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
     if (!ctx) return 0;
     mnistcu__cu(ctx)->side_off = tc_side_off;
     mnistcu__cu(ctx)->wg_epi_off = tc_wg_epi_off;
+    mnistcu__cu(ctx)->head_res_off = tc_head_res_off;
     if (tc_sms) mnistcu__cu(ctx)->sms = tc_sms;
     ds = c->u8 ? tc_u8_dataset(ctx, c->n, c->F ? (int)c->F : 784, c->classes ? c->classes : 10, 11)
                : tc_synthetic(ctx, c->n, c->F ? c->F : 784, c->classes ? c->classes : 10, 11);
@@ -2971,6 +2974,7 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
         out->conv_pool = m->conv_pool_steps;
         out->side_forks = mnistcu__cu(ctx)->side_forks;
         out->wg_epi = mnistcu__cu(ctx)->wg_epi;
+        out->head_res = mnistcu__cu(ctx)->head_res;
         for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
     }
     mnistcu_ctx_destroy(ctx);
@@ -3377,6 +3381,19 @@ TEST cuda_head_step_matches_step_by_step(void)
         ASSERTm(c->name, tc_graph_train(c, 0, 1, &b));
         ASSERT_EQm(c->name, a.res.steps, a.res.head_steps); /* the head ran every step of one, */
         ASSERT_EQm(c->name, (size_t)0, b.res.head_steps);  /* none of the other */
+        { /* the head's weights and rows all in shared memory, or staged in passes: the same bits */
+            tc_graph_run l;
+            tc_head_res_off = 1;
+            ASSERTm(c->name, tc_graph_train(c, 0, 0, &l));
+            tc_head_res_off = 0;
+            ASSERT_EQm(c->name, (size_t)0, l.head_res);
+            /* 2100 inputs: (10 + 4) x 2104 floats, over the 96 KB; every other case's fit, its inputs 4 n */
+            ASSERTm(c->name, strstr(c->name, "2100") ? a.head_res == 0 : a.head_res > 0);
+            ASSERT_EQm(c->name, a.np, l.np);
+            ASSERT_ARRAY_EQ_BITS_F(l.p, a.p, 2 * a.np + a.nb);
+            ASSERT_EQm(c->name, 0, memcmp(&a.res.train_loss, &l.res.train_loss, sizeof(double)));
+            free(l.p);
+        }
         /* batch norm took its max pool in both passes of the head steps (replays of a graph count none),
            never step by step; launched without graphs, in every step, with the same bits */
         ASSERT_EQm(c->name, (uint64_t)0, b.bn_pool);
