@@ -4245,7 +4245,7 @@ typedef struct mnistcu__cuda {
     int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32, BF16 or TF32X3 */
     int sms;                   /* multiprocessors */
     unsigned x3_smem;          /* bit 2 ta + tb: mnistcu__k_gemm_x3<ta, tb> was given its shared memory; bit
-                                  4 + 2 ta + tb: mnistcu__k_gemm_wg<ta, tb> */
+                                  4 + 2 ta + tb: mnistcu__k_gemm_wg<ta, tb, 128>; 8 + 2 ta + tb: <.., 64> */
     int wg;                    /* TF32X3 on mnistcu__k_gemm_wg: an sm_90 GPU and a build with its code */
     size_t x3_products;        /* products mnistcu__cuda_gemm_x3 took (the tests read it) */
     size_t wg_products;        /* of them, on mnistcu__k_gemm_wg */
@@ -14209,17 +14209,17 @@ __global__ void __launch_bounds__(128) mnistcu__k_gemm_x3(int M, int N, int K, i
    once. So the threads load a stage (32 k) from global memory into registers
    a stage ahead, split each value into hi + lo as above and write both into
    that layout, transposed where the global matrix is k-minor; then a block of
-   two warp groups (128 x 128 of C) runs the stage as 4 k-steps of al bh + ah
-   bl + ah bh, each warp group on its 64 rows, while the next stage is written
-   into the other buffer. As in mnistcu__k_gemm_x3, a stage's sum starts from
+   two warp groups (128 x BN of C, BN 128, or 64 for products of few tiles over
+   a long K) runs the stage as 4 k-steps of al bh + ah bl + ah bh, each warp
+   group on its 64 rows, while the next stage is written into the other buffer. As in mnistcu__k_gemm_x3, a stage's sum starts from
    zero on the tensor cores and is added to the FP32 total. Measured on P3's
    products on an H200 (bench/gemm_wg.cu, bench/RESULTS.md): 109 us a step's
    five against 130 for mnistcu__k_gemm_x3 and 154 for cuBLAS's FP32, within
    FP32's error. */
-#define MNISTCU__WG_T 128 /* the tile of C: two warp groups of 64 rows, 128 columns */
-#define MNISTCU__WG_OPB (MNISTCU__WG_T * MNISTCU__X3_BK * 4)               /* one part of one operand, bytes */
-#define MNISTCU__WG_SMEM ((size_t)2 * 4 * MNISTCU__WG_OPB + 1024)          /* two stages of A and B, hi and lo;
-                                                                              1024 for the swizzle's alignment */
+#define MNISTCU__WG_T 128 /* the tile of C: two warp groups of 64 rows, 128 (or BN) columns */
+#define MNISTCU__WG_OPB(R) ((R) * MNISTCU__X3_BK * 4) /* one part of an operand's R rows, bytes */
+/* two stages of A and B, hi and lo; 1024 for the swizzle's alignment */
+#define MNISTCU__WG_SMEM(BN) ((size_t)2 * 2 * (MNISTCU__WG_OPB(MNISTCU__WG_T) + MNISTCU__WG_OPB(BN)) + 1024)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MNISTCU__WG 1
 /* a k-major operand's descriptor: 128-byte swizzle, 8-row atoms 1024 bytes apart */
@@ -14250,46 +14250,66 @@ static __device__ __forceinline__ void mnistcu__wgmma(float *d, uint64_t a, uint
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(a), "l"(b), "r"(scale_d));
 }
+/* the same, 64 x 64: d[0..31] */
+static __device__ __forceinline__ void mnistcu__wgmma64(float *d, uint64_t a, uint64_t b, int scale_d)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(scale_d));
+}
+template <int BN> static __device__ __forceinline__ void mnistcu__wgmma_n(float *d, uint64_t a, uint64_t b, int scale_d)
+{
+    if (BN == 64) mnistcu__wgmma64(d, a, b, scale_d);
+    else mnistcu__wgmma(d, a, b, scale_d);
+}
 /* Byte offset of element (r, k) in a swizzled tile of rows of 32 k. */
 static __device__ __forceinline__ uint32_t mnistcu__wg_swz(int r, int k)
 {
     return (uint32_t)(r * 128 + ((((k >> 2) ^ r) & 7) << 4) + (k & 3) * 4);
 }
-/* A thread's part of one operand's stage: 128 rows from r0 (rows past rlim zero) and 32 k from k0 (past
-   kend zero), four 16-byte chunks c = tid + 256 i. KM (X[r][k]): row c / 8, k 4 (c % 8); else (X[k][r])
-   a warp's 32 chunks are 8 k by 4 runs of 4 rows, 64 bytes of a global row each, which keeps the
-   transposed stores to 2-way bank conflicts. */
-template <int KM> static __device__ __forceinline__ void mnistcu__wg_at(int c, int &r, int &k)
+/* A thread's part of one operand's stage: R rows (128 or 64) from r0 (rows past rlim zero) and 32 k from
+   k0 (past kend zero), R / 32 16-byte chunks c = tid + 256 i. KM (X[r][k]): row c / 8, k 4 (c % 8); else
+   (X[k][r]) a warp's 32 chunks are 8 k by 4 runs of 4 rows, 64 bytes of a global row each, which keeps
+   the transposed stores to 2-way bank conflicts. */
+template <int KM, int R> static __device__ __forceinline__ void mnistcu__wg_at(int c, int &r, int &k)
 {
     if (KM) {
         r = c >> 3;
         k = (c & 7) * 4;
     } else {
-        r = (((c >> 5) % 8) * 4 + (c & 3)) * 4;
-        k = ((c >> 5) / 8) * 8 + ((c & 31) >> 2);
+        r = (((c >> 5) % (R / 16)) * 4 + (c & 3)) * 4;
+        k = ((c >> 5) / (R / 16)) * 8 + ((c & 31) >> 2);
     }
 }
-template <int KM>
+template <int KM, int R>
 static __device__ __forceinline__ void mnistcu__wg_load(float4 *v, const float *X, int ld, int r0, int rlim, int k0,
                                                         int kend)
 {
     int i, r, k;
 #pragma unroll
-    for (i = 0; i < 4; ++i) {
-        mnistcu__wg_at<KM>((int)threadIdx.x + 256 * i, r, k);
+    for (i = 0; i < R / 32; ++i) {
+        mnistcu__wg_at<KM, R>((int)threadIdx.x + 256 * i, r, k);
         v[i] = r0 + r < rlim && k0 + k < kend
                    ? __ldg((const float4 *)(X + (KM ? (size_t)(r0 + r) * ld + k0 + k : (size_t)(k0 + k) * ld + r0 + r)))
                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
-template <int KM> static __device__ __forceinline__ void mnistcu__wg_store(const float4 *v, char *hi, char *lo)
+template <int KM, int R> static __device__ __forceinline__ void mnistcu__wg_store(const float4 *v, char *hi, char *lo)
 {
     int i, j, r, k;
 #pragma unroll
-    for (i = 0; i < 4; ++i) {
+    for (i = 0; i < R / 32; ++i) {
         const float e[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
         uint32_t h[4], l[4];
-        mnistcu__wg_at<KM>((int)threadIdx.x + 256 * i, r, k);
+        mnistcu__wg_at<KM, R>((int)threadIdx.x + 256 * i, r, k);
 #pragma unroll
         for (j = 0; j < 4; ++j) mnistcu__tf32_split(e[j], h[j], l[j]);
         if (KM) {
@@ -14316,7 +14336,7 @@ template <int KM> static __device__ __forceinline__ void mnistcu__wg_store(const
    products 16-24 us slower under ncu: a 128 x 128 tile's parts are a long serial tail for one block; the
    S blocks of a tile as a cluster adding their parts through distributed shared memory made P3 22.4-22.6
    ms an epoch against 16.8-17.0 with a second kernel for the sum; bench/RESULTS.md.) */
-template <int TA, int TB>
+template <int TA, int TB, int BN>
 __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int Ks, int fuse)
 {
     MNISTCU__PDL_WAIT();
@@ -14325,55 +14345,55 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int 
     const int M = p.M, N = p.N, K = p.K, lda = p.lda, ldb = p.ldb;
     const float *__restrict__ A = p.A;
     const float *__restrict__ B = p.B;
-    /* a stage: A hi, A lo, B hi, B lo, each 128 rows of 128 bytes */
+    /* a stage: A hi, A lo (each 128 rows of 128 bytes), B hi, B lo (each BN rows) */
+    enum { OA = MNISTCU__WG_OPB(MNISTCU__WG_T), OB = MNISTCU__WG_OPB(BN), ST = 2 * (OA + OB), NA = BN / 2 };
     char *sm = (char *)(((uintptr_t)mnistcu__wg_sm + 1023) & ~(uintptr_t)1023);
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
     const int wg = (int)threadIdx.x / 128, lane = (int)threadIdx.x % 32, w = ((int)threadIdx.x / 32) % 4;
-    const int m0 = (int)blockIdx.y * MNISTCU__WG_T, n0 = (int)blockIdx.x * MNISTCU__WG_T;
+    const int m0 = (int)blockIdx.y * MNISTCU__WG_T, n0 = (int)blockIdx.x * BN;
     const int kbeg = (int)blockIdx.z * Ks, kend = min(K, kbeg + Ks);
     const int nk = (kend - kbeg + MNISTCU__X3_BK - 1) / MNISTCU__X3_BK;
-    float4 va[4], vb[4];
-    float acc[64], tot[64];
+    float4 va[4], vb[BN / 32];
+    float acc[NA], tot[NA];
     int j, kt, kk;
-    for (j = 0; j < 64; ++j) acc[j] = tot[j] = 0.0f;
+    for (j = 0; j < NA; ++j) acc[j] = tot[j] = 0.0f;
     if (nk > 0) {
-        mnistcu__wg_load<!TA>(va, A, lda, m0, M, kbeg, kend);
-        mnistcu__wg_load<TB>(vb, B, ldb, n0, N, kbeg, kend);
-        mnistcu__wg_store<!TA>(va, sm, sm + MNISTCU__WG_OPB);
-        mnistcu__wg_store<TB>(vb, sm + 2 * MNISTCU__WG_OPB, sm + 3 * MNISTCU__WG_OPB);
+        mnistcu__wg_load<!TA, MNISTCU__WG_T>(va, A, lda, m0, M, kbeg, kend);
+        mnistcu__wg_load<TB, BN>(vb, B, ldb, n0, N, kbeg, kend);
+        mnistcu__wg_store<!TA, MNISTCU__WG_T>(va, sm, sm + OA);
+        mnistcu__wg_store<TB, BN>(vb, sm + 2 * OA, sm + 2 * OA + OB);
         if (nk > 1) {
-            mnistcu__wg_load<!TA>(va, A, lda, m0, M, kbeg + MNISTCU__X3_BK, kend);
-            mnistcu__wg_load<TB>(vb, B, ldb, n0, N, kbeg + MNISTCU__X3_BK, kend);
+            mnistcu__wg_load<!TA, MNISTCU__WG_T>(va, A, lda, m0, M, kbeg + MNISTCU__X3_BK, kend);
+            mnistcu__wg_load<TB, BN>(vb, B, ldb, n0, N, kbeg + MNISTCU__X3_BK, kend);
         }
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the stores, seen by wgmma's reads */
     __syncthreads();
     for (kt = 0; kt < nk; ++kt) {
-        const uint32_t s = sbase + (uint32_t)((kt & 1) * 4 * MNISTCU__WG_OPB) + (uint32_t)(wg * 64 * 128);
-        const uint64_t ah = mnistcu__wg_desc(s), al = mnistcu__wg_desc(s + MNISTCU__WG_OPB);
-        const uint64_t bh = mnistcu__wg_desc(s - wg * 64 * 128 + 2 * MNISTCU__WG_OPB);
-        const uint64_t bl = mnistcu__wg_desc(s - wg * 64 * 128 + 3 * MNISTCU__WG_OPB);
+        const uint32_t s = sbase + (uint32_t)((kt & 1) * ST);
+        const uint64_t ah = mnistcu__wg_desc(s + wg * 64 * 128), al = mnistcu__wg_desc(s + wg * 64 * 128 + OA);
+        const uint64_t bh = mnistcu__wg_desc(s + 2 * OA), bl = mnistcu__wg_desc(s + 2 * OA + OB);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (kk = 0; kk < MNISTCU__X3_BK / 8; ++kk) { /* 32 bytes a k-step, 2 in the descriptor's units */
-            mnistcu__wgmma(acc, al + 2 * kk, bh + 2 * kk, kk > 0); /* the stage's sum from zero */
-            mnistcu__wgmma(acc, ah + 2 * kk, bl + 2 * kk, 1);
-            mnistcu__wgmma(acc, ah + 2 * kk, bh + 2 * kk, 1);
+            mnistcu__wgmma_n<BN>(acc, al + 2 * kk, bh + 2 * kk, kk > 0); /* the stage's sum from zero */
+            mnistcu__wgmma_n<BN>(acc, ah + 2 * kk, bl + 2 * kk, 1);
+            mnistcu__wgmma_n<BN>(acc, ah + 2 * kk, bh + 2 * kk, 1);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         if (kt + 1 < nk) { /* stage kt - 1's products are done: its buffer takes stage kt + 1 */
-            char *nb = sm + ((kt + 1) & 1) * 4 * MNISTCU__WG_OPB;
-            mnistcu__wg_store<!TA>(va, nb, nb + MNISTCU__WG_OPB);
-            mnistcu__wg_store<TB>(vb, nb + 2 * MNISTCU__WG_OPB, nb + 3 * MNISTCU__WG_OPB);
+            char *nb = sm + ((kt + 1) & 1) * ST;
+            mnistcu__wg_store<!TA, MNISTCU__WG_T>(va, nb, nb + OA);
+            mnistcu__wg_store<TB, BN>(vb, nb + 2 * OA, nb + 2 * OA + OB);
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         }
         if (kt + 2 < nk) {
-            mnistcu__wg_load<!TA>(va, A, lda, m0, M, kbeg + (kt + 2) * MNISTCU__X3_BK, kend);
-            mnistcu__wg_load<TB>(vb, B, ldb, n0, N, kbeg + (kt + 2) * MNISTCU__X3_BK, kend);
+            mnistcu__wg_load<!TA, MNISTCU__WG_T>(va, A, lda, m0, M, kbeg + (kt + 2) * MNISTCU__X3_BK, kend);
+            mnistcu__wg_load<TB, BN>(vb, B, ldb, n0, N, kbeg + (kt + 2) * MNISTCU__X3_BK, kend);
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-        for (j = 0; j < 64; ++j) { /* rounded to nearest; the empty asm keeps the read after the wait */
+        for (j = 0; j < NA; ++j) { /* rounded to nearest; the empty asm keeps the read after the wait */
             asm volatile("" : "+f"(acc[j])::"memory");
             tot[j] += acc[j];
         }
@@ -14383,7 +14403,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int 
         const int r = m0 + wg * 64 + w * 16 + lane / 4;
         float *out = p.part + (size_t)blockIdx.z * (size_t)M * (size_t)N;
 #pragma unroll
-        for (j = 0; j < 16; ++j) {
+        for (j = 0; j < BN / 8; ++j) {
             const int c = n0 + 8 * j + 2 * (lane % 4);
             if (c < N) {
                 if (r < M) *(float2 *)(out + (size_t)r * N + c) = make_float2(tot[4 * j], tot[4 * j + 1]);
@@ -14394,7 +14414,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int 
         const mnistcu__opt o = fuse == 4 && p.dyn ? p.dyn->opt : p.opt; /* a replayed step's scalars */
         const int ldc = p.ldc;
 #pragma unroll
-        for (j = 0; j < 32; ++j) {
+        for (j = 0; j < BN / 4; ++j) {
             const int r = m0 + wg * 64 + w * 16 + lane / 4 + 8 * (j % 2), c = n0 + 8 * (j / 2) + 2 * (lane % 4);
             float2 v = make_float2(tot[2 * j], tot[2 * j + 1]);
             if (r >= M || c >= N) continue; /* N: 4 n, so c + 1 < N too */
@@ -14411,7 +14431,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int 
             const int read_v = o.has_momentum && !o.first;
             int h, i;
 #pragma unroll
-            for (h = 0; h < 32; h += 8) {
+            for (h = 0; h < BN / 4; h += 8) {
                 float pw[8][2], pv[8][2];
 #pragma unroll
                 for (i = 0; i < 8; ++i) {
@@ -15994,9 +16014,9 @@ static size_t mnistcu__x3_split(size_t M, size_t N, size_t K, int sms)
    more, at most 16. Measured on an H200 (bench/gemm_wg.cu): P3's
    512x1024 products (32 tiles) best in 4 slices, its 1024x1024 and 1024x784 weight gradients (64 and 56
    tiles) in 2, the Fashion CNN's 128x7744x576 (61) in 2. */
-static size_t mnistcu__wg_tiles(size_t M, size_t N)
+static size_t mnistcu__wg_tiles(size_t M, size_t N, size_t bn)
 {
-    return ((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T) * ((N + MNISTCU__WG_T - 1) / MNISTCU__WG_T);
+    return ((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T) * ((N + bn - 1) / bn);
 }
 static size_t mnistcu__wg_split(size_t tiles, size_t K, int sms)
 {
@@ -16005,13 +16025,20 @@ static size_t mnistcu__wg_split(size_t tiles, size_t K, int sms)
     return S ? S : 1;
 }
 
-/* Whether mnistcu__k_gemm_wg takes a TF32X3 product (mnistcu__x3_ok said yes): 16 or more tiles of 128 x
-   128 and K of 256 or more, on an sm_90 GPU in a build with its code; with fewer tiles its slices of K
-   would be many and short, and mnistcu__k_gemm_x3's 64 x 64 tiles did better (128x576x7744: 45 us against
-   92; 576x7744x128: 28.4 against 31.9, bench/gemm_wg.cu). */
+/* Whether mnistcu__k_gemm_wg takes a TF32X3 product (mnistcu__x3_ok said yes), on an sm_90 GPU in a build
+   with its code: its tile's columns, 128 for 16 or more tiles of 128 x 128 with K of 256 or more; 64 for
+   fewer tiles over K of 2048 or more (a convolution's weight gradient over the batch's positions); else
+   0: mnistcu__k_gemm_x3's 64 x 64 tiles, which did better there in 128 x 128 tiles (bench/gemm_wg.cu on
+   an H200: 128x576x7744 45.4 us against 92; 576x7744x128 28.4 against 31.9). The Fashion CNN's second
+   convolution's weight gradient (128x576x7744) in 128 x 64 tiles in 8 slices: 72 blocks, 48.8 + 4.5 us
+   with the sum under ncu against 40.9 + 5.9 for mma.sync's 108 blocks, but beside the input gradient's
+   product on the other stream (>>cuda_side) it leaves that product more of the GPU: the epoch 196.3 ->
+   191.2-191.4 ms (bench/RESULTS.md). */
 static int mnistcu__wg_takes(const mnistcu__cuda *cu, size_t M, size_t N, size_t K)
 {
-    return cu->wg && mnistcu__wg_tiles(M, N) >= MNISTCU__TC_MIN_TILES && K >= 256;
+    if (!cu->wg) return 0;
+    if (mnistcu__wg_tiles(M, N, 128) >= MNISTCU__TC_MIN_TILES) return K >= 256 ? 128 : 0;
+    return K >= 2048 ? 64 : 0;
 }
 
 /* C = epilogue(op(A) op(B)) on mnistcu__k_gemm_wg (which = 2 ta + tb), the epilogue as mnistcu__k_gemm_wide's:
@@ -16023,17 +16050,25 @@ static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t 
                                             const float *bias, int act, const float *y, const mnistcu__wupd *upd)
 {
     mnistcu__cuda *cu = mnistcu__cu(ctx);
-    const size_t tiles = mnistcu__wg_tiles(M, N);
-    const size_t S0 = mnistcu__wg_split(tiles, K, cu->sms);
+    const int bn = mnistcu__wg_takes(cu, M, N, K) == 64 ? 64 : 128;
+    const size_t tiles = mnistcu__wg_tiles(M, N, (size_t)bn);
+    /* 128 x 64 tiles: 8 slices at most, as measured (bench/gemm_wg.cu) */
+    const size_t S0 = MNISTCU__MIN(mnistcu__wg_split(tiles, K, cu->sms), (size_t)(bn == 64 ? 8 : 16));
     const size_t Ks = ((K + S0 - 1) / S0 + MNISTCU__X3_BK - 1) / MNISTCU__X3_BK * MNISTCU__X3_BK;
     const size_t S = (K + Ks - 1) / Ks; /* K is 256 or more */
     const int fuse = upd ? 4 : y ? 2 : bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY) ? 1 : 0;
-    const unsigned bit = 1u << (which + 4);
-    const dim3 grid((unsigned)((N + MNISTCU__WG_T - 1) / MNISTCU__WG_T),
-                    (unsigned)((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T), (unsigned)S);
+    const unsigned bit = 1u << (which + (bn == 64 ? 8 : 4));
+    const size_t smem = bn == 64 ? MNISTCU__WG_SMEM(64) : MNISTCU__WG_SMEM(128);
+    const dim3 grid((unsigned)((N + bn - 1) / bn), (unsigned)((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T), (unsigned)S);
     void (*k)(mnistcu__wargs, int, int) =
-        which == 0 ? mnistcu__k_gemm_wg<0, 0> : which == 1 ? mnistcu__k_gemm_wg<0, 1>
-                                              : which == 2 ? mnistcu__k_gemm_wg<1, 0> : mnistcu__k_gemm_wg<1, 1>;
+        bn == 64 ? (which == 0   ? mnistcu__k_gemm_wg<0, 0, 64>
+                    : which == 1 ? mnistcu__k_gemm_wg<0, 1, 64>
+                    : which == 2 ? mnistcu__k_gemm_wg<1, 0, 64>
+                                 : mnistcu__k_gemm_wg<1, 1, 64>)
+                 : (which == 0   ? mnistcu__k_gemm_wg<0, 0, 128>
+                    : which == 1 ? mnistcu__k_gemm_wg<0, 1, 128>
+                    : which == 2 ? mnistcu__k_gemm_wg<1, 0, 128>
+                                 : mnistcu__k_gemm_wg<1, 1, 128>);
     mnistcu__wargs p;
     mnistcu_result r;
     if (upd && which != 2)
@@ -16047,12 +16082,11 @@ static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t 
     }
     if (S > 1 && (r = mnistcu__cuda_partials(ctx, S * M * N, &p.part))) return r;
     if (!(cu->x3_smem & bit)) { /* above the 48 KB every GPU gives */
-        cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)MNISTCU__WG_SMEM);
+        cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "the TF32X3 product's shared memory");
         cu->x3_smem |= bit;
     }
-    mnistcu__launch(k, grid, 256, MNISTCU__WG_SMEM, cu->stream, p, (int)Ks, fuse);
+    mnistcu__launch(k, grid, 256, smem, cu->stream, p, (int)Ks, fuse);
     MNISTCU__LAUNCHED(ctx, "gemm_wg");
     cu->x3_products++;
     cu->wg_products++;

@@ -369,8 +369,9 @@ TEST cuda_gemm_reduced_precision_small(void)
    all in one slice (the bias and activation then in the product's kernel). */
 TEST cuda_gemm_tf32x3_both_kernels(void)
 {
+    /* 128 x 128 tiles; the last two, 128 x 64 (fewer than 16 tiles of 128 x 128 over a long K), with edges */
     static const size_t dims[][3] = {{200, 1024, 300}, {260, 1036, 300}, {256, 1024, 784}, {1024, 512, 256},
-                                     {128, 2048, 1024}};
+                                     {128, 2048, 1024}, {128, 576, 2048}, {196, 300, 2100}};
     mnistcu_ctx *g, *g32;
     int wg, i, ta, tb, sms, one;
     char msg[320];
@@ -392,8 +393,9 @@ TEST cuda_gemm_tf32x3_both_kernels(void)
             mnistcu__cu(g)->wg = wg;
             mnistcu__cu(g)->sms = one ? 16 : sms; /* 16 tiles or more: one slice */
             for (i = 0; i < (int)(sizeof dims / sizeof dims[0]); ++i) {
-                ASSERT(((dims[i][0] + 127) / 128) * ((dims[i][1] + 127) / 128) >= MNISTCU__TC_MIN_TILES);
-                ASSERT(dims[i][2] >= 256);
+                mnistcu__cu(g)->wg = 1;
+                ASSERT_EQ(i < 5 ? 128 : 64, mnistcu__wg_takes(mnistcu__cu(g), dims[i][0], dims[i][1], dims[i][2]));
+                mnistcu__cu(g)->wg = wg;
                 for (ta = 0; ta < 2; ++ta)
                     for (tb = 0; tb < 2; ++tb)
                         if (!tc_gemm_prec_case(g, g32, tc_prec_unit(MNISTCU_PRECISION_TF32X3), ta, tb, dims[i][0],
