@@ -4249,6 +4249,7 @@ typedef struct mnistcu__cuda {
     int wg;                    /* TF32X3 on mnistcu__k_gemm_wg: an sm_90 GPU and a build with its code */
     size_t x3_products;        /* products mnistcu__cuda_gemm_x3 took (the tests read it) */
     size_t wg_products;        /* of them, on mnistcu__k_gemm_wg */
+    size_t wg64_products;      /* of those, in 128 x 64 tiles */
     size_t wg_epi;             /* of those, with act'(y) or the optimizer's step in the epilogue (the tests) */
     unsigned head_smem;        /* bit 1: mnistcu__k_head<10, 1> was given its shared memory; bit 2: <0, 1> */
     size_t head_res;           /* head kernels launched with the weights and rows resident (the tests) */
@@ -4288,6 +4289,7 @@ typedef struct mnistcu__cuda {
     int side_broken;           /* it could not be made: no branches */
     int side_off;              /* 1: no branches (the tests compare steps with and without) */
     uint64_t side_forks;       /* branches launched so far (the tests) */
+    uint64_t side_head_forks;  /* of them, the head layer's weight gradient's (the tests) */
     int side_in;               /* 1 between a fork and its unfork: no branch inside a branch */
 } mnistcu__cuda;
 
@@ -14265,10 +14267,15 @@ static __device__ __forceinline__ void mnistcu__wgmma64(float *d, uint64_t a, ui
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(a), "l"(b), "r"(scale_d));
 }
+template <int BN> struct mnistcu__wgmma_t { /* BN 128 */
+    static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b, int s) { mnistcu__wgmma(d, a, b, s); }
+};
+template <> struct mnistcu__wgmma_t<64> {
+    static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b, int s) { mnistcu__wgmma64(d, a, b, s); }
+};
 template <int BN> static __device__ __forceinline__ void mnistcu__wgmma_n(float *d, uint64_t a, uint64_t b, int scale_d)
 {
-    if (BN == 64) mnistcu__wgmma64(d, a, b, scale_d);
-    else mnistcu__wgmma(d, a, b, scale_d);
+    mnistcu__wgmma_t<BN>::run(d, a, b, scale_d);
 }
 /* Byte offset of element (r, k) in a swizzled tile of rows of 32 k. */
 static __device__ __forceinline__ uint32_t mnistcu__wg_swz(int r, int k)
@@ -15046,10 +15053,16 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
    they do not fit in MNISTCU__HEAD_RES_SMEM or the inputs are not a multiple of 4 (each chain's 16-byte
    reads would pass the row's end). */
 #define MNISTCU__HEAD_RES_SMEM ((size_t)96 * 1024)
+/* what the head may ask for here: 96 KB, or less where a block's limit (less the kernel's static 1-2 KB)
+   is lower (64 KB on sm_75) */
+static size_t mnistcu__head_res_max(const mnistcu__cuda *cu)
+{
+    return cu->smem_optin > 4096 ? MNISTCU__MIN(MNISTCU__HEAD_RES_SMEM, cu->smem_optin - 4096) : 0;
+}
 static size_t mnistcu__head_res(const mnistcu__cuda *cu, const mnistcu__headp *p)
 {
     const size_t need = ((size_t)p->C + MNISTCU__HEAD_ROWS) * ((size_t)p->IN + 4) * sizeof(float);
-    if (cu->head_res_off || p->IN % 4 || need > MNISTCU__HEAD_RES_SMEM || need > cu->smem_optin) return 0;
+    if (cu->head_res_off || p->IN % 4 || need > mnistcu__head_res_max(cu)) return 0;
     return need;
 }
 
@@ -16091,8 +16104,10 @@ static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t 
     cu->x3_products++;
     cu->wg_products++;
     cu->wg_epi += fuse >= 2;
+    cu->wg64_products += bn == 64;
     if (S > 1 && fuse == 4) { /* the parts added in order, and the weights' step */
-        const int vec = ((uintptr_t)p.w & 15) == 0 && ((uintptr_t)p.s & 15) == 0; /* s: NULL, or w's layout */
+        const int vec = ((uintptr_t)p.w & 15) == 0 && ((uintptr_t)p.s & 15) == 0 && /* s: NULL, or w's layout */
+                        ((uintptr_t)p.part & 15) == 0; /* C 16-byte aligned, N and ldc 4 n: mnistcu__x3_ok */
         const size_t n = M * N / (vec ? 4 : 1);
         mnistcu__launch(mnistcu__k_splitk_step, mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream, p.part, (int)S,
                         (int)M, (int)N, C, (int)ldc, p.w, p.s, p.opt, p.dyn, vec);
@@ -16411,7 +16426,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
         const unsigned bit = p.C == 10 ? 1u : 2u;
         if (res && !(cu->head_smem & bit)) { /* above the 48 KB every GPU gives */
             cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)MNISTCU__HEAD_RES_SMEM);
+                                                 (int)mnistcu__head_res_max(cu));
             if (e != cudaSuccess) return mnistcu__cuda_check(m->ctx, e, "the head's shared memory");
             cu->head_smem |= bit;
         }
@@ -16427,6 +16442,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
        P3 16.59-16.71 -> 16.25-16.26 ms an epoch, the Fashion CNN 202.4 -> 195.4-196.1 */
     side = H->need_dx && mnistcu__cuda_side_ready(m->ctx);
     if (side && (r = mnistcu__cuda_fork(m->ctx))) side = 0;
+    if (side) mnistcu__cu(m->ctx)->side_head_forks++;
     if (!r) r = mnistcu__kinds[H->d.kind]->backward[m->backend](m, H, B, m->head_g, NULL);
     if (side) r = mnistcu__cuda_unfork(m->ctx, r);
     H->db_done = 0;

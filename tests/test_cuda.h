@@ -2895,6 +2895,8 @@ typedef struct tc_graph_run {
     uint64_t conv_pool;       /* backward passes in which a first convolution routed its max pool's gradient */
     uint64_t side_forks;      /* branches launched on the second stream (graph captures count once) */
     size_t wg_epi;            /* Hopper's TF32X3 products with act' or the optimizer's step in them (likewise) */
+    size_t wg64;              /* ... of them all, in 128 x 64 tiles (likewise) */
+    uint64_t side_head_forks; /* of side_forks, the head layer's weight gradient's */
     size_t head_res;          /* head kernels with the weights and rows all in shared memory (likewise) */
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
     mnistcu_train_result res;
@@ -2976,6 +2978,8 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
         out->conv_pool = m->conv_pool_steps;
         out->side_forks = mnistcu__cu(ctx)->side_forks;
         out->wg_epi = mnistcu__cu(ctx)->wg_epi;
+        out->wg64 = mnistcu__cu(ctx)->wg64_products;
+        out->side_head_forks = mnistcu__cu(ctx)->side_head_forks;
         out->head_res = mnistcu__cu(ctx)->head_res;
         for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
     }
@@ -3018,7 +3022,7 @@ TEST cuda_dense_bias_branch_equals_in_line_bitwise(void)
                        (unsigned long)a.side_forks, a.res.train_loss, b.res.train_loss);
                 ASSERT_EQm(c.name, a.res.fused_update_steps, b.res.fused_update_steps);
                 ASSERTm(c.name, upd ? a.res.fused_update_steps > 0 : a.res.fused_update_steps == 0);
-                ASSERTm(c.name, a.side_forks > 0);
+                ASSERTm(c.name, a.side_forks > a.side_head_forks && a.side_head_forks > 0); /* the bias's too */
                 ASSERT_EQm(c.name, (uint64_t)0, b.side_forks);
                 ASSERTm(c.name, no_graph ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
                 ASSERT_EQm(c.name, a.np, b.np);
@@ -3041,8 +3045,17 @@ TEST cuda_dense_bias_branch_equals_in_line_bitwise(void)
    the kernel declines). */
 TEST cuda_wg_epilogue_equals_passes_bitwise(void)
 {
+    /* P3's shape (128 x 128 tiles); 128 x 64 tiles with act' (256 -> 2048's input gradient, K 2048) and
+       with the step (the weight gradients over a batch of 2048) */
+    static const struct {
+        const char *spec;
+        size_t F, n, B;
+        int bn64;
+    } cases[] = {{"784 dense1024 relu dense1024 relu dense10", 784, 1100, 512, 0},
+                 {"256 dense256 relu dense2048 relu dense10", 256, 1100, 512, 1},
+                 {"256 dense256 relu dense256 relu dense10", 256, 4200, 2048, 1}};
     tc_graph_case c;
-    int path, no_graph, one;
+    int path, no_graph, one, i;
     mnistcu_ctx *g;
     if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32X3 resolves to FP32");
     g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32X3);
@@ -3050,46 +3063,55 @@ TEST cuda_wg_epilogue_equals_passes_bitwise(void)
     one = mnistcu__cu(g)->wg;
     mnistcu_ctx_destroy(g);
     if (!one) SKIPm("TF32X3's warp-group kernel needs an sm_90 GPU and a build for sm_90a");
-    memset(&c, 0, sizeof c);
-    c.spec = "784 dense1024 relu dense1024 relu dense10";
-    c.n = 1100; c.B = 512; c.epochs = 2; c.progress_every = 1;
-    c.optim.learning_rate = 0.05f; c.optim.momentum = 0.9f;
     tc_graph_prec = MNISTCU_PRECISION_TF32X3;
     tc_want_state = 1;
-    for (one = 0; one < 2; ++one)
-        for (path = 0; path < 2; ++path) {
+    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); ++i)
+        for (one = 0; one < 2; ++one)
+            for (path = 0; path < 2; ++path) {
 #ifndef MNISTCU_CUBLAS
-            if (path) break;
+                if (path) break;
 #endif
-            c.gemm = path ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
-            c.name = path ? "cuBLAS" : "own products";
-            for (no_graph = 0; no_graph < 2; ++no_graph) {
-                tc_graph_run a, b;
-                tc_sms = one ? 16 : 0;
-                tc_wg_epi_off = 0;
-                ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &a));
-                tc_wg_epi_off = 1;
-                ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &b));
-                tc_wg_epi_off = 0;
-                tc_sms = 0;
-                printf("    %s, %s%s: %lu products with the epilogue, %lu of %lu steps fused, loss %.9g / %.9g\n",
-                       c.name, no_graph ? "launched" : "graphs", one ? ", one slice" : "", (unsigned long)a.wg_epi,
-                       (unsigned long)a.res.fused_update_steps, (unsigned long)a.res.steps, a.res.train_loss,
-                       b.res.train_loss);
-                ASSERTm(c.name, a.wg_epi > 0);
-                ASSERT_EQm(c.name, (size_t)0, b.wg_epi);
-                ASSERT_EQm(c.name, a.res.steps - 2, a.res.fused_update_steps); /* all but each size's first */
-                ASSERTm(c.name, no_graph ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
-                ASSERT_EQm(c.name, a.np, b.np);
-                ASSERT_EQm(c.name, a.ns, b.ns);
-                ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb + a.ns);
-                ASSERT_EQm(c.name, 0, memcmp(&a.res.train_loss, &b.res.train_loss, sizeof(double)));
-                ASSERT_EQm(c.name, a.curve.n, b.curve.n);
-                ASSERT_EQm(c.name, 0, memcmp(a.curve.loss, b.curve.loss, (size_t)a.curve.n * sizeof(double)));
-                free(a.p);
-                free(b.p);
+                memset(&c, 0, sizeof c);
+                c.spec = cases[i].spec;
+                c.F = cases[i].F; c.n = cases[i].n; c.B = cases[i].B; c.epochs = 2; c.progress_every = 1;
+                c.optim.learning_rate = 0.05f; c.optim.momentum = 0.9f;
+                c.gemm = path ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
+                c.name = path ? "cuBLAS" : "own products";
+                for (no_graph = 0; no_graph < 2; ++no_graph) {
+                    tc_graph_run a, b, d;
+                    tc_sms = one ? 16 : 0;
+                    tc_wg_epi_off = 0;
+                    ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &a));
+                    tc_side_off = 1; /* the bias gradients in line beside the fused steps: the same bits */
+                    ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &d));
+                    tc_side_off = 0;
+                    tc_wg_epi_off = 1;
+                    ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &b));
+                    tc_wg_epi_off = 0;
+                    tc_sms = 0;
+                    printf("    %s, %s, %s%s: %lu products with the epilogue (%lu in 128 x 64 tiles), %lu of %lu "
+                           "steps fused, loss %.9g / %.9g\n", c.spec, c.name, no_graph ? "launched" : "graphs",
+                           one ? ", one slice" : "", (unsigned long)a.wg_epi, (unsigned long)a.wg64,
+                           (unsigned long)a.res.fused_update_steps, (unsigned long)a.res.steps, a.res.train_loss,
+                           b.res.train_loss);
+                    ASSERTm(c.name, a.wg_epi > 0);
+                    ASSERTm(c.name, cases[i].bn64 ? a.wg64 > 0 : a.wg64 == 0);
+                    ASSERT_EQm(c.name, (size_t)0, b.wg_epi);
+                    ASSERT_EQm(c.name, a.res.steps - 2, a.res.fused_update_steps); /* all but each size's first */
+                    ASSERTm(c.name, no_graph ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
+                    ASSERT_EQm(c.name, a.np, b.np);
+                    ASSERT_EQm(c.name, a.ns, b.ns);
+                    ASSERT_ARRAY_EQ_BITS_F(a.p, b.p, 2 * a.np + a.nb + a.ns);
+                    ASSERT_ARRAY_EQ_BITS_F(a.p, d.p, 2 * a.np + a.nb + a.ns);
+                    ASSERT_EQm(c.name, 0, memcmp(&a.res.train_loss, &b.res.train_loss, sizeof(double)));
+                    ASSERT_EQm(c.name, 0, memcmp(&a.res.train_loss, &d.res.train_loss, sizeof(double)));
+                    ASSERT_EQm(c.name, a.curve.n, b.curve.n);
+                    ASSERT_EQm(c.name, 0, memcmp(a.curve.loss, b.curve.loss, (size_t)a.curve.n * sizeof(double)));
+                    free(a.p);
+                    free(b.p);
+                    free(d.p);
+                }
             }
-        }
     tc_want_state = 0;
     tc_graph_prec = MNISTCU_PRECISION_DEFAULT;
     PASS();
@@ -3121,7 +3143,7 @@ TEST cuda_conv_branch_equals_in_line_bitwise(void)
             tc_side_off = 0;
             printf("    %s, %s: %lu branches, loss %.9g / %.9g\n", c.name, no_graph ? "launched" : "graphs",
                    (unsigned long)a.side_forks, a.res.train_loss, b.res.train_loss);
-            ASSERTm(c.name, a.side_forks > 0);
+            ASSERTm(c.name, a.side_forks > a.side_head_forks); /* the convolution's too, not only the head's */
             ASSERT_EQm(c.name, (uint64_t)0, b.side_forks);
             ASSERTm(c.name, no_graph ? a.res.graph_steps == 0 : a.res.graph_steps > 0);
             ASSERT_EQm(c.name, a.res.graph_steps, b.res.graph_steps);
