@@ -4245,10 +4245,11 @@ typedef struct mnistcu__cuda {
     int precision;             /* mnistcu_precision of the matrix products, resolved: FP32, TF32, BF16 or TF32X3 */
     int sms;                   /* multiprocessors */
     unsigned x3_smem;          /* bit 2 ta + tb: mnistcu__k_gemm_x3<ta, tb> was given its shared memory; bit
-                                  4 + 2 ta + tb: mnistcu__k_gemm_wg<ta, tb, 128>; 8 + 2 ta + tb: <.., 64> */
-    int wg;                    /* TF32X3 on mnistcu__k_gemm_wg: an sm_90 GPU and a build with its code */
-    size_t x3_products;        /* products mnistcu__cuda_gemm_x3 took (the tests read it) */
-    size_t wg_products;        /* of them, on mnistcu__k_gemm_wg */
+                                  4 + 2 ta + tb: mnistcu__k_gemm_wg<ta, tb, 128, 1>; 8 + 2 ta + tb: <.., 64, 1>;
+                                  12 and 16 + 2 ta + tb: the same, <.., 0> (TF32) */
+    int wg;                    /* TF32X3 and TF32 on mnistcu__k_gemm_wg: an sm_90 GPU and a build with its code */
+    size_t x3_products;        /* TF32X3 products on the tensor cores, either kernel (the tests read it) */
+    size_t wg_products;        /* products on mnistcu__k_gemm_wg, TF32X3's and TF32's */
     size_t wg64_products;      /* of those, in 128 x 64 tiles */
     size_t wg_epi;             /* of those, with act'(y) or the optimizer's step in the epilogue (the tests) */
     unsigned head_smem;        /* bit 1: mnistcu__k_head<10, 1> was given its shared memory; bit 2: <0, 1> */
@@ -5099,7 +5100,8 @@ __global__ void mnistcu__k_act_backward(float *dz, const float *y, size_t n, int
 #define MNISTCU__BG_ROWS 128
 
 __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(float *dz, const float *y, int act, int B, int OUT,
-                                                            float *db)
+                                                            float *db, float *bw, float *bs, const mnistcu__dyn *dyn,
+                                                            mnistcu__opt opt)
 {
     MNISTCU__PDL_WAIT();
     __shared__ float tile[MNISTCU__BG_ROWS][33];
@@ -5145,7 +5147,13 @@ __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(float *dz, const flo
         }
         __syncthreads();
     }
-    if (w == 0 && db && j < OUT) db[j] = s;
+    if (w == 0 && db && j < OUT) {
+        db[j] = s;
+        if (bw) { /* the bias's SGD step (>>cuda_update), as mnistcu__k_optim's */
+            const mnistcu__opt o = dyn ? dyn->opt : opt; /* a replayed step's scalars */
+            mnistcu__opt_sgd(&o, (size_t)j, bw, s, bs);
+        }
+    }
 }
 
 static mnistcu__layer *mnistcu__layer_before(const mnistcu_model *m, int i);
@@ -5193,7 +5201,7 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
                       mnistcu__cuda_gemm_x_takes(ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, db);
     mnistcu__wupd upd, *u = NULL;
     mnistcu_result r;
-    int done = 0, side = 0;
+    int done = 0, side = 0, bstep;
     if (P && (P->d.kind != MNISTCU_LAYER_DENSE || P->act == MNISTCU_ACT_IDENTITY || P->out != L->in)) P = NULL;
     if (m->upd_on && (dw_db || mnistcu__cuda_gemm_x_takes(ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, NULL))) {
         /* the optimizer's step in the weight gradient's product, which then comes after every read of the
@@ -5204,6 +5212,7 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
         upd.dyn = mnistcu__cuda_dyn(m);
         upd.opt = m->upd_opt;
     }
+    bstep = u && db && !dw_db; /* the bias's step in its gradient's kernel */
     if (!dw_db) {
         /* dy *= act'(y), and the bias gradient: one kernel up to a batch of MNISTCU__BG_ROWS (one pass);
            above, where the activation's loads would stall each pass, the elementwise kernel first */
@@ -5215,12 +5224,15 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
             const int bg_act = B <= MNISTCU__BG_ROWS ? act : (int)MNISTCU_ACT_IDENTITY;
             /* a bias gradient that only reads dy: a branch beside the products (>>cuda_side), one chain a
                column that leaves most multiprocessors idle (P3 on an H200: about 5 us of each hidden layer's
-               step); an optimizer's step in the weight gradient's product leaves the bias's to the pass here
-               (the product that steps it sums its gradient itself, dw_db), which comes after the join */
+               step); with the optimizer's step in the weight gradient's product, the bias's is taken here,
+               so that no pass is left for it after the join (the bias is read only by the forward pass) */
             side = bg_act == MNISTCU_ACT_IDENTITY && mnistcu__cuda_side_ready(ctx);
             if (side && (r = mnistcu__cuda_fork(ctx))) return r;
+            mnistcu__opt none;
+            memset(&none, 0, sizeof none);
             mnistcu__launch(mnistcu__k_bias_grad, (unsigned)((out + 31) / 32), 256, 0, mnistcu__cuda_stream(ctx), dy,
-                            L->out, bg_act, (int)B, (int)out, db);
+                            L->out, bg_act, (int)B, (int)out, db, bstep ? upd.bw : NULL, bstep ? upd.bs : NULL,
+                            bstep ? upd.dyn : NULL, bstep ? upd.opt : none);
             r = mnistcu__cuda_launched(ctx, "bias_grad");
             if (side && (r = mnistcu__cuda_unfork(ctx, r))) return r;
             if (r) return r;
@@ -5241,6 +5253,7 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     else if (!r && dx)
         r = mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
     if (!r && u) r = mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, u); /* after the last read of W */
+    if (!r && bstep) L->upd_done = 2; /* the bias stepped by its gradient's kernel */
     if (side) { /* the branch joined on every path, a failed one's too (a capture must not end with it loose) */
         mnistcu_result j = mnistcu__cuda_join(ctx);
         return r ? r : j;
@@ -14212,7 +14225,7 @@ __global__ void __launch_bounds__(128) mnistcu__k_gemm_x3(int M, int N, int K, i
    a stage ahead, split each value into hi + lo as above and write both into
    that layout, transposed where the global matrix is k-minor; then a block of
    two warp groups (128 x BN of C, BN 128, or 64 for products of few tiles over
-   a long K) runs the stage as 4 k-steps of al bh + ah bl + ah bh, each warp
+   a long K) runs the stage as 4 k-steps of al bh + ah bl + ah bh (TF32 alone: ah bh), each warp
    group on its 64 rows, while the next stage is written into the other buffer. As in mnistcu__k_gemm_x3, a stage's sum starts from
    zero on the tensor cores and is added to the FP32 total. Measured on P3's
    products on an H200 (bench/gemm_wg.cu, bench/RESULTS.md): 109 us a step's
@@ -14220,8 +14233,9 @@ __global__ void __launch_bounds__(128) mnistcu__k_gemm_x3(int M, int N, int K, i
    FP32's error. */
 #define MNISTCU__WG_T 128 /* the tile of C: two warp groups of 64 rows, 128 (or BN) columns */
 #define MNISTCU__WG_OPB(R) ((R) * MNISTCU__X3_BK * 4) /* one part of an operand's R rows, bytes */
-/* two stages of A and B, hi and lo; 1024 for the swizzle's alignment */
-#define MNISTCU__WG_SMEM(BN) ((size_t)2 * 2 * (MNISTCU__WG_OPB(MNISTCU__WG_T) + MNISTCU__WG_OPB(BN)) + 1024)
+/* two stages of A and B, hi and lo (TF32: hi alone); 1024 for the swizzle's alignment */
+#define MNISTCU__WG_SMEM(BN, X3) \
+    ((size_t)2 * ((X3) ? 2 : 1) * (MNISTCU__WG_OPB(MNISTCU__WG_T) + MNISTCU__WG_OPB(BN)) + 1024)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MNISTCU__WG 1
 /* a k-major operand's descriptor: 128-byte swizzle, 8-row atoms 1024 bytes apart */
@@ -14309,7 +14323,9 @@ static __device__ __forceinline__ void mnistcu__wg_load(float4 *v, const float *
                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
-template <int KM, int R> static __device__ __forceinline__ void mnistcu__wg_store(const float4 *v, char *hi, char *lo)
+/* ... stored: hi, and with X3 lo (in TF32 alone, hi: v rounded to TF32) */
+template <int KM, int R, int X3>
+static __device__ __forceinline__ void mnistcu__wg_store(const float4 *v, char *hi, char *lo)
 {
     int i, j, r, k;
 #pragma unroll
@@ -14321,12 +14337,12 @@ template <int KM, int R> static __device__ __forceinline__ void mnistcu__wg_stor
         for (j = 0; j < 4; ++j) mnistcu__tf32_split(e[j], h[j], l[j]);
         if (KM) {
             *(uint4 *)(hi + mnistcu__wg_swz(r, k)) = make_uint4(h[0], h[1], h[2], h[3]);
-            *(uint4 *)(lo + mnistcu__wg_swz(r, k)) = make_uint4(l[0], l[1], l[2], l[3]);
+            if (X3) *(uint4 *)(lo + mnistcu__wg_swz(r, k)) = make_uint4(l[0], l[1], l[2], l[3]);
         } else
 #pragma unroll
             for (j = 0; j < 4; ++j) {
                 *(uint32_t *)(hi + mnistcu__wg_swz(r + j, k)) = h[j];
-                *(uint32_t *)(lo + mnistcu__wg_swz(r + j, k)) = l[j];
+                if (X3) *(uint32_t *)(lo + mnistcu__wg_swz(r + j, k)) = l[j];
             }
     }
 }
@@ -14334,16 +14350,56 @@ template <int KM, int R> static __device__ __forceinline__ void mnistcu__wg_stor
 #define MNISTCU__WG 0
 #endif
 
+/* mnistcu__k_gemm_wg's result with K whole, a thread's BN / 4 pairs of outputs (pair j: row r0 + 8 (j % 2),
+   columns c0 + 8 (j / 2) and the next): fuse 1, act(v + bias); 2, act'(y) v; else v. The bias's or y's
+   values are loaded first, all together, then each output made as mnistcu__k_bias_act or
+   mnistcu__k_act_backward makes it, the activation's branch outside the loop where it is a ReLU (one load
+   and one branch an output in turn took 39% of a product's stall samples under ncu where a tile's last
+   slice finished it, bench/RESULTS.md). ACT: the activation, or -1 for p.act. */
+template <int BN, int ACT>
+static __device__ __forceinline__ void mnistcu__wg_out(const mnistcu__wargs &p, const float *tot, int fuse, int r0,
+                                                       int c0)
+{
+    const mnistcu_act act = (mnistcu_act)(ACT >= 0 ? ACT : p.act);
+    const int M = p.M, N = p.N, ldc = p.ldc;
+    float e[BN / 2];
+    int j;
+#pragma unroll
+    for (j = 0; j < BN / 4; ++j) {
+        const int r = r0 + 8 * (j % 2), c = c0 + 8 * (j / 2), ok = r < M && c < N; /* N: 4 n, so c + 1 < N too */
+        e[2 * j] = e[2 * j + 1] = 0.0f;
+        if (fuse == 1 && p.bias && ok) e[2 * j] = p.bias[c], e[2 * j + 1] = p.bias[c + 1];
+        if (fuse == 2 && ok) e[2 * j] = p.y[(size_t)r * ldc + c], e[2 * j + 1] = p.y[(size_t)r * ldc + c + 1];
+    }
+#pragma unroll
+    for (j = 0; j < BN / 4; ++j) {
+        const int r = r0 + 8 * (j % 2), c = c0 + 8 * (j / 2);
+        float2 v = make_float2(tot[2 * j], tot[2 * j + 1]);
+        if (r >= M || c >= N) continue;
+        if (fuse == 1) {
+            v.x = mnistcu__act_f(act, p.bias ? v.x + e[2 * j] : v.x);
+            v.y = mnistcu__act_f(act, p.bias ? v.y + e[2 * j + 1] : v.y);
+        } else if (fuse == 2) {
+            v.x = mnistcu__act_backward_one(act, v.x, e[2 * j]);
+            v.y = mnistcu__act_backward_one(act, v.y, e[2 * j + 1]);
+        }
+        *(float2 *)(p.C + (size_t)r * ldc + c) = v;
+    }
+}
+
 /* p as mnistcu__k_gemm_wide's (y for fuse 2; w, s, dyn, opt for fuse 4; no db or flags). One slice
    (gridDim.z 1): C = the epilogue of the product, fuse as mnistcu__k_gemm_wide's FUSE (1: act(product +
    bias), as mnistcu__k_bias_act; 2: act'(y) * product, as mnistcu__k_act_backward; 4: C = the product,
    a weight gradient, and the optimizer's step of the weights, as mnistcu__k_optim). K in S slices: slice
    z's part into part [z][M][N], which mnistcu__splitk_sum or mnistcu__splitk_step adds with the epilogue.
-   (A tile's last slice to arrive adding the parts itself, as mnistcu__k_gemm_wide does, made each of P3's
-   products 16-24 us slower under ncu: a 128 x 128 tile's parts are a long serial tail for one block; the
-   S blocks of a tile as a cluster adding their parts through distributed shared memory made P3 22.4-22.6
-   ms an epoch against 16.8-17.0 with a second kernel for the sum; bench/RESULTS.md.) */
-template <int TA, int TB, int BN>
+   X3 0: TF32, one part (hi alone in shared memory, one wgmma a k-step, all of the slice's K summed on the
+   tensor cores). (A tile's last slice to arrive adding the parts itself, as mnistcu__k_gemm_wide does,
+   made each of P3's products 16-24 us slower under ncu; again, with each part's loads issued together,
+   P3 16.0-16.3 -> 30.0 ms an epoch, and 22.2 with the epilogue's loads together: under ncu most
+   multiprocessors sat idle for more than half of each product while the tiles' last slices added and
+   finished; the S blocks of a tile as a cluster adding their parts through distributed shared memory
+   made P3 22.4-22.6 ms an epoch against 16.8-17.0 with a second kernel for the sum; bench/RESULTS.md.) */
+template <int TA, int TB, int BN, int X3>
 __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int Ks, int fuse)
 {
     MNISTCU__PDL_WAIT();
@@ -14352,8 +14408,9 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int 
     const int M = p.M, N = p.N, K = p.K, lda = p.lda, ldb = p.ldb;
     const float *__restrict__ A = p.A;
     const float *__restrict__ B = p.B;
-    /* a stage: A hi, A lo (each 128 rows of 128 bytes), B hi, B lo (each BN rows) */
-    enum { OA = MNISTCU__WG_OPB(MNISTCU__WG_T), OB = MNISTCU__WG_OPB(BN), ST = 2 * (OA + OB), NA = BN / 2 };
+    /* a stage: A hi, A lo (each 128 rows of 128 bytes), B hi, B lo (each BN rows); TF32 alone: A, B */
+    enum { OA = MNISTCU__WG_OPB(MNISTCU__WG_T), OB = MNISTCU__WG_OPB(BN), PA = X3 ? 2 : 1, ST = PA * (OA + OB),
+           NA = BN / 2 };
     char *sm = (char *)(((uintptr_t)mnistcu__wg_sm + 1023) & ~(uintptr_t)1023);
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
     const int wg = (int)threadIdx.x / 128, lane = (int)threadIdx.x % 32, w = ((int)threadIdx.x / 32) % 4;
@@ -14367,8 +14424,8 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int 
     if (nk > 0) {
         mnistcu__wg_load<!TA, MNISTCU__WG_T>(va, A, lda, m0, M, kbeg, kend);
         mnistcu__wg_load<TB, BN>(vb, B, ldb, n0, N, kbeg, kend);
-        mnistcu__wg_store<!TA, MNISTCU__WG_T>(va, sm, sm + OA);
-        mnistcu__wg_store<TB, BN>(vb, sm + 2 * OA, sm + 2 * OA + OB);
+        mnistcu__wg_store<!TA, MNISTCU__WG_T, X3>(va, sm, sm + OA);
+        mnistcu__wg_store<TB, BN, X3>(vb, sm + PA * OA, sm + PA * OA + OB);
         if (nk > 1) {
             mnistcu__wg_load<!TA, MNISTCU__WG_T>(va, A, lda, m0, M, kbeg + MNISTCU__X3_BK, kend);
             mnistcu__wg_load<TB, BN>(vb, B, ldb, n0, N, kbeg + MNISTCU__X3_BK, kend);
@@ -14379,19 +14436,22 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int 
     for (kt = 0; kt < nk; ++kt) {
         const uint32_t s = sbase + (uint32_t)((kt & 1) * ST);
         const uint64_t ah = mnistcu__wg_desc(s + wg * 64 * 128), al = mnistcu__wg_desc(s + wg * 64 * 128 + OA);
-        const uint64_t bh = mnistcu__wg_desc(s + 2 * OA), bl = mnistcu__wg_desc(s + 2 * OA + OB);
+        const uint64_t bh = mnistcu__wg_desc(s + PA * OA), bl = mnistcu__wg_desc(s + PA * OA + OB);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (kk = 0; kk < MNISTCU__X3_BK / 8; ++kk) { /* 32 bytes a k-step, 2 in the descriptor's units */
-            mnistcu__wgmma_n<BN>(acc, al + 2 * kk, bh + 2 * kk, kk > 0); /* the stage's sum from zero */
-            mnistcu__wgmma_n<BN>(acc, ah + 2 * kk, bl + 2 * kk, 1);
-            mnistcu__wgmma_n<BN>(acc, ah + 2 * kk, bh + 2 * kk, 1);
+            if (X3) {
+                mnistcu__wgmma_n<BN>(acc, al + 2 * kk, bh + 2 * kk, kk > 0); /* the stage's sum from zero */
+                mnistcu__wgmma_n<BN>(acc, ah + 2 * kk, bl + 2 * kk, 1);
+            }
+            /* TF32 alone: all of the slice's K summed on the tensor cores */
+            mnistcu__wgmma_n<BN>(acc, ah + 2 * kk, bh + 2 * kk, X3 || kk > 0 || kt > 0);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         if (kt + 1 < nk) { /* stage kt - 1's products are done: its buffer takes stage kt + 1 */
             char *nb = sm + ((kt + 1) & 1) * ST;
-            mnistcu__wg_store<!TA, MNISTCU__WG_T>(va, nb, nb + OA);
-            mnistcu__wg_store<TB, BN>(vb, nb + 2 * OA, nb + 2 * OA + OB);
+            mnistcu__wg_store<!TA, MNISTCU__WG_T, X3>(va, nb, nb + OA);
+            mnistcu__wg_store<TB, BN, X3>(vb, nb + PA * OA, nb + PA * OA + OB);
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         }
         if (kt + 2 < nk) {
@@ -14399,13 +14459,20 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int 
             mnistcu__wg_load<TB, BN>(vb, B, ldb, n0, N, kbeg + (kt + 2) * MNISTCU__X3_BK, kend);
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        if (X3)
 #pragma unroll
-        for (j = 0; j < NA; ++j) { /* rounded to nearest; the empty asm keeps the read after the wait */
-            asm volatile("" : "+f"(acc[j])::"memory");
-            tot[j] += acc[j];
-        }
+            for (j = 0; j < NA; ++j) { /* rounded to nearest; the empty asm keeps the read after the wait */
+                asm volatile("" : "+f"(acc[j])::"memory");
+                tot[j] += acc[j];
+            }
         __syncthreads();
     }
+    if (!X3)
+#pragma unroll
+        for (j = 0; j < NA; ++j) {
+            asm volatile("" : "+f"(acc[j])::"memory");
+            tot[j] = acc[j];
+        }
     if (gridDim.z > 1) { /* slice z's part */
         const int r = m0 + wg * 64 + w * 16 + lane / 4;
         float *out = p.part + (size_t)blockIdx.z * (size_t)M * (size_t)N;
@@ -14419,21 +14486,11 @@ __global__ void __launch_bounds__(256) mnistcu__k_gemm_wg(mnistcu__wargs p, int 
         }
     } else { /* the result: each thread's 16 pairs of columns in rows r and r + 8 */
         const mnistcu__opt o = fuse == 4 && p.dyn ? p.dyn->opt : p.opt; /* a replayed step's scalars */
-        const int ldc = p.ldc;
-#pragma unroll
-        for (j = 0; j < BN / 4; ++j) {
-            const int r = m0 + wg * 64 + w * 16 + lane / 4 + 8 * (j % 2), c = n0 + 8 * (j / 2) + 2 * (lane % 4);
-            float2 v = make_float2(tot[2 * j], tot[2 * j + 1]);
-            if (r >= M || c >= N) continue; /* N: 4 n, so c + 1 < N too */
-            if (fuse == 1) {
-                v.x = mnistcu__act_f((mnistcu_act)p.act, p.bias ? v.x + p.bias[c] : v.x);
-                v.y = mnistcu__act_f((mnistcu_act)p.act, p.bias ? v.y + p.bias[c + 1] : v.y);
-            } else if (fuse == 2) {
-                v.x = mnistcu__act_backward_one((mnistcu_act)p.act, v.x, p.y[(size_t)r * ldc + c]);
-                v.y = mnistcu__act_backward_one((mnistcu_act)p.act, v.y, p.y[(size_t)r * ldc + c + 1]);
-            }
-            *(float2 *)(p.C + (size_t)r * ldc + c) = v;
-        }
+        const int ldc = p.ldc, r0 = m0 + wg * 64 + w * 16 + lane / 4, c0 = n0 + 2 * (lane % 4);
+        if (p.act == MNISTCU_ACT_RELU) /* the activation a constant: no branch an output */
+            mnistcu__wg_out<BN, MNISTCU_ACT_RELU>(p, tot, fuse, r0, c0);
+        else
+            mnistcu__wg_out<BN, -1>(p, tot, fuse, r0, c0);
         if (fuse == 4) { /* the weights' step, 8 pairs at a time: their loads together, then the steps */
             const int read_v = o.has_momentum && !o.first;
             int h, i;
@@ -15893,9 +15950,8 @@ static mnistcu_result mnistcu__cuda_gemm_skinny(mnistcu_ctx *ctx, size_t M, size
     return MNISTCU_OK;
 }
 
-static int mnistcu__x3_ok(const mnistcu__cuda *cu, size_t M, size_t N, size_t K, const float *A, size_t lda,
+static int mnistcu__wg_ok(const mnistcu__cuda *cu, size_t M, size_t N, size_t K, const float *A, size_t lda,
                           const float *B, size_t ldb, const float *C, size_t ldc);
-static int mnistcu__wg_takes(const mnistcu__cuda *cu, size_t M, size_t N, size_t K);
 static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t M, size_t N, size_t K, const float *A,
                                             size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                             const float *bias, int act, const float *y, const mnistcu__wupd *upd);
@@ -15919,8 +15975,8 @@ static int mnistcu__cuda_gemm_x_takes(mnistcu_ctx *ctx, int ta, int tb, size_t M
     const int blas = cu->use_cublas && !(ta && !tb && db);
     if (mnistcu__gemm_skinny_ok(ta, tb, M, N, K)) /* mnistcu__k_gemm_skinny: FP32 in every context, as the plain path's */
         return -1;
-    if (!db && !cu->wg_epi_off && mnistcu__x3_ok(cu, M, N, K, A, lda, B, ldb, C, ldc) && mnistcu__wg_takes(cu, M, N, K))
-        return -2; /* mnistcu__k_gemm_wg (TF32X3), in every product path, as the plain path's */
+    if (!db && !cu->wg_epi_off && mnistcu__wg_ok(cu, M, N, K, A, lda, B, ldb, C, ldc))
+        return -2; /* mnistcu__k_gemm_wg (TF32X3 or TF32), in every product path, as the plain path's */
     if (M == 0 || N == 0 || blas || cu->precision != MNISTCU_PRECISION_FP32 ||
         !mnistcu__gemm_wide_ok(ta, tb, M, N, K, A, lda, B, ldb, C, ldc) ||
         (S = mnistcu__gemm_wide_split(M, N, K)) == 0 || (db && (S > 1 || !ta || tb)))
@@ -15996,14 +16052,18 @@ static void mnistcu__cuda_blas_workspace(mnistcu_ctx *ctx)
    16 or more 64x64 tiles (fewer stay FP32's, as in TF32, MNISTCU__TC_MIN_TILES),
    every dimension and leading dimension a multiple of 4 and the operands
    16-byte aligned (its 16-byte copies), each below 2^31. */
+static int mnistcu__x3_dims(size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B, size_t ldb,
+                            const float *C, size_t ldc)
+{
+    const size_t big = (size_t)INT_MAX;
+    return ((M | N | K | lda | ldb | ldc) & 3) == 0 && (((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) & 15) == 0 &&
+           M <= big && N <= big && K <= big && lda <= big && ldb <= big && ldc <= big &&
+           !(M && N > SIZE_MAX / 16 / M); /* 16 slices of M x N at most */
+}
 static int mnistcu__x3_ok(const mnistcu__cuda *cu, size_t M, size_t N, size_t K, const float *A, size_t lda,
                           const float *B, size_t ldb, const float *C, size_t ldc)
 {
-    const size_t big = (size_t)INT_MAX;
-    if (cu->precision != MNISTCU_PRECISION_TF32X3 || ((M | N | K | lda | ldb | ldc) & 3) != 0 ||
-        (((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) & 15) != 0 || M > big || N > big || K > big || lda > big ||
-        ldb > big || ldc > big || (M && N > SIZE_MAX / 16 / M)) /* 16 slices of M x N at most */
-        return 0;
+    if (cu->precision != MNISTCU_PRECISION_TF32X3 || !mnistcu__x3_dims(M, N, K, A, lda, B, ldb, C, ldc)) return 0;
     return ((M + MNISTCU__X3_T - 1) / MNISTCU__X3_T) * ((N + MNISTCU__X3_T - 1) / MNISTCU__X3_T) >=
            MNISTCU__TC_MIN_TILES;
 }
@@ -16054,6 +16114,22 @@ static int mnistcu__wg_takes(const mnistcu__cuda *cu, size_t M, size_t N, size_t
     return K >= 2048 ? 64 : 0;
 }
 
+/* Whether mnistcu__k_gemm_wg takes a product, in three TF32 parts (TF32X3) or one (TF32, our products
+   only): mnistcu__x3_ok's dimensions, alignment and least tiles, and mnistcu__wg_takes's shapes. In one
+   part the kernel's loads are the bound (a stage's products are a third of TF32X3's): P3 in TF32 with our
+   products 32.1 -> 12.4 ms an epoch against mnistcu__k_gemm_tc, but 11.4-11.6 -> 12.3-12.5 against
+   cuBLAS's TF32 products, which a build with cuBLAS keeps (bench/RESULTS.md, an H200). */
+static int mnistcu__wg_ok(const mnistcu__cuda *cu, size_t M, size_t N, size_t K, const float *A, size_t lda,
+                          const float *B, size_t ldb, const float *C, size_t ldc)
+{
+    const int prec = cu->precision == MNISTCU_PRECISION_TF32X3 ||
+                     (cu->precision == MNISTCU_PRECISION_TF32 && !cu->use_cublas);
+    return prec && mnistcu__x3_dims(M, N, K, A, lda, B, ldb, C, ldc) &&
+           ((M + MNISTCU__X3_T - 1) / MNISTCU__X3_T) * ((N + MNISTCU__X3_T - 1) / MNISTCU__X3_T) >=
+               MNISTCU__TC_MIN_TILES &&
+           mnistcu__wg_takes(cu, M, N, K) != 0;
+}
+
 /* C = epilogue(op(A) op(B)) on mnistcu__k_gemm_wg (which = 2 ta + tb), the epilogue as mnistcu__k_gemm_wide's:
    upd (ta, !tb: C a weight gradient), the optimizer's step of the weights; else y, C = act'(y) * product;
    else act(product + bias), or the product. K in slices: their sum (mnistcu__splitk_sum, or with upd
@@ -16062,7 +16138,19 @@ static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t 
                                             size_t lda, const float *B, size_t ldb, float *C, size_t ldc,
                                             const float *bias, int act, const float *y, const mnistcu__wupd *upd)
 {
+    typedef void (*kern_t)(mnistcu__wargs, int, int);
+    /* [TF32X3][128 x 64 tiles][2 ta + tb] */
+    static kern_t const ks[2][2][4] = {
+        {{mnistcu__k_gemm_wg<0, 0, 128, 0>, mnistcu__k_gemm_wg<0, 1, 128, 0>, mnistcu__k_gemm_wg<1, 0, 128, 0>,
+          mnistcu__k_gemm_wg<1, 1, 128, 0>},
+         {mnistcu__k_gemm_wg<0, 0, 64, 0>, mnistcu__k_gemm_wg<0, 1, 64, 0>, mnistcu__k_gemm_wg<1, 0, 64, 0>,
+          mnistcu__k_gemm_wg<1, 1, 64, 0>}},
+        {{mnistcu__k_gemm_wg<0, 0, 128, 1>, mnistcu__k_gemm_wg<0, 1, 128, 1>, mnistcu__k_gemm_wg<1, 0, 128, 1>,
+          mnistcu__k_gemm_wg<1, 1, 128, 1>},
+         {mnistcu__k_gemm_wg<0, 0, 64, 1>, mnistcu__k_gemm_wg<0, 1, 64, 1>, mnistcu__k_gemm_wg<1, 0, 64, 1>,
+          mnistcu__k_gemm_wg<1, 1, 64, 1>}}};
     mnistcu__cuda *cu = mnistcu__cu(ctx);
+    const int x3 = cu->precision == MNISTCU_PRECISION_TF32X3;
     const int bn = mnistcu__wg_takes(cu, M, N, K) == 64 ? 64 : 128;
     const size_t tiles = mnistcu__wg_tiles(M, N, (size_t)bn);
     /* 128 x 64 tiles: 8 slices at most, as measured (bench/gemm_wg.cu) */
@@ -16070,18 +16158,11 @@ static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t 
     const size_t Ks = ((K + S0 - 1) / S0 + MNISTCU__X3_BK - 1) / MNISTCU__X3_BK * MNISTCU__X3_BK;
     const size_t S = (K + Ks - 1) / Ks; /* K is 256 or more */
     const int fuse = upd ? 4 : y ? 2 : bias != NULL || (act != 0 && act != MNISTCU_ACT_IDENTITY) ? 1 : 0;
-    const unsigned bit = 1u << (which + (bn == 64 ? 8 : 4));
-    const size_t smem = bn == 64 ? MNISTCU__WG_SMEM(64) : MNISTCU__WG_SMEM(128);
+    /* x3_smem: bits 4.. TF32X3's kernels, 12.. TF32's; 4 more for 128 x 64 tiles */
+    const unsigned bit = 1u << (which + (bn == 64 ? 4 : 0) + (x3 ? 4 : 12));
+    const size_t smem = bn == 64 ? MNISTCU__WG_SMEM(64, x3) : MNISTCU__WG_SMEM(128, x3);
     const dim3 grid((unsigned)((N + bn - 1) / bn), (unsigned)((M + MNISTCU__WG_T - 1) / MNISTCU__WG_T), (unsigned)S);
-    void (*k)(mnistcu__wargs, int, int) =
-        bn == 64 ? (which == 0   ? mnistcu__k_gemm_wg<0, 0, 64>
-                    : which == 1 ? mnistcu__k_gemm_wg<0, 1, 64>
-                    : which == 2 ? mnistcu__k_gemm_wg<1, 0, 64>
-                                 : mnistcu__k_gemm_wg<1, 1, 64>)
-                 : (which == 0   ? mnistcu__k_gemm_wg<0, 0, 128>
-                    : which == 1 ? mnistcu__k_gemm_wg<0, 1, 128>
-                    : which == 2 ? mnistcu__k_gemm_wg<1, 0, 128>
-                                 : mnistcu__k_gemm_wg<1, 1, 128>);
+    const kern_t k = ks[x3][bn == 64][which & 3];
     mnistcu__wargs p;
     mnistcu_result r;
     if (upd && which != 2)
@@ -16101,7 +16182,7 @@ static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t 
     }
     mnistcu__launch(k, grid, 256, smem, cu->stream, p, (int)Ks, fuse);
     MNISTCU__LAUNCHED(ctx, "gemm_wg");
-    cu->x3_products++;
+    cu->x3_products += (size_t)x3;
     cu->wg_products++;
     cu->wg_epi += fuse >= 2;
     cu->wg64_products += bn == 64;
@@ -16135,8 +16216,6 @@ static mnistcu_result mnistcu__cuda_gemm_x3(mnistcu_ctx *ctx, int ta, int tb, si
                                               : which == 2 ? mnistcu__k_gemm_x3<1, 0> : mnistcu__k_gemm_x3<1, 1>;
     float *out = C;
     size_t ldo = ldc;
-    if (mnistcu__wg_takes(cu, M, N, K)) /* Hopper's kernel */
-        return mnistcu__cuda_gemm_wg(ctx, which, M, N, K, A, lda, B, ldb, C, ldc, bias, act, NULL, NULL);
     if (S > 1) {
         mnistcu_result r = mnistcu__cuda_partials(ctx, S * M * N, &out);
         if (r) return r;
@@ -16172,6 +16251,8 @@ static mnistcu_result mnistcu__cuda_gemm(mnistcu_ctx *ctx, int ta, int tb, size_
     if (M == 0 || N == 0) return MNISTCU_OK;
     if (!bias && (act == 0 || act == MNISTCU_ACT_IDENTITY) && mnistcu__gemm_skinny_ok(ta, tb, M, N, K))
         return mnistcu__cuda_gemm_skinny(ctx, M, N, K, A, lda, B, ldb, C, ldc, NULL, NULL);
+    if (mnistcu__wg_ok(cu, M, N, K, A, lda, B, ldb, C, ldc)) /* Hopper's kernel, before cuBLAS */
+        return mnistcu__cuda_gemm_wg(ctx, 2 * !!ta + !!tb, M, N, K, A, lda, B, ldb, C, ldc, bias, act, NULL, NULL);
     if (mnistcu__x3_ok(cu, M, N, K, A, lda, B, ldb, C, ldc)) /* before cuBLAS, which has no such mode */
         return mnistcu__cuda_gemm_x3(ctx, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, act);
 #ifdef MNISTCU_CUBLAS

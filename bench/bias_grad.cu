@@ -65,7 +65,7 @@ int main(void)
         cudaMemcpy(dz, h, n * sizeof(float), cudaMemcpyHostToDevice);
         cudaMemcpy(y, h, n * sizeof(float), cudaMemcpyHostToDevice);
         float t1 = time_us([&] { v1_bias_grad<<<(OUT + 255) / 256, 256>>>(dz, B, OUT, d1); });
-        float t2 = time_us([&] { mnistcu__k_bias_grad<<<(OUT + 31) / 32, 256>>>(dz, NULL, MNISTCU_ACT_IDENTITY, B, OUT, d2); });
+        float t2 = time_us([&] { mnistcu__k_bias_grad<<<(OUT + 31) / 32, 256>>>(dz, NULL, MNISTCU_ACT_IDENTITY, B, OUT, d2, NULL, NULL, NULL, mnistcu__opt{}); });
         cudaMemcpy(h1, d1, OUT * sizeof(float), cudaMemcpyDeviceToHost);
         cudaMemcpy(h2, d2, OUT * sizeof(float), cudaMemcpyDeviceToHost);
         int same12 = !memcmp(h1, h2, OUT * sizeof(float));
@@ -75,13 +75,13 @@ int main(void)
             v1_bias_grad<<<(OUT + 255) / 256, 256>>>(dza, B, OUT, d1);
         });
         float t4 = time_us([&] {
-            mnistcu__k_bias_grad<<<(OUT + 31) / 32, 256>>>(dzb, y, MNISTCU_ACT_RELU, B, OUT, d2);
+            mnistcu__k_bias_grad<<<(OUT + 31) / 32, 256>>>(dzb, y, MNISTCU_ACT_RELU, B, OUT, d2, NULL, NULL, NULL, mnistcu__opt{});
         });
         cudaMemcpy(dza, dz, n * sizeof(float), cudaMemcpyDeviceToDevice);
         cudaMemcpy(dzb, dz, n * sizeof(float), cudaMemcpyDeviceToDevice);
         mnistcu__k_act_backward<<<mnistcu__blocks(n), MNISTCU__THREADS>>>(dza, y, n, MNISTCU_ACT_RELU);
         v1_bias_grad<<<(OUT + 255) / 256, 256>>>(dza, B, OUT, d1);
-        mnistcu__k_bias_grad<<<(OUT + 31) / 32, 256>>>(dzb, y, MNISTCU_ACT_RELU, B, OUT, d2);
+        mnistcu__k_bias_grad<<<(OUT + 31) / 32, 256>>>(dzb, y, MNISTCU_ACT_RELU, B, OUT, d2, NULL, NULL, NULL, mnistcu__opt{});
         cudaMemcpy(h1, d1, OUT * sizeof(float), cudaMemcpyDeviceToHost);
         cudaMemcpy(h2, d2, OUT * sizeof(float), cudaMemcpyDeviceToHost);
         char name[32];

@@ -328,11 +328,12 @@ TEST cuda_gemm_reduced_precision_within_bound(void)
     PASS();
 }
 
-/* The tensor-core kernels on two small products (the least tiles they take; K split
-   into slices), each precision, plain and fused: small enough for racecheck. */
+/* The tensor-core kernels on small products (the least tiles they take; K split into slices; on an
+   sm_90 GPU the last two on the warp-group kernel in TF32 and TF32X3, in 128 x 128 and 128 x 64 tiles),
+   each precision, plain and fused: small enough for racecheck. */
 TEST cuda_gemm_reduced_precision_small(void)
 {
-    static const size_t dims[][3] = {{256, 256, 40}, {128, 576, 1100}};
+    static const size_t dims[][3] = {{256, 256, 40}, {128, 576, 1100}, {512, 512, 256}, {256, 256, 2048}};
     int prec, i, ta, tb;
     if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32 and BF16 resolve to FP32");
     for (prec = MNISTCU_PRECISION_TF32; prec <= MNISTCU_PRECISION_TF32X3; ++prec) {
@@ -341,7 +342,7 @@ TEST cuda_gemm_reduced_precision_small(void)
         double u = tc_prec_unit(prec);
         char msg[320];
         ASSERT(g && g32);
-        for (i = 0; i < 2; ++i) {
+        for (i = 0; i < (int)(sizeof dims / sizeof dims[0]); ++i) {
             size_t dif = 0, x3_before = mnistcu__cu(g)->x3_products;
             for (ta = 0; ta < 2; ++ta)
                 for (tb = 0; tb < 2; ++tb)
@@ -366,55 +367,77 @@ TEST cuda_gemm_reduced_precision_small(void)
    (mnistcu__k_gemm_x3), the same products: every output within the bound above, the RMS error within twice
    FP32's, and each kernel took exactly the products it should. The shapes: edge tiles in m and n, K ending
    inside a stage and inside a slice, K in 2, 5 and 8 slices, and, with the multiprocessors counted as 16,
-   all in one slice (the bias and activation then in the product's kernel). */
+   all in one slice (the bias and activation then in the product's kernel). Then TF32 (one part) on the
+   warp-group kernel and, forced off it, on mnistcu__k_gemm_tc: the bound with TF32's unit, and the RMS
+   error within 2^-10.5 of the products' (TF32 rounds each operand to within 2^-11 of it) and far above
+   FP32's. */
 TEST cuda_gemm_tf32x3_both_kernels(void)
 {
     /* 128 x 128 tiles; the last two, 128 x 64 (fewer than 16 tiles of 128 x 128 over a long K), with edges */
     static const size_t dims[][3] = {{200, 1024, 300}, {260, 1036, 300}, {256, 1024, 784}, {1024, 512, 256},
                                      {128, 2048, 1024}, {128, 576, 2048}, {196, 300, 2100}};
     mnistcu_ctx *g, *g32;
-    int wg, i, ta, tb, sms, one;
+    int wg, i, ta, tb, sms, one, x3;
     char msg[320];
     if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32X3 resolves to FP32");
-    g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32X3);
     g32 = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_FP32);
-    ASSERT(g && g32);
-    if (!mnistcu__cu(g)->wg) {
-        mnistcu_ctx_destroy(g);
-        mnistcu_ctx_destroy(g32);
-        SKIPm("TF32X3's warp-group kernel needs an sm_90 GPU and a build for sm_90a");
-    }
-    sms = mnistcu__cu(g)->sms;
-    for (one = 0; one < 2; ++one)
-        for (wg = 1; wg >= 0; --wg) {
-            const size_t x3_before = mnistcu__cu(g)->x3_products, wg_before = mnistcu__cu(g)->wg_products;
-            double e2[3] = {0.0, 0.0, 0.0};
-            size_t dif = 0, want = 0;
-            mnistcu__cu(g)->wg = wg;
-            mnistcu__cu(g)->sms = one ? 16 : sms; /* 16 tiles or more: one slice */
-            for (i = 0; i < (int)(sizeof dims / sizeof dims[0]); ++i) {
-                mnistcu__cu(g)->wg = 1;
-                ASSERT_EQ(i < 5 ? 128 : 64, mnistcu__wg_takes(mnistcu__cu(g), dims[i][0], dims[i][1], dims[i][2]));
-                mnistcu__cu(g)->wg = wg;
-                for (ta = 0; ta < 2; ++ta)
-                    for (tb = 0; tb < 2; ++tb)
-                        if (!tc_gemm_prec_case(g, g32, tc_prec_unit(MNISTCU_PRECISION_TF32X3), ta, tb, dims[i][0],
-                                               dims[i][1], dims[i][2], 0, &dif, e2, msg, sizeof msg))
-                            FAILm(msg);
-                if (!tc_gemm_prec_case(g, g32, tc_prec_unit(MNISTCU_PRECISION_TF32X3), 0, 1, dims[i][0], dims[i][1],
-                                       dims[i][2], MNISTCU_ACT_RELU, &dif, NULL, msg, sizeof msg))
-                    FAILm(msg);
-                want += 5;
-            }
-            printf("    TF32X3 on the %s kernel%s: relative RMS error %.3g, FP32's %.3g\n",
-                   wg ? "warp-group" : "mma.sync", one ? ", one slice" : "", sqrt(e2[0] / e2[2]), sqrt(e2[1] / e2[2]));
-            ASSERT_EQ(want, mnistcu__cu(g)->x3_products - x3_before);
-            ASSERT_EQ(wg ? want : (size_t)0, mnistcu__cu(g)->wg_products - wg_before);
-            ASSERT(e2[2] > 0.0 && e2[0] <= 4.0 * e2[1]);
-            ASSERT(dif > 0);
+    ASSERT(g32);
+    for (x3 = 1; x3 >= 0; --x3) {
+        const int prec = x3 ? MNISTCU_PRECISION_TF32X3 : MNISTCU_PRECISION_TF32;
+        g = tc_ctx_prec(MNISTCU_GEMM_OWN, (mnistcu_precision)prec);
+        ASSERT(g);
+        if (!mnistcu__cu(g)->wg) {
+            mnistcu_ctx_destroy(g);
+            mnistcu_ctx_destroy(g32);
+            SKIPm("the warp-group kernel needs an sm_90 GPU and a build for sm_90a");
         }
-    mnistcu_ctx_destroy(g);
+        sms = mnistcu__cu(g)->sms;
+        for (one = 0; one < 2; ++one)
+            for (wg = 1; wg >= 0; --wg) {
+                const size_t x3_before = mnistcu__cu(g)->x3_products, wg_before = mnistcu__cu(g)->wg_products;
+                double e2[3] = {0.0, 0.0, 0.0};
+                size_t dif = 0, want = 0;
+                mnistcu__cu(g)->wg = wg;
+                mnistcu__cu(g)->sms = one ? 16 : sms; /* 16 tiles or more: one slice */
+                for (i = 0; i < (int)(sizeof dims / sizeof dims[0]); ++i) {
+                    mnistcu__cu(g)->wg = 1;
+                    ASSERT_EQ(i < 5 ? 128 : 64, mnistcu__wg_takes(mnistcu__cu(g), dims[i][0], dims[i][1], dims[i][2]));
+                    mnistcu__cu(g)->wg = wg;
+                    for (ta = 0; ta < 2; ++ta)
+                        for (tb = 0; tb < 2; ++tb)
+                            if (!tc_gemm_prec_case(g, g32, tc_prec_unit(prec), ta, tb, dims[i][0], dims[i][1],
+                                                   dims[i][2], 0, &dif, e2, msg, sizeof msg))
+                                FAILm(msg);
+                    if (!tc_gemm_prec_case(g, g32, tc_prec_unit(prec), 0, 1, dims[i][0], dims[i][1], dims[i][2],
+                                           MNISTCU_ACT_RELU, &dif, NULL, msg, sizeof msg))
+                        FAILm(msg);
+                    want += 5;
+                }
+                printf("    %s on the %s kernel%s: relative RMS error %.3g, FP32's %.3g\n", x3 ? "TF32X3" : "TF32",
+                       wg ? "warp-group" : x3 ? "mma.sync" : "wmma", one ? ", one slice" : "", sqrt(e2[0] / e2[2]),
+                       sqrt(e2[1] / e2[2]));
+                ASSERT_EQ(x3 ? want : (size_t)0, mnistcu__cu(g)->x3_products - x3_before);
+                ASSERT_EQ(wg ? want : (size_t)0, mnistcu__cu(g)->wg_products - wg_before);
+                if (x3)
+                    ASSERT(e2[2] > 0.0 && e2[0] <= 4.0 * e2[1]);
+                else
+                    ASSERT(e2[2] > 0.0 && e2[0] <= ldexp(1.0, -21) * e2[2] && e2[0] > 16.0 * e2[1]);
+                ASSERT(dif > 0);
+            }
+        mnistcu_ctx_destroy(g);
+    }
     mnistcu_ctx_destroy(g32);
+#ifdef MNISTCU_CUBLAS
+    g = tc_ctx_prec(MNISTCU_GEMM_CUBLAS, MNISTCU_PRECISION_TF32); /* TF32 keeps cuBLAS's products there */
+    ASSERT(g);
+    ASSERT_EQ(0, mnistcu__wg_ok(mnistcu__cu(g), 512, 1024, 1024, (const float *)NULL, 1024, (const float *)NULL, 1024,
+                                (const float *)NULL, 1024));
+    mnistcu__cu(g)->use_cublas = 0;
+    ASSERT(mnistcu__wg_ok(mnistcu__cu(g), 512, 1024, 1024, (const float *)NULL, 1024, (const float *)NULL, 1024,
+                          (const float *)NULL, 1024));
+    mnistcu__cu(g)->use_cublas = 1;
+    mnistcu_ctx_destroy(g);
+#endif
     PASS();
 }
 
@@ -536,7 +559,9 @@ TEST cuda_elementwise_ops_match_cpu(void)
                 if (acts[a] != MNISTCU_ACT_IDENTITY) mnistcu__cpu_act_backward(c, dz, y, nk, acts[a]);
                 mnistcu__cpu_bias_grad(ref, dz, Bk, On);
                 mnistcu__k_bias_grad<<<(unsigned)((On + 31) / 32), 256>>>(ddz, dy, (int)acts[a], (int)Bk, (int)On,
-                                                                          with_bias ? ddb : NULL);
+                                                                          with_bias ? ddb : NULL, (float *)NULL,
+                                                                          (float *)NULL, (const mnistcu__dyn *)NULL,
+                                                                          mnistcu__opt());
                 got = tc_down(ddb, On);
                 got_dz = tc_down(ddz, nk);
                 ASSERT_ARRAY_EQ_BITS_F(got_dz, dz, nk);
@@ -1099,7 +1124,9 @@ TEST cuda_gemm_wide_agrees_bitwise(void)
                             dpart, S, M, N, dref, ldc, fuse == 1 || fuse == 3 ? dbias : NULL, act, fuse == 3 ? 1 : fuse,
                             fuse == 2 ? dy : NULL);
                         if (rowsum)
-                            mnistcu__k_bias_grad<<<(unsigned)((M + 31) / 32), 256>>>(dA, NULL, MNISTCU_ACT_IDENTITY, K, M, dbr);
+                            mnistcu__k_bias_grad<<<(unsigned)((M + 31) / 32), 256>>>(
+                                dA, NULL, MNISTCU_ACT_IDENTITY, K, M, dbr, (float *)NULL, (float *)NULL,
+                                (const mnistcu__dyn *)NULL, mnistcu__opt());
                         ASSERT_EQ(cudaSuccess, cudaGetLastError());
                         for (rep = 0; rep < 2; ++rep) {
                             /* fresh poison: outputs, and parts the wide kernel must write itself */
@@ -1195,7 +1222,9 @@ TEST cuda_gemm_skinny_agrees_bitwise(void)
         dC = tc_poisoned(nc), ddb = tc_poisoned((size_t)M), dbr = tc_poisoned((size_t)M);
         ASSERT_EQ(MNISTCU_OK, mnistcu__cuda_gemm_skinny(g, (size_t)M, (size_t)N, (size_t)K, dA, (size_t)M, dB,
                                                         (size_t)N, dC, (size_t)ldc, ddb, NULL));
-        mnistcu__k_bias_grad<<<(unsigned)((M + 31) / 32), 256>>>(dA, NULL, MNISTCU_ACT_IDENTITY, K, M, dbr);
+        mnistcu__k_bias_grad<<<(unsigned)((M + 31) / 32), 256>>>(dA, NULL, MNISTCU_ACT_IDENTITY, K, M, dbr, (float *)NULL,
+                                                                 (float *)NULL, (const mnistcu__dyn *)NULL,
+                                                                 mnistcu__opt());
         ASSERT_EQ(cudaSuccess, cudaGetLastError());
         h = tc_down(dC, nc);
         ASSERT_ARRAY_EQ_BITS_F(ref, h, nc);
@@ -3036,7 +3065,7 @@ TEST cuda_dense_bias_branch_equals_in_line_bitwise(void)
     PASS();
 }
 
-/* Hopper's TF32X3 kernel (mnistcu__k_gemm_wg) with more in its epilogue: an input gradient times act'(y)
+/* Hopper's TF32X3 and TF32 kernel (mnistcu__k_gemm_wg) with more in its epilogue: an input gradient times act'(y)
    and a weight gradient with the optimizer's step, in the sum of K's slices (K whole: in the kernel),
    against the same products plain with mnistcu__k_act_backward and the optimizer's pass after them: the
    same operations on the same values, so the parameters, gradients, buffers, momentum and losses to the
@@ -3055,7 +3084,7 @@ TEST cuda_wg_epilogue_equals_passes_bitwise(void)
                  {"256 dense256 relu dense2048 relu dense10", 256, 1100, 512, 1},
                  {"256 dense256 relu dense256 relu dense10", 256, 4200, 2048, 1}};
     tc_graph_case c;
-    int path, no_graph, one, i;
+    int path, no_graph, one, i, x3;
     mnistcu_ctx *g;
     if (!tc_has_tensor_cores()) SKIPm("no tensor cores (sm_80+): TF32X3 resolves to FP32");
     g = tc_ctx_prec(MNISTCU_GEMM_OWN, MNISTCU_PRECISION_TF32X3);
@@ -3063,20 +3092,22 @@ TEST cuda_wg_epilogue_equals_passes_bitwise(void)
     one = mnistcu__cu(g)->wg;
     mnistcu_ctx_destroy(g);
     if (!one) SKIPm("TF32X3's warp-group kernel needs an sm_90 GPU and a build for sm_90a");
-    tc_graph_prec = MNISTCU_PRECISION_TF32X3;
     tc_want_state = 1;
+    for (x3 = 1; x3 >= 0; --x3) /* three TF32 parts, and one (TF32) */
     for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); ++i)
         for (one = 0; one < 2; ++one)
             for (path = 0; path < 2; ++path) {
 #ifndef MNISTCU_CUBLAS
                 if (path) break;
 #endif
+                if (path && !x3) break; /* TF32 with cuBLAS keeps cuBLAS's products (mnistcu__wg_ok) */
                 memset(&c, 0, sizeof c);
                 c.spec = cases[i].spec;
                 c.F = cases[i].F; c.n = cases[i].n; c.B = cases[i].B; c.epochs = 2; c.progress_every = 1;
                 c.optim.learning_rate = 0.05f; c.optim.momentum = 0.9f;
                 c.gemm = path ? MNISTCU_GEMM_CUBLAS : MNISTCU_GEMM_OWN;
                 c.name = path ? "cuBLAS" : "own products";
+                tc_graph_prec = x3 ? MNISTCU_PRECISION_TF32X3 : MNISTCU_PRECISION_TF32;
                 for (no_graph = 0; no_graph < 2; ++no_graph) {
                     tc_graph_run a, b, d;
                     tc_sms = one ? 16 : 0;
@@ -3089,9 +3120,10 @@ TEST cuda_wg_epilogue_equals_passes_bitwise(void)
                     ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &b));
                     tc_wg_epi_off = 0;
                     tc_sms = 0;
-                    printf("    %s, %s, %s%s: %lu products with the epilogue (%lu in 128 x 64 tiles), %lu of %lu "
-                           "steps fused, loss %.9g / %.9g\n", c.spec, c.name, no_graph ? "launched" : "graphs",
-                           one ? ", one slice" : "", (unsigned long)a.wg_epi, (unsigned long)a.wg64,
+                    printf("    %s, %s, %s, %s%s: %lu products with the epilogue (%lu in 128 x 64 tiles), %lu of "
+                           "%lu steps fused, loss %.9g / %.9g\n", c.spec, x3 ? "TF32X3" : "TF32", c.name,
+                           no_graph ? "launched" : "graphs", one ? ", one slice" : "", (unsigned long)a.wg_epi,
+                           (unsigned long)a.wg64,
                            (unsigned long)a.res.fused_update_steps, (unsigned long)a.res.steps, a.res.train_loss,
                            b.res.train_loss);
                     ASSERTm(c.name, a.wg_epi > 0);
