@@ -4291,6 +4291,7 @@ typedef struct mnistcu__cuda {
     int side_off;              /* 1: no branches (the tests compare steps with and without) */
     uint64_t side_forks;       /* branches launched so far (the tests) */
     uint64_t side_head_forks;  /* of them, the head layer's weight gradient's (the tests) */
+    uint64_t bias_steps;       /* dense layers' biases stepped by mnistcu__k_bias_grad (the tests) */
     int side_in;               /* 1 between a fork and its unfork: no branch inside a branch */
 } mnistcu__cuda;
 
@@ -5096,7 +5097,8 @@ __global__ void mnistcu__k_act_backward(float *dz, const float *y, size_t n, int
    its column row by row), 6.0 us here, the same bits; with a ReLU: at batch 64,
    4.8 us against 6.2 for the two kernels, but at 512, 19.3 against 16.0 (the
    activation's loads stall each pass): the dense layer fuses them up to one
-   pass of rows only. */
+   pass of rows only. With bw (the bias; bs its momentum, dyn or opt the step's
+   scalars), the SGD step of each entry after its sum (>>cuda_update). */
 #define MNISTCU__BG_ROWS 128
 
 __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(float *dz, const float *y, int act, int B, int OUT,
@@ -5212,7 +5214,9 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
         upd.dyn = mnistcu__cuda_dyn(m);
         upd.opt = m->upd_opt;
     }
-    bstep = u && db && !dw_db; /* the bias's step in its gradient's kernel */
+    /* the bias's step in its gradient's kernel, before the weights' (a failure between them leaves the layer
+       half stepped, as a failed step may leave the model: the step's result says so) */
+    bstep = u && db && !dw_db;
     if (!dw_db) {
         /* dy *= act'(y), and the bias gradient: one kernel up to a batch of MNISTCU__BG_ROWS (one pass);
            above, where the activation's loads would stall each pass, the elementwise kernel first */
@@ -5234,6 +5238,7 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
                             L->out, bg_act, (int)B, (int)out, db, bstep ? upd.bw : NULL, bstep ? upd.bs : NULL,
                             bstep ? upd.dyn : NULL, bstep ? upd.opt : none);
             r = mnistcu__cuda_launched(ctx, "bias_grad");
+            mnistcu__cu(ctx)->bias_steps += (uint64_t)bstep;
             if (side && (r = mnistcu__cuda_unfork(ctx, r))) return r;
             if (r) return r;
         }
@@ -14216,7 +14221,7 @@ __global__ void __launch_bounds__(128) mnistcu__k_gemm_x3(int M, int N, int K, i
 
 /* The same product on Hopper's warp-group instructions (wgmma), where the
    build has them (sm_90a: -arch=sm_90a, or the Makefile's CUDA_ARCH=90) and
-   the GPU is an sm_90 one; mnistcu__cuda_gemm_x3 picks it for products of 16
+   the GPU is an sm_90 one; mnistcu__cuda_gemm picks it (mnistcu__wg_ok) for products of 16
    or more 128x128 tiles with K of 256 or more. wgmma reads both TF32
    operands from shared memory, k-major (A as [m][k], B as [n][k]) in 8-row
    atoms of 128-byte rows whose 16-byte chunks are permuted by the row (the
@@ -14226,8 +14231,9 @@ __global__ void __launch_bounds__(128) mnistcu__k_gemm_x3(int M, int N, int K, i
    that layout, transposed where the global matrix is k-minor; then a block of
    two warp groups (128 x BN of C, BN 128, or 64 for products of few tiles over
    a long K) runs the stage as 4 k-steps of al bh + ah bl + ah bh (TF32 alone: ah bh), each warp
-   group on its 64 rows, while the next stage is written into the other buffer. As in mnistcu__k_gemm_x3, a stage's sum starts from
-   zero on the tensor cores and is added to the FP32 total. Measured on P3's
+   group on its 64 rows, while the next stage is written into the other buffer. In three parts, as in
+   mnistcu__k_gemm_x3, a stage's sum starts from zero on the tensor cores and is added to the FP32
+   total. Measured on P3's
    products on an H200 (bench/gemm_wg.cu, bench/RESULTS.md): 109 us a step's
    five against 130 for mnistcu__k_gemm_x3 and 154 for cuBLAS's FP32, within
    FP32's error. */
@@ -15957,7 +15963,7 @@ static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t 
                                             const float *bias, int act, const float *y, const mnistcu__wupd *upd);
 
 /* Whether mnistcu__cuda_gemm_x takes this product: -1 for the skinny kernel
-   (>>cuda_skinny), -2 for Hopper's TF32X3 kernel (mnistcu__k_gemm_wg, the same
+   (>>cuda_skinny), -2 for Hopper's TF32X3 or TF32 kernel (mnistcu__k_gemm_wg, the same
    kernel the plain path takes, with no bias gradient beside it), else the
    wide-tile kernel's slices of K, or 0.
    With cuBLAS's products too, a weight gradient (TN) that sums the bias
@@ -16048,10 +16054,8 @@ static void mnistcu__cuda_blas_workspace(mnistcu_ctx *ctx)
 }
 #endif
 
-/* Whether mnistcu__cuda_gemm_x3 takes a product (>>cuda_x3): a TF32X3 context,
-   16 or more 64x64 tiles (fewer stay FP32's, as in TF32, MNISTCU__TC_MIN_TILES),
-   every dimension and leading dimension a multiple of 4 and the operands
-   16-byte aligned (its 16-byte copies), each below 2^31. */
+/* The tensor-core kernels' dimensions (mnistcu__k_gemm_x3 and _wg): every dimension and leading
+   dimension a multiple of 4 and the operands 16-byte aligned (their 16-byte copies), each below 2^31. */
 static int mnistcu__x3_dims(size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B, size_t ldb,
                             const float *C, size_t ldc)
 {
@@ -16060,6 +16064,8 @@ static int mnistcu__x3_dims(size_t M, size_t N, size_t K, const float *A, size_t
            M <= big && N <= big && K <= big && lda <= big && ldb <= big && ldc <= big &&
            !(M && N > SIZE_MAX / 16 / M); /* 16 slices of M x N at most */
 }
+/* Whether mnistcu__cuda_gemm_x3 takes a product (>>cuda_x3): a TF32X3 context, those dimensions, and 16 or
+   more 64x64 tiles (fewer stay FP32's, as in TF32, MNISTCU__TC_MIN_TILES). */
 static int mnistcu__x3_ok(const mnistcu__cuda *cu, size_t M, size_t N, size_t K, const float *A, size_t lda,
                           const float *B, size_t ldb, const float *C, size_t ldc)
 {
@@ -16098,7 +16104,7 @@ static size_t mnistcu__wg_split(size_t tiles, size_t K, int sms)
     return S ? S : 1;
 }
 
-/* Whether mnistcu__k_gemm_wg takes a TF32X3 product (mnistcu__x3_ok said yes), on an sm_90 GPU in a build
+/* Whether mnistcu__k_gemm_wg takes a product's shape (mnistcu__wg_ok asks), on an sm_90 GPU in a build
    with its code: its tile's columns, 128 for 16 or more tiles of 128 x 128 with K of 256 or more; 64 for
    fewer tiles over K of 2048 or more (a convolution's weight gradient over the batch's positions); else
    0: mnistcu__k_gemm_x3's 64 x 64 tiles, which did better there in 128 x 128 tiles (bench/gemm_wg.cu on
@@ -16177,7 +16183,7 @@ static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t 
     if (S > 1 && (r = mnistcu__cuda_partials(ctx, S * M * N, &p.part))) return r;
     if (!(cu->x3_smem & bit)) { /* above the 48 KB every GPU gives */
         cudaError_t e = cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "the TF32X3 product's shared memory");
+        if (e != cudaSuccess) return mnistcu__cuda_check(ctx, e, "the warp-group product's shared memory");
         cu->x3_smem |= bit;
     }
     mnistcu__launch(k, grid, 256, smem, cu->stream, p, (int)Ks, fuse);
@@ -16559,13 +16565,14 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
    gradient arena holds the same values either way. Measured on the H100 it is
    neutral (P3's step 271 -> 270 us, ncu): the pass goes, but the product's one
    wave ends with the weights' traffic, which nothing overlaps (bench/RESULTS.md).
-   In TF32X3 on Hopper's kernel (mnistcu__k_gemm_wg) the step is taken where the
+   In TF32X3 and TF32 on Hopper's kernel (mnistcu__k_gemm_wg) the step is taken where the
    gradient is finished: by mnistcu__k_splitk_step as it adds K's slices, or in
    the kernel's epilogue when K is whole; the skinny kernel (>>cuda_skinny) takes
    it in every context. Where a dense layer's weights are stepped in a product
    and its bias gradient comes from mnistcu__k_bias_grad (on the second stream),
    that kernel steps the bias too (mnistcu__opt_sgd, as the pass): P3 in TF32X3
-   then has no pass left, 16.3-16.4 -> 16.0-16.1 ms an epoch on an H200. */
+   then has no pass left, 16.3-16.4 -> 16.0-16.1 ms an epoch on an H200. The same
+   holds for TF32 on mnistcu__k_gemm_wg, and with the branch run in line. */
 
 /* The arena's ranges not stepped yet, in order; clears the layers' marks. */
 static void mnistcu__update_todo(mnistcu_model *m, mnistcu__segs *todo)

@@ -343,7 +343,7 @@ TEST cuda_gemm_reduced_precision_small(void)
         char msg[320];
         ASSERT(g && g32);
         for (i = 0; i < (int)(sizeof dims / sizeof dims[0]); ++i) {
-            size_t dif = 0, x3_before = mnistcu__cu(g)->x3_products;
+            size_t dif = 0, x3_before = mnistcu__cu(g)->x3_products, wg_before = mnistcu__cu(g)->wg_products;
             for (ta = 0; ta < 2; ++ta)
                 for (tb = 0; tb < 2; ++tb)
                     if (!tc_gemm_prec_case(g, g32, u, ta, tb, dims[i][0], dims[i][1], dims[i][2], 0, &dif, NULL, msg,
@@ -352,6 +352,9 @@ TEST cuda_gemm_reduced_precision_small(void)
             if (!tc_gemm_prec_case(g, g32, u, 0, 1, dims[i][0], dims[i][1], dims[i][2], MNISTCU_ACT_RELU, &dif, NULL,
                                    msg, sizeof msg))
                 FAILm(msg);
+            /* the last two on the warp-group kernel on an sm_90 GPU, in TF32 and TF32X3 */
+            if (mnistcu__cu(g)->wg && prec != MNISTCU_PRECISION_BF16)
+                ASSERT_EQ(i >= 2 ? (size_t)5 : (size_t)0, mnistcu__cu(g)->wg_products - wg_before);
             if (prec == MNISTCU_PRECISION_TF32X3) /* every one its kernel's (the second with K split) */
                 ASSERT_EQ((size_t)5, mnistcu__cu(g)->x3_products - x3_before);
             else
@@ -2925,6 +2928,7 @@ typedef struct tc_graph_run {
     uint64_t side_forks;      /* branches launched on the second stream (graph captures count once) */
     size_t wg_epi;            /* Hopper's TF32X3 products with act' or the optimizer's step in them (likewise) */
     size_t wg64;              /* ... of them all, in 128 x 64 tiles (likewise) */
+    uint64_t bias_steps;      /* dense layers' biases stepped by their gradients' kernel (likewise) */
     uint64_t side_head_forks; /* of side_forks, the head layer's weight gradient's */
     size_t head_res;          /* head kernels with the weights and rows all in shared memory (likewise) */
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
@@ -3008,6 +3012,7 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
         out->side_forks = mnistcu__cu(ctx)->side_forks;
         out->wg_epi = mnistcu__cu(ctx)->wg_epi;
         out->wg64 = mnistcu__cu(ctx)->wg64_products;
+        out->bias_steps = mnistcu__cu(ctx)->bias_steps;
         out->side_head_forks = mnistcu__cu(ctx)->side_head_forks;
         out->head_res = mnistcu__cu(ctx)->head_res;
         for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
@@ -3127,6 +3132,9 @@ TEST cuda_wg_epilogue_equals_passes_bitwise(void)
                            (unsigned long)a.res.fused_update_steps, (unsigned long)a.res.steps, a.res.train_loss,
                            b.res.train_loss);
                     ASSERTm(c.name, a.wg_epi > 0);
+                    /* the hidden biases stepped by their gradients' kernel (the pass would give the same bits) */
+                    ASSERTm(c.name, a.bias_steps > 0 && d.bias_steps > 0);
+                    ASSERT_EQm(c.name, (uint64_t)0, b.bias_steps);
                     ASSERTm(c.name, cases[i].bn64 ? a.wg64 > 0 : a.wg64 == 0);
                     ASSERT_EQm(c.name, (size_t)0, b.wg_epi);
                     ASSERT_EQm(c.name, a.res.steps - 2, a.res.fused_update_steps); /* all but each size's first */
@@ -3560,7 +3568,7 @@ TEST cuda_head_step_matches_step_by_step(void)
    once a step of its batch size has completed: every step but the first of
    each size. The cases hold the weight and bias gradients in one product (the
    head's steps, where the activation's derivative is applied before) and apart
-   (no head: the derivative in its own pass, the bias stepped by the pass), a
+   (no head: the derivative in its own pass, the bias stepped by its gradient's kernel), a
    weight gradient split over K and one whole, partial last batches, momentum
    with Nesterov, dampening and weight decay, a per-step rate read from the
    graph's step values, graphs and launched steps, a layer of 1000 outputs (a
@@ -3569,7 +3577,7 @@ TEST cuda_head_step_matches_step_by_step(void)
    time), and a cuBLAS context (whose weight gradients that sum the bias
    gradient are ours); then what it must leave to the pass: Adam, l2,
    clipping, a product too narrow for the wide kernel, a cuBLAS context
-   without the head (cuBLAS's weight gradients), TF32. */
+   without the head (cuBLAS's weight gradients), TF32 (where mnistcu__k_gemm_wg does not take it). */
 TEST cuda_fused_update_equals_pass_bitwise(void)
 {
     static tc_graph_case cases[5];
