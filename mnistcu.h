@@ -4251,6 +4251,7 @@ typedef struct mnistcu__cuda {
     size_t x3_products;        /* TF32X3 products on the tensor cores, either kernel (the tests read it) */
     size_t wg_products;        /* products on mnistcu__k_gemm_wg, TF32X3's and TF32's */
     size_t wg64_products;      /* of those, in 128 x 64 tiles */
+    size_t begin_gathers;      /* steps whose gather took the step's start (mnistcu__k_gather4's beg) */
     size_t wg_epi;             /* of those, with act'(y) or the optimizer's step in the epilogue (the tests) */
     unsigned head_smem;        /* bit 1: mnistcu__k_head<10, 1> was given its shared memory; bit 2: <0, 1> */
     size_t head_res;           /* head kernels launched with the weights and rows resident (the tests) */
@@ -4293,6 +4294,8 @@ typedef struct mnistcu__cuda {
     uint64_t side_head_forks;  /* of them, the head layer's weight gradient's (the tests) */
     uint64_t bias_steps;       /* dense layers' biases stepped by mnistcu__k_bias_grad (the tests) */
     int side_in;               /* 1 between a fork and its unfork: no branch inside a branch */
+    int side_pending;          /* 1: a branch the backward pass joins at its end (mnistcu__cuda_join_pending) */
+    uint64_t side_dw_forks;    /* of side_forks, dense weight gradients with their step */
 } mnistcu__cuda;
 
 /* A dataset's copy on the GPU (resident mode). */
@@ -4362,9 +4365,11 @@ typedef struct mnistcu__cuda_model {
     size_t mc_rows_cap;
     unsigned mc_step;         /* ... this model's steps in it so far (what the partial logits carry) */
     /* the training step as a CUDA graph (see >>cuda_graph) */
-    mnistcu__dyn *dyn;        /* [dyn_cap] a chunk's per-step values, then the current step's, then the cursor */
+    mnistcu__dyn *dyn;        /* [dyn_cap] a chunk's per-step values, then the current step's, the cursor and a
+                                 ticket (mnistcu__begin_done) */
     size_t dyn_cap;
     const mnistcu__dyn *dyn_cur; /* while a step is captured: where its kernels read the per-step values */
+    int begin_pending;        /* a step's entry not yet taken (mnistcu__cuda_step_begin) */
     mnistcu__step_graph graphs[2]; /* full batches, and an epoch's partial last batch */
 } mnistcu__cuda_model;
 
@@ -4518,6 +4523,7 @@ static int mnistcu__cuda_side_ready(mnistcu_ctx *ctx);
 static mnistcu_result mnistcu__cuda_fork(mnistcu_ctx *ctx);
 static mnistcu_result mnistcu__cuda_unfork(mnistcu_ctx *ctx, mnistcu_result r);
 static mnistcu_result mnistcu__cuda_join(mnistcu_ctx *ctx);
+static mnistcu_result mnistcu__cuda_join_pending(mnistcu_ctx *ctx, mnistcu_result r);
 /* A weight gradient's optimizer step in its product's epilogue (>>cuda_update):
    the layer's parameters and their state (w and s for the weights, bw and bs
    for the bias), the step's scalars (opt, or dyn's in a replayed graph). */
@@ -5204,6 +5210,14 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     mnistcu__wupd upd, *u = NULL;
     mnistcu_result r;
     int done = 0, side = 0, bstep;
+    /* the weight gradient (with its step, where the product takes it) a branch beside the first layer's passes
+       (>>cuda_side), joined at the end of the backward pass: that layer takes no input gradient, so nothing
+       after writes dy or this layer's input, and only the optimizer and the next forward pass read what the
+       branch writes. In every step where it can be, the first of each batch size too, so that the second
+       stream's split-K parts are grown before a graph's capture */
+    const mnistcu__layer *Q = mnistcu__layer_before(m, (int)(L - m->layers));
+    const int dw_side = Q && !Q->need_dx && !mnistcu__layer_before(m, (int)(Q - m->layers)) &&
+                        mnistcu__cuda_side_ready(ctx);
     if (P && (P->d.kind != MNISTCU_LAYER_DENSE || P->act == MNISTCU_ACT_IDENTITY || P->out != L->in)) P = NULL;
     if (m->upd_on && (dw_db || mnistcu__cuda_gemm_x_takes(ctx, 1, 0, out, in, B, dy, out, L->in, in, dw, in, NULL))) {
         /* the optimizer's step in the weight gradient's product, which then comes after every read of the
@@ -5243,9 +5257,9 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
             if (r) return r;
         }
     }
-    /* the weight gradient first where it takes no optimizer's step, as before (P3 with our products: 29.9 ms
-       an epoch in this order, 30.3-30.4 with the input gradient first, bench/RESULTS.md) */
-    r = u ? MNISTCU_OK : mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, NULL);
+    /* the weight gradient first where it takes no optimizer's step and is no branch, as before (P3 with our
+       products: 29.9 ms an epoch in this order, 30.3-30.4 with the input gradient first, bench/RESULTS.md) */
+    r = u || dw_side ? MNISTCU_OK : mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, NULL);
     /* the input gradient, from dy with act' applied */
     if (!r && P)
         r = mnistcu__cuda_gemm_x(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, (int)P->act, L->in,
@@ -5257,7 +5271,15 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     if (!r && done) P->dy_done = 1;
     else if (!r && dx)
         r = mnistcu__cuda_gemm(ctx, 0, 0, B, in, out, dy, out, m->params + L->wo, in, dx, in, NULL, 0);
-    if (!r && u) r = mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, u); /* after the last read of W */
+    if (!r && dw_side) { /* after the last read of W; a branch (above), joined at the backward pass's end */
+        if (!(r = mnistcu__cuda_fork(ctx))) {
+            r = mnistcu__cuda_unfork(ctx, mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, u));
+            mnistcu__cu(ctx)->side_pending = 1;
+            mnistcu__cu(ctx)->side_dw_forks++;
+            side = 0; /* the bias's branch, before it on the second stream, joins with it */
+        }
+    } else if (!r && u)
+        r = mnistcu__dense_cuda_dw(m, L, B, dy, dw_db ? db : NULL, u); /* after the last read of W */
     if (!r && bstep) L->upd_done = 2; /* the bias stepped by its gradient's kernel */
     if (side) { /* the branch joined on every path, a failed one's too (a capture must not end with it loose) */
         mnistcu_result j = mnistcu__cuda_join(ctx);
@@ -9744,7 +9766,7 @@ static mnistcu_result mnistcu__loss(mnistcu_model *m, size_t B, int with_grad)
 /* cur holds the output gradient of layer last: fills the gradient arena from there down. */
 static mnistcu_result mnistcu__backward_from(mnistcu_model *m, size_t B, int last, float *cur)
 {
-    mnistcu_result r;
+    mnistcu_result r = MNISTCU_OK;
     int i;
     for (i = last; i >= 0; --i) {
         mnistcu__layer *L = &m->layers[i];
@@ -9752,7 +9774,7 @@ static mnistcu_result mnistcu__backward_from(mnistcu_model *m, size_t B, int las
         if (L->passthrough) continue;
         if (!L->need_dx && L->nw + L->nb == 0) break; /* nothing at or before it is trained */
         next = L->need_dx ? (cur == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0]) : NULL;
-        if ((r = mnistcu__kinds[L->d.kind]->backward[m->backend](m, L, B, cur, next))) return r;
+        if ((r = mnistcu__kinds[L->d.kind]->backward[m->backend](m, L, B, cur, next))) break;
         if (m->dy_kept) { /* next unused: the layer before takes cur (a max pool whose batch norm routes it) */
             m->dy_kept = 0;
             continue;
@@ -9760,7 +9782,10 @@ static mnistcu_result mnistcu__backward_from(mnistcu_model *m, size_t B, int las
         if (!next) break;
         cur = next;
     }
-    return MNISTCU_OK;
+#ifdef __CUDACC__
+    if (m->device == MNISTCU_DEVICE_CUDA) r = mnistcu__cuda_join_pending(m->ctx, r); /* a layer's branch (>>cuda_side) */
+#endif
+    return r;
 }
 
 /* dbuf[0] holds dL/dlogits: fills the gradient arena, last layer first. */
@@ -11574,6 +11599,7 @@ static int mnistcu__cuda_graph_usable(const mnistcu_model *m);
 static void mnistcu__cuda_graphs_reset(mnistcu_model *m);
 static mnistcu_result mnistcu__cuda_dyn_upload(mnistcu_model *m, const mnistcu__dyn *h, size_t count, size_t cap);
 static mnistcu_result mnistcu__cuda_step_begin(mnistcu_model *m);
+static mnistcu_result mnistcu__cuda_begin_flush(mnistcu_model *m);
 static mnistcu__step_graph *mnistcu__cuda_graph_for(mnistcu_model *m, size_t b, int partial);
 static mnistcu_result mnistcu__cuda_capture_begin(mnistcu_model *m);
 static int mnistcu__cuda_capture_end(mnistcu_model *m, mnistcu__step_graph *g, int ok, const char **why);
@@ -12828,8 +12854,10 @@ static mnistcu_result mnistcu__graph_chunk(mnistcu_model *m, const mnistcu_datas
                          "graph (%.300s): the steps run launched", (unsigned long)b, why);
             *off = 1;
         }
-        if (!(r = mnistcu__cuda_step_begin(m)) && !(r = mnistcu__train_step(m, ds, idx, B, b, s, aug, st, o)) && g &&
-            !*off) {
+        if (!(r = mnistcu__cuda_step_begin(m)) && !(r = mnistcu__train_step(m, ds, idx, B, b, s, aug, st, o)))
+            r = mnistcu__cuda_begin_flush(m); /* a step without a gather still takes its entry */
+        ((mnistcu__cuda_model *)m->cuda)->begin_pending = 0;
+        if (!r && g && !*off) {
             g = mnistcu__cuda_graph_for(m, b, b != B); /* buffers made or freed by this step count as done */
             g->frees = mnistcu__cu(m->ctx)->frees;
             g->warm = 1;
@@ -14959,6 +14987,7 @@ typedef struct mnistcu__headp {
     mnistcu__lossp lp;
     float grad_scale;
     int B, IN, C, act;         /* act: the previous dense layer's, applied to dx (IDENTITY: none) */
+    int stats;                 /* 1: the kernel sums the step's statistics; 0: mnistcu__k_step_stats will */
 } mnistcu__headp;
 
 /* Thread t's share of staging pass k0 into registers: input kk = t of the
@@ -14979,21 +15008,38 @@ static __device__ __forceinline__ void mnistcu__head_get(const mnistcu__headp &p
 
 /* CT: the number of classes when the kernel is made for it (10), so that its
    loops over the classes are exact; 0: any C up to MNISTCU__HEAD_MAX_C. Each
-   row has two warps: the first runs the logits' chains (a lane per class), both
-   the input gradient (a lane per input). RES (mnistcu__head_res said yes): each
-   pass's chunk of the weights' C rows and of the block's rows of inputs stays
-   in (dynamic) shared memory, rows IN + 4 floats apart, so that the input
-   gradient reads the weights and the activation's outputs from there, not from
-   global memory again, and a pass needs one barrier, not two. The same chains
-   in the same order: the same bits. Measured on an H200 (ncu, P3's head, 512 x
-   1024 x 10): 19.3-20.2 -> 17.9-18.4 us (all of it loaded at once before the
-   chains: 21.1-22.2 us, the loads no longer under the chains; bench/RESULTS.md).
-   What is left is mostly waiting for the chains: 1,024 dependent fmaf a logit. */
+   row has two warps: the first runs the logits' chains (a lane per class). RES
+   (mnistcu__head_res said yes): each pass's chunk of the weights' C rows and of
+   the block's rows of inputs stays in (dynamic) shared memory, rows IN + 4
+   floats apart, so that the input gradient reads the weights and the
+   activation's outputs from there, not from global memory again, and a pass
+   needs one barrier, not two. The same chains in the same order: the same bits.
+   Where a launch's time went (bench/variants/head_timeline.py, P3's head, 512 x
+   1024 x 10, on an H200), and what changed it:
+   - the logits 5.5 us where their chains (1,024 dependent fmaf) need 2.1: ptxas
+     issues each float4's shared load about one k-step ahead of its fmaf, so
+     about 8 cycles an fmaf. Not changed: loads four k-steps ahead in slots took
+     11.6 us; two halves of four, each loaded before the other's fmaf, made the
+     kernel 11.8 us against 10.1 with every pass's chunk copied at once by
+     cp.async (whose epochs were no faster than this loop's with the passes).
+   - the loss 1.7 us: the row's label loaded from global memory after the logits,
+     and every e^(z - m) on one lane. Now the label is loaded at the start, and
+     for softmax cross-entropy on class labels each class's lane makes its own
+     e^(z - m) and gradient, the row's max and sum still on one lane in class
+     order (mnistcu__softmax_ce_row's operations: the same bits).
+   - the input gradient 1.9 us, a lane per input and row: every weight read once
+     a row. Now a thread takes an input for all the block's rows, its weights
+     read once.
+   - the statistics 2.1 us (the block's fence and ticket, then the last block's
+     sums), after everything else. Where the head layer's weight gradient is a
+     branch on the second stream (>>cuda_side), p.stats is 0 and the branch sums
+     them (mnistcu__k_step_stats, the same sums); the ticket is taken only for
+     the statistics or the bias gradient. */
 template <int CT, int RES>
 __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__headp p)
 {
     MNISTCU__PDL_WAIT();
-    enum { NC = CT ? CT : MNISTCU__HEAD_MAX_C };
+    enum { NC = CT ? CT : MNISTCU__HEAD_MAX_C, KU = NC > 16 ? 1 : 4 /* inputs a thread at once, input gradient */ };
     /* rows MNISTCU__HEAD_LDW apart: a quarter warp's 16-byte loads of 8 rows fall in distinct banks */
     __shared__ __align__(16) float ws_[RES ? 1 : NC][RES ? 4 : MNISTCU__HEAD_LDW];
     __shared__ __align__(16) float xs_[RES ? 1 : MNISTCU__HEAD_ROWS][RES ? 4 : MNISTCU__HEAD_KC];
@@ -15004,6 +15050,9 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
     const int t = (int)threadIdx.x, lane = t & 31, wp = t >> 5, row = wp >> 1, half = wp & 1;
     const int r0 = (int)blockIdx.x * MNISTCU__HEAD_ROWS, r = r0 + row, IN = p.IN, C = CT ? CT : p.C;
     const int live = r < p.B, ldr = p.IN + 4; /* RES: the rows' stride */
+    /* softmax cross-entropy against class labels: mnistcu__loss_row's plain form, on the row's lanes */
+    const int plain = p.lp.kind == MNISTCU_LOSS_SOFTMAX_CE && p.lp.smoothing == 0.0f && !p.targets;
+    const int32_t label = half == 0 && live ? p.labels[r] : 0; /* loaded now, used after the chains */
     float *wsp = RES ? mnistcu__head_sm : &ws_[0][0], *xsp = RES ? mnistcu__head_sm + (size_t)C * ldr : &xs_[0][0];
     mnistcu__lossp lp = p.lp;
     float acc = 0.0f, wv[NC], xv[MNISTCU__HEAD_ROWS];
@@ -15044,42 +15093,71 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
         p.logits[(size_t)r * C + lane] = acc;
     }
     __syncwarp();
-    if (half == 0 && lane == 0 && live) /* from shared memory: the row's logits in, its gradient out */
-        mnistcu__loss_row(&lp, zs[row], p.labels[r], p.targets ? p.targets + (size_t)r * C : NULL, (size_t)C,
-                          p.grad_scale, gs[row], &p.loss[r], &p.pred[r]);
-    __syncthreads(); /* the row's gradient, to both its warps */
+    if (half == 0 && live) { /* from shared memory: the row's logits in, its gradient out */
+        if (plain) { /* mnistcu__softmax_ce_row's operations in the same order, each e^(z - m) on its lane */
+            size_t arg = 0;
+            float m = 0.0f, s = 0.0f, e = 0.0f;
+            if (lane == 0) m = mnistcu__row_max(zs[row], (size_t)C, &arg);
+            m = __shfl_sync(0xffffffffu, m, 0);
+            if (lane < C) gs[row][lane] = e = expf(zs[row][lane] - m);
+            __syncwarp();
+            if (lane == 0) {
+                for (k = 0; k < C; ++k) s = MNISTCU__ADD(s, gs[row][k]);
+                p.loss[r] = MNISTCU__ADD(m, logf(s)) - zs[row][label]; /* mnistcu__softmax_ce_end's */
+                p.pred[r] = (int32_t)arg;
+            }
+            __syncwarp(); /* lane 0 has read every e before the lanes overwrite them */
+            s = __shfl_sync(0xffffffffu, s, 0);
+            if (lane < C) {
+                float g = MNISTCU__MUL(MNISTCU__MUL(e, 1.0f / s), p.grad_scale);
+                gs[row][lane] = lane == label ? g - p.grad_scale : g;
+            }
+        } else if (lane == 0)
+            mnistcu__loss_row(&lp, zs[row], label, p.targets ? p.targets + (size_t)r * C : NULL, (size_t)C,
+                              p.grad_scale, gs[row], &p.loss[r], &p.pred[r]);
+    }
+    __syncthreads(); /* the rows' gradients, to every thread */
     if (half == 0 && lane < C && live) p.g[(size_t)r * C + lane] = gs[row][lane];
-    if (p.dx && live) /* the input gradient: a lane per input, 4 inputs a warp a pass, weights along their rows */
-        for (k0 = half * 32 + lane; k0 < IN; k0 += 256) {
-            float a[4], y[4], w[4][NC];
-            int c;
+    if (p.dx) /* the input gradient: a thread per input, KU inputs at a time, for all the block's rows */
+        for (k0 = t; k0 < IN; k0 += KU * MNISTCU__THREADS) {
+            float w[KU][NC], y[KU][MNISTCU__HEAD_ROWS];
+            int c, q;
 #pragma unroll
-            for (u = 0; u < 4; ++u) { /* every load of the pass at once */
-                k = k0 + 64 * u;
-                a[u] = 0.0f;
-                y[u] = p.act == MNISTCU_ACT_IDENTITY || k >= IN ? 0.0f
-                       : RES ? xsp[(size_t)row * ldr + k] : p.x[(size_t)r * IN + k];
+            for (u = 0; u < KU; ++u) { /* every load of the round at once */
+                k = k0 + MNISTCU__THREADS * u;
 #pragma unroll
                 for (c = 0; c < NC; ++c)
                     w[u][c] = c >= C || k >= IN ? 0.0f : RES ? wsp[(size_t)c * ldr + k] : __ldg(p.w + (size_t)c * IN + k);
+#pragma unroll
+                for (q = 0; q < MNISTCU__HEAD_ROWS; ++q)
+                    y[u][q] = p.act == MNISTCU_ACT_IDENTITY || k >= IN || r0 + q >= p.B ? 0.0f
+                              : RES ? xsp[(size_t)q * ldr + k] : p.x[(size_t)(r0 + q) * IN + k];
             }
 #pragma unroll
-            for (c = 0; c < NC; ++c)
-                if (c < C) {
-                    float gc = gs[row][c];
+            for (q = 0; q < MNISTCU__HEAD_ROWS; ++q)
+                if (r0 + q < p.B) {
+                    float a[KU];
 #pragma unroll
-                    for (u = 0; u < 4; ++u) a[u] = fmaf(gc, w[u][c], a[u]); /* each input's chain over c in order */
-                }
+                    for (u = 0; u < KU; ++u) a[u] = 0.0f;
 #pragma unroll
-            for (u = 0; u < 4; ++u) {
-                k = k0 + 64 * u;
-                if (k < IN) {
-                    float v = C % 16 ? a[u] + 0.0f : a[u];
-                    if (p.act != MNISTCU_ACT_IDENTITY) v = mnistcu__act_backward_one((mnistcu_act)p.act, v, y[u]);
-                    p.dx[(size_t)r * IN + k] = v;
+                    for (c = 0; c < NC; ++c)
+                        if (c < C) {
+                            const float gc = gs[q][c];
+#pragma unroll
+                            for (u = 0; u < KU; ++u) a[u] = fmaf(gc, w[u][c], a[u]); /* each input's chain over c in order */
+                        }
+#pragma unroll
+                    for (u = 0; u < KU; ++u) {
+                        k = k0 + MNISTCU__THREADS * u;
+                        if (k < IN) {
+                            float v = C % 16 ? a[u] + 0.0f : a[u];
+                            if (p.act != MNISTCU_ACT_IDENTITY) v = mnistcu__act_backward_one((mnistcu_act)p.act, v, y[u][q]);
+                            p.dx[(size_t)(r0 + q) * IN + k] = v;
+                        }
+                    }
                 }
-            }
         }
+    if (!p.stats && !p.db) return; /* the statistics on the second stream, no bias gradient: no ticket */
     __threadfence(); /* the rows' losses, predictions and loss gradients, visible before the block's ticket */
     __syncthreads();
     if (t == 0) last = atomicAdd(p.ticket, 1u) == gridDim.x - 1;
@@ -15091,7 +15169,7 @@ __global__ void __launch_bounds__(MNISTCU__THREADS) mnistcu__k_head(mnistcu__hea
             lo += p.dyn->slot;
             co += p.dyn->slot;
         }
-        mnistcu__stats_block(p.loss, p.pred, p.labels, p.B, sl, sc, lo, co);
+        if (p.stats) mnistcu__stats_block(p.loss, p.pred, p.labels, p.B, sl, sc, lo, co);
         if (p.db) { /* the bias gradient: each class's sum over the rows in order from 0, as mnistcu__k_bias_grad;
                        the rows staged MNISTCU__HEAD_DB_ROWS at a time in the weights' place */
             float *tile = wsp, sum = 0.0f; /* RES: the rows of weights and inputs, (C + 4) x ldr floats */
@@ -15283,18 +15361,49 @@ __global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int
     }
 }
 
+/* The step's start (mnistcu__k_step_begin's work) in the step's first kernel,
+   where that is the gather: beg, the per-step values (mnistcu__cuda_model.dyn:
+   cap entries, the current step's, the cursor, a ticket). Every block reads the
+   cursor's entry at its start (the cursor's value returned; the batch's offset
+   from there where dyn is given); the block that takes the ticket last, when
+   every block has read it, copies the entry to where the step's later kernels
+   read it (beg[cap]), moves the cursor on and puts the ticket back to 0 (an
+   integer ticket, no float atomics). One kernel a step fewer: mnistcu__k_step_begin
+   took 2.1-2.5 us of P3's and the Fashion CNN's steps on an H200 (ncu at the
+   timed runs' clocks, bench/RESULTS.md). */
+static __device__ __forceinline__ unsigned long long mnistcu__begin_read(const mnistcu__dyn *beg, size_t cap)
+{
+    return *(const volatile unsigned long long *)(beg + cap + 1);
+}
+static __device__ __forceinline__ void mnistcu__begin_done(mnistcu__dyn *beg, size_t cap, unsigned long long c)
+{
+    unsigned long long *cursor = (unsigned long long *)(beg + cap + 1);
+    unsigned *ticket = (unsigned *)(cursor + 1);
+    __syncthreads(); /* the block's reads of the entry are done */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(ticket, 1u) == gridDim.x - 1) {
+            beg[cap] = beg[c];
+            *cursor = c + 1;
+            *ticket = 0;
+        }
+    }
+}
+
 /* mnistcu__k_gather for bytes without targets and F a multiple of 4, the rows
    and the batch 4- and 16-byte aligned: four features a thread, one 4-byte load
    and one 16-byte store, each value the same fmaf (P3's gather 5.4 us with one
-   feature a thread, ncu). */
+   feature a thread, ncu). beg: the step's start too (above), the offset from its
+   entry where dyn is given (a step replayed from a graph). */
 __global__ void mnistcu__k_gather4(const uint8_t *u8, const int32_t *src_labels, const uint32_t *idx, size_t offset,
                                    int B, int F, float scale, float shift, float *x, int32_t *labels,
-                                   const mnistcu__dyn *dyn)
+                                   const mnistcu__dyn *dyn, mnistcu__dyn *beg, size_t cap)
 {
     MNISTCU__PDL_WAIT();
     const size_t F4 = (size_t)F / 4, n4 = (size_t)B * F4;
+    const unsigned long long c = beg ? mnistcu__begin_read(beg, cap) : 0;
     size_t e;
-    if (dyn) offset = (size_t)dyn->offset; /* a step replayed from a graph */
+    if (dyn) offset = (size_t)(beg ? beg[c].offset : dyn->offset); /* a step replayed from a graph */
     for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n4; e += (size_t)gridDim.x * blockDim.x) {
         const size_t i = mnistcu__div(e, F4), j4 = e - i * F4;
         const size_t s = idx ? (size_t)idx[offset + i] : offset + i;
@@ -15307,6 +15416,7 @@ __global__ void mnistcu__k_gather4(const uint8_t *u8, const int32_t *src_labels,
         ((float4 *)x)[e] = o;
         if (j4 == 0) labels[i] = src_labels[s];
     }
+    if (beg) mnistcu__begin_done(beg, cap, c);
 }
 
 /* Whether mnistcu__k_gather4 takes a batch. */
@@ -15582,6 +15692,18 @@ static mnistcu_result mnistcu__cuda_join(mnistcu_ctx *ctx)
 {
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     return mnistcu__cuda_check(ctx, cudaStreamWaitEvent(cu->stream, cu->side_join, 0), "a step's branch");
+}
+
+/* The end of a backward pass: the main stream waits for a branch left to it (side_pending), on every
+   path, a failed one's too. r: the pass's result, returned before the join's. */
+static mnistcu_result mnistcu__cuda_join_pending(mnistcu_ctx *ctx, mnistcu_result r)
+{
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
+    mnistcu_result j;
+    if (!cu || !cu->side_pending) return r;
+    cu->side_pending = 0;
+    j = mnistcu__cuda_join(ctx);
+    return r ? r : j;
 }
 
 static void mnistcu__cuda_ctx_free(mnistcu_ctx *ctx)
@@ -16471,6 +16593,9 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
                   P->out == H->in;
     /* the bias gradient in the weight gradient's product where the skinny kernel takes it (the same sums) */
     const int db_later = H->nb && mnistcu__gemm_skinny_ok(1, 0, (size_t)H->oc, (size_t)H->c, B);
+    /* the head layer's weight gradient a branch on the second stream (below): the statistics go there too */
+    const int side_ok = H->need_dx && mnistcu__cuda_side_ready(m->ctx);
+    const size_t step0 = step;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
     m->fwd_fuse = 1; /* a batch norm may take the max pool after it (mnistcu__bn_pool_after) */
     for (i = 0; i < h && !r; ++i) {
@@ -16503,6 +16628,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     p.IN = H->c;
     p.C = H->oc;
     p.act = fold ? (int)P->act : (int)MNISTCU_ACT_IDENTITY;
+    p.stats = !side_ok;
     {
         mnistcu__cuda *cu = mnistcu__cu(m->ctx);
         const unsigned grid = (unsigned)((B + MNISTCU__HEAD_ROWS - 1) / MNISTCU__HEAD_ROWS);
@@ -16527,9 +16653,10 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
        backward pass: it reads the loss gradient in head_g and the layer's input, which nothing after writes,
        and writes what only the optimizer's pass reads. Measured on an H200 with TF32X3 (bench/RESULTS.md):
        P3 16.59-16.71 -> 16.25-16.26 ms an epoch, the Fashion CNN 202.4 -> 195.4-196.1 */
-    side = H->need_dx && mnistcu__cuda_side_ready(m->ctx);
+    side = side_ok;
     if (side && (r = mnistcu__cuda_fork(m->ctx))) side = 0;
     if (side) mnistcu__cu(m->ctx)->side_head_forks++;
+    if (!r && !p.stats) r = mnistcu__cuda_step_stats(m, B, step0); /* in the branch: off the step's path */
     if (!r) r = mnistcu__kinds[H->d.kind]->backward[m->backend](m, H, B, m->head_g, NULL);
     if (side) r = mnistcu__cuda_unfork(m->ctx, r);
     H->db_done = 0;
@@ -19980,6 +20107,16 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
     if ((r = mnistcu__cuda_alive(ctx))) return r;
     if (!cm->streaming) {
         const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
+        if (cm->begin_pending && !aug && mnistcu__gather4_ok(dc->u8, dc->targets, F, m->input)) {
+            cm->begin_pending = 0; /* the step's start in the gather */
+            mnistcu__launch(mnistcu__k_gather4, mnistcu__blocks(n / 4), MNISTCU__THREADS, 0, cu->stream, dc->u8,
+                            dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->input, m->labels,
+                            mnistcu__cuda_dyn(m), cm->dyn, cm->dyn_cap);
+            MNISTCU__LAUNCHED(ctx, "gather");
+            cu->begin_gathers++;
+            return MNISTCU_OK;
+        }
+        if ((r = mnistcu__cuda_begin_flush(m))) return r;
         if (aug) {
             mnistcu__launch(mnistcu__k_gather_augment, (unsigned)B, MNISTCU__THREADS, aug->elastic ? 16 * F : 0, cu->stream,
                 *aug, dc->u8, dc->labels, dc->targets, (int)ds->target_dim, cm->idx, offset, ds->rows, ds->cols,
@@ -19990,7 +20127,7 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
         if (mnistcu__gather4_ok(dc->u8, dc->targets, F, m->input)) {
             mnistcu__launch(mnistcu__k_gather4, mnistcu__blocks(n / 4), MNISTCU__THREADS, 0, cu->stream, dc->u8,
                             dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->input, m->labels,
-                            mnistcu__cuda_dyn(m));
+                            mnistcu__cuda_dyn(m), (mnistcu__dyn *)NULL, (size_t)0);
             MNISTCU__LAUNCHED(ctx, "gather");
             return MNISTCU_OK;
         }
@@ -20000,7 +20137,9 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
         MNISTCU__LAUNCHED(ctx, "gather");
         return MNISTCU_OK;
     } else {
-        int s = (int)(cm->step_counter++ % MNISTCU__STREAM_SLOTS);
+        int s;
+        if ((r = mnistcu__cuda_begin_flush(m))) return r;
+        s = (int)(cm->step_counter++ % MNISTCU__STREAM_SLOTS);
         size_t esize = ds->u8 ? 1 : sizeof(float), fbytes = n * esize, lab_off = (fbytes + 15) & ~(size_t)15, i;
         size_t tgt_off = lab_off + ((B * sizeof(int32_t) + 15) & ~(size_t)15), T = ds->target_dim;
         unsigned char *host;
@@ -20131,7 +20270,8 @@ static mnistcu_result mnistcu__cuda_dyn_upload(mnistcu_model *m, const mnistcu__
     if (cap < count) cap = count;
     if (cap > cm->dyn_cap) {
         mnistcu__dyn *d = NULL;
-        if ((r = mnistcu__cuda_malloc(ctx, (void **)&d, (cap + 1) * sizeof(mnistcu__dyn) + sizeof(unsigned long long),
+        if ((r = mnistcu__cuda_malloc(ctx, (void **)&d,
+                                      (cap + 1) * sizeof(mnistcu__dyn) + 2 * sizeof(unsigned long long),
                                       "per-step values")))
             return r;
         cudaStreamSynchronize(cu->stream);
@@ -20143,15 +20283,26 @@ static mnistcu_result mnistcu__cuda_dyn_upload(mnistcu_model *m, const mnistcu__
        at a chunk's start, where the report before has emptied the stream anyway */
     e = cudaMemcpyAsync(cm->dyn, h, count * sizeof(mnistcu__dyn), cudaMemcpyHostToDevice, cu->stream);
     if (e == cudaSuccess)
-        e = cudaMemsetAsync((void *)(cm->dyn + cm->dyn_cap + 1), 0, sizeof(unsigned long long), cu->stream);
+        e = cudaMemsetAsync((void *)(cm->dyn + cm->dyn_cap + 1), 0, 2 * sizeof(unsigned long long), cu->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(cu->stream);
     return mnistcu__cuda_check(ctx, e, "per-step values");
 }
 
-/* A launched step takes its entry too, so the cursor stays with the steps. */
+/* A launched step takes its entry too, so the cursor stays with the steps. The
+   step's gather takes it where it can (mnistcu__k_gather4's beg), else
+   mnistcu__cuda_begin_flush launches mnistcu__k_step_begin before the step's
+   first other kernel; mnistcu__cuda_begin_end after the step, if nothing did. */
 static mnistcu_result mnistcu__cuda_step_begin(mnistcu_model *m)
 {
     mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    cm->begin_pending = 1;
+    return MNISTCU_OK;
+}
+static mnistcu_result mnistcu__cuda_begin_flush(mnistcu_model *m)
+{
+    mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
+    if (!cm->begin_pending) return MNISTCU_OK;
+    cm->begin_pending = 0;
     mnistcu__launch(mnistcu__k_step_begin, 1, 32, 0, mnistcu__cu(m->ctx)->stream, cm->dyn, cm->dyn_cap);
     MNISTCU__LAUNCHED(m->ctx, "step_begin");
     return MNISTCU_OK;
@@ -20191,7 +20342,7 @@ static mnistcu_result mnistcu__cuda_capture_begin(mnistcu_model *m)
 #endif
     e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return mnistcu__cuda_check(m->ctx, e, "capturing a step");
-    mnistcu__launch(mnistcu__k_step_begin, 1, 32, 0, st, cm->dyn, cm->dyn_cap);
+    cm->begin_pending = 1; /* the step's gather, or a mnistcu__k_step_begin before its first kernel */
     cm->dyn_cur = cm->dyn + cm->dyn_cap;
     return MNISTCU_OK;
 }
@@ -20205,8 +20356,11 @@ static int mnistcu__cuda_capture_end(mnistcu_model *m, mnistcu__step_graph *g, i
     cudaStream_t st = mnistcu__cu(m->ctx)->stream;
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
-    cudaError_t e = cudaStreamEndCapture(st, &graph);
+    cudaError_t e;
     size_t nodes = 0;
+    if (ok && mnistcu__cuda_begin_flush(m)) ok = 0; /* a step without a gather still takes its entry */
+    cm->begin_pending = 0;
+    e = cudaStreamEndCapture(st, &graph);
     cm->dyn_cur = NULL;
     *why = NULL;
     if (!ok) *why = "a call of the step failed while captured";

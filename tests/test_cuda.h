@@ -813,10 +813,42 @@ TEST cuda_step_stats_and_gather(void)
             mnistcu__k_gather<<<mnistcu__blocks(nx), MNISTCU__THREADS>>>(dbytes, NULL, dlabs, NULL, 0, dperm, off, Bk, F,
                                                                         1.0f / 255.0f, -0.1307f, x1, l1, NULL, NULL);
             mnistcu__k_gather4<<<mnistcu__blocks(nx / 4), MNISTCU__THREADS>>>(dbytes, dlabs, dperm, off, Bk, F,
-                                                                             1.0f / 255.0f, -0.1307f, x2, l2, NULL);
+                                                                             1.0f / 255.0f, -0.1307f, x2, l2, NULL,
+                                                                             NULL, 0);
             ASSERT_EQ(cudaSuccess, cudaGetLastError());
             h1 = tc_down(x1, nx), h2 = tc_down(x2, nx);
             ASSERT_ARRAY_EQ_BITS_F(h1, h2, nx);
+            if (k == 0) { /* the step's start in the gather (beg): the cursor's entry's offset where dyn is given,
+                             the entry copied to [cap], the cursor moved on, the ticket back to 0; twice */
+                enum { CAP = 3 };
+                mnistcu__dyn hd[CAP + 1], back[CAP + 1], *dd;
+                unsigned long long ctl[2] = {1, 0}, bctl[2];
+                const size_t bytes = (CAP + 1) * sizeof(mnistcu__dyn) + sizeof ctl;
+                float *h3;
+                int pass;
+                memset(hd, 0, sizeof hd);
+                for (i = 0; i < CAP; ++i) hd[i].offset = i == 1 ? off : 100 + i, hd[i].slot = 7 + i, hd[i].step = 40 + i;
+                cudaMalloc((void **)&dd, bytes);
+                cudaMemcpy(dd, hd, sizeof hd, cudaMemcpyHostToDevice);
+                cudaMemcpy((char *)dd + sizeof hd, ctl, sizeof ctl, cudaMemcpyHostToDevice);
+                for (pass = 0; pass < 2; ++pass) {
+                    /* pass 0 replayed (the offset argument ignored), pass 1 launched (the argument's offset) */
+                    cudaMemset(x2, 0xff, nx * sizeof(float));
+                    mnistcu__k_gather4<<<mnistcu__blocks(nx / 4), MNISTCU__THREADS>>>(
+                        dbytes, dlabs, dperm, pass == 0 ? (size_t)999 : off, Bk, F, 1.0f / 255.0f, -0.1307f, x2, l2,
+                        pass == 0 ? dd + CAP : NULL, dd, (size_t)CAP);
+                    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+                    h3 = tc_down(x2, nx);
+                    ASSERT_ARRAY_EQ_BITS_F(h1, h3, nx);
+                    free(h3);
+                    cudaMemcpy(back, dd, sizeof back, cudaMemcpyDeviceToHost);
+                    cudaMemcpy(bctl, (char *)dd + sizeof hd, sizeof bctl, cudaMemcpyDeviceToHost);
+                    ASSERT_EQ(0, memcmp(&back[CAP], &hd[1 + pass], sizeof(mnistcu__dyn)));
+                    ASSERT_EQ((unsigned long long)(2 + pass), bctl[0]);
+                    ASSERT_EQ((unsigned long long)0, bctl[1]);
+                }
+                cudaFree(dd);
+            }
             cudaMemcpy(hl1, l1, (size_t)Bk * sizeof(int32_t), cudaMemcpyDeviceToHost);
             cudaMemcpy(hl2, l2, (size_t)Bk * sizeof(int32_t), cudaMemcpyDeviceToHost);
             ASSERT_MEM_EQ(hl1, hl2, (size_t)Bk * sizeof(int32_t));
@@ -2931,6 +2963,8 @@ typedef struct tc_graph_run {
     uint64_t bias_steps;      /* dense layers' biases stepped by their gradients' kernel (likewise) */
     uint64_t side_head_forks; /* of side_forks, the head layer's weight gradient's */
     size_t head_res;          /* head kernels with the weights and rows all in shared memory (likewise) */
+    size_t begin_gathers;     /* steps whose gather took the step's start (likewise) */
+    uint64_t side_dw_forks;   /* of side_forks, dense weight gradients with their step (likewise) */
     int64_t batches[MNISTCU_MAX_MODEL_LAYERS];
     mnistcu_train_result res;
     tc_curve curve;
@@ -3015,6 +3049,8 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
         out->bias_steps = mnistcu__cu(ctx)->bias_steps;
         out->side_head_forks = mnistcu__cu(ctx)->side_head_forks;
         out->head_res = mnistcu__cu(ctx)->head_res;
+        out->begin_gathers = mnistcu__cu(ctx)->begin_gathers;
+        out->side_dw_forks = mnistcu__cu(ctx)->side_dw_forks;
         for (l = 0; l < m->num_layers && l < MNISTCU_MAX_MODEL_LAYERS; ++l) out->batches[l] = m->layers[l].batches;
     }
     mnistcu_ctx_destroy(ctx);
@@ -3051,9 +3087,12 @@ TEST cuda_dense_bias_branch_equals_in_line_bitwise(void)
                 ASSERTm(c.name, tc_graph_train(&c, no_graph, 0, &b));
                 tc_side_off = 0;
                 tc_graph_prec = MNISTCU_PRECISION_DEFAULT;
-                printf("    %s, %s, %s, %s: %lu branches, loss %.9g / %.9g\n", c.name, x3 ? "TF32X3" : "FP32",
-                       no_graph ? "launched" : "graphs", upd ? "steps in the products" : "steps in the pass",
-                       (unsigned long)a.side_forks, a.res.train_loss, b.res.train_loss);
+                printf("    %s, %s, %s, %s: %lu branches (%lu weight gradients), loss %.9g / %.9g\n", c.name,
+                       x3 ? "TF32X3" : "FP32", no_graph ? "launched" : "graphs",
+                       upd ? "steps in the products" : "steps in the pass", (unsigned long)a.side_forks,
+                       (unsigned long)a.side_dw_forks, a.res.train_loss, b.res.train_loss);
+                /* the second layer's weight gradient (with or without its step) a branch too */
+                ASSERTm(c.name, a.side_dw_forks > 0 && a.side_dw_forks < a.side_forks);
                 ASSERT_EQm(c.name, a.res.fused_update_steps, b.res.fused_update_steps);
                 ASSERTm(c.name, upd ? a.res.fused_update_steps > 0 : a.res.fused_update_steps == 0);
                 ASSERTm(c.name, a.side_forks > a.side_head_forks && a.side_head_forks > 0); /* the bias's too */
@@ -3132,6 +3171,9 @@ TEST cuda_wg_epilogue_equals_passes_bitwise(void)
                            (unsigned long)a.res.fused_update_steps, (unsigned long)a.res.steps, a.res.train_loss,
                            b.res.train_loss);
                     ASSERTm(c.name, a.wg_epi > 0);
+                    /* the second layer's weight gradient with its step beside the first layer's passes */
+                    ASSERTm(c.name, a.side_dw_forks > 0);
+                    ASSERT_EQm(c.name, (uint64_t)0, d.side_dw_forks);
                     /* the hidden biases stepped by their gradients' kernel (the pass would give the same bits) */
                     ASSERTm(c.name, a.bias_steps > 0 && d.bias_steps > 0);
                     ASSERT_EQm(c.name, (uint64_t)0, b.bias_steps);
@@ -3199,7 +3241,7 @@ TEST cuda_conv_branch_equals_in_line_bitwise(void)
 
 TEST cuda_graph_step_equals_launched_bitwise(void)
 {
-    static tc_graph_case cases[6];
+    static tc_graph_case cases[8];
     int covered[MNISTCU_LAYER_KIND_COUNT] = {0}, i, k, ncases = 0;
     tc_graph_case *c;
     memset(cases, 0, sizeof cases);
@@ -3217,6 +3259,14 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
     c->spec = "1x28x28 conv5x5x6:p=2 relu maxpool2 conv5x5x16 relu maxpool2 flatten dense84 relu dropout0.5 dense10";
     c->gemm = MNISTCU_GEMM_OWN; c->cnn = MNISTCU_CNN_OWN;
     c->n = 200; c->B = 32; c->epochs = 2; c->u8 = 1; c->augment = 1;
+    c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
+    /* bytes without augmentation: the step's start in its gather (mnistcu__k_gather4's beg), a partial last
+       batch, with the head */
+    c = &cases[ncases++];
+    c->name = "MLP on bytes, the step's start in its gather";
+    c->spec = "784 dense64 relu dense32 relu dense10";
+    c->gemm = MNISTCU_GEMM_OWN; c->cnn = MNISTCU_CNN_OWN;
+    c->n = 200; c->B = 48; c->epochs = 3; c->u8 = 1; c->progress_every = 3;
     c->optim.learning_rate = 0.05f; c->optim.momentum = 0.9f;
     /* clipping and l2 (their kernels in the graph), a validation set between epochs, batches above and
        below the one-pass bias gradient's 128 rows */
@@ -3265,6 +3315,12 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
                (unsigned long)a.res.graph_steps, (unsigned long)steps, a.res.train_loss, b.res.train_loss);
         ASSERT_EQm(c->name, steps, a.res.steps);
         ASSERT_EQm(c->name, (size_t)0, b.res.graph_steps);
+        ASSERT_EQm(c->name, (size_t)0, b.begin_gathers); /* launched: no per-step values on the device */
+        if (c->u8 && !c->augment) /* each launched step's gather took its start, and each capture's */
+            ASSERT_EQm(c->name, steps - a.res.graph_steps + 2, a.begin_gathers); /* two sizes captured */
+        else { /* floats, or augmentation: mnistcu__k_step_begin */
+            ASSERT_EQm(c->name, (size_t)0, a.begin_gathers);
+        }
         /* one launched step per batch size before its capture, one more per size after each validation
            (the evaluation may have grown the workspace) */
         ASSERT_GTEm(c->name, a.res.graph_steps, steps - 2 - (c->validation ? 2 * (size_t)c->epochs : 0));
