@@ -15018,10 +15018,10 @@ static __device__ __forceinline__ void mnistcu__head_get(const mnistcu__headp &p
    1024 x 10, on an H200), and what changed it:
    - the logits 5.5 us where their chains (1,024 dependent fmaf) need 2.1: ptxas
      issues each float4's shared load about one k-step ahead of its fmaf, so
-     about 8 cycles an fmaf. Not changed: loads four k-steps ahead in slots took
-     11.6 us; two halves of four, each loaded before the other's fmaf, made the
-     kernel 11.8 us against 10.1 with every pass's chunk copied at once by
-     cp.async (whose epochs were no faster than this loop's with the passes).
+     about 8 cycles an fmaf. Not changed: with this loop the kernel takes 10.2 us
+     (ncu at the timed runs' clocks); the loads four k-steps ahead in slots 17.2,
+     in two halves of four each loaded before the other's fmaf 11.8, and every
+     pass's chunk copied at once by cp.async 10.05, its epochs no faster.
    - the loss 1.7 us: the row's label loaded from global memory after the logits,
      and every e^(z - m) on one lane. Now the label is loaded at the start, and
      for softmax cross-entropy on class labels each class's lane makes its own
