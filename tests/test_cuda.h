@@ -570,6 +570,37 @@ TEST cuda_elementwise_ops_match_cpu(void)
                 ASSERT_ARRAY_EQ_BITS_F(got_dz, dz, nk);
                 if (with_bias) ASSERT_ARRAY_EQ_BITS_F(got, ref, On);
                 else ASSERT(got[0] != got[0]); /* untouched: still the poison */
+                if (with_bias && a == 1) { /* the bias's SGD step in the same kernel (bw), against the host's
+                    mnistcu__opt_sgd on its gradient (mnistcu__k_optim's operations): plain, the momentum buffer's
+                    first step, then momentum with weight decay, dampening and Nesterov */
+                    int v;
+                    for (v = 0; v < 3; ++v) {
+                        mnistcu__opt o;
+                        float *bw = tu_random_floats(&rng, On, -1, 1), *bs = tu_random_floats(&rng, On, -1, 1);
+                        float *dbw = tc_up(bw, On), *dbs = tc_up(bs, On), *gw, *gs;
+                        size_t j;
+                        memset(&o, 0, sizeof o);
+                        o.kind = MNISTCU_OPTIM_SGD;
+                        o.lr = 0.05f;
+                        o.has_momentum = v > 0;
+                        o.first = v == 1;
+                        o.mu = 0.9f;
+                        o.cdamp = v == 2 ? 0.75f : 1.0f;
+                        o.wd = v == 2 ? 1e-3f : 0.0f;
+                        o.nesterov = v == 2;
+                        cudaMemcpy(ddz, dz, nk * sizeof(float), cudaMemcpyHostToDevice); /* act' applied */
+                        mnistcu__k_bias_grad<<<(unsigned)((On + 31) / 32), 256>>>(
+                            ddz, dy, (int)MNISTCU_ACT_IDENTITY, (int)Bk, (int)On, ddb, dbw, o.has_momentum ? dbs : NULL,
+                            (const mnistcu__dyn *)NULL, o);
+                        ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+                        for (j = 0; j < On; ++j) mnistcu__opt_sgd(&o, j, bw, ref[j], bs);
+                        gw = tc_down(dbw, On);
+                        gs = tc_down(dbs, On);
+                        ASSERT_ARRAY_EQ_BITS_F(gw, bw, On);
+                        ASSERT_ARRAY_EQ_BITS_F(gs, bs, On); /* set on the first step, untouched without momentum */
+                        free(bw); free(bs); free(gw); free(gs); cudaFree(dbw); cudaFree(dbs);
+                    }
+                }
                 free(dz); free(y); free(ref); free(got); free(got_dz); cudaFree(ddz); cudaFree(dy); cudaFree(ddb);
             }
     }
