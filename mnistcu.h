@@ -4251,8 +4251,8 @@ typedef struct mnistcu__cuda {
     size_t x3_products;        /* TF32X3 products on the tensor cores, either kernel (the tests read it) */
     size_t wg_products;        /* products on mnistcu__k_gemm_wg, TF32X3's and TF32's */
     size_t wg64_products;      /* of those, in 128 x 64 tiles */
-    size_t begin_gathers;      /* steps whose gather took the step's start (mnistcu__k_gather4's beg) */
     size_t wg_epi;             /* of those, with act'(y) or the optimizer's step in the epilogue (the tests) */
+    size_t begin_gathers;      /* steps whose gather took the step's start (mnistcu__k_gather4's beg; the tests) */
     unsigned head_smem;        /* bit 1: mnistcu__k_head<10, 1> was given its shared memory; bit 2: <0, 1> */
     size_t head_res;           /* head kernels launched with the weights and rows resident (the tests) */
     int head_res_off;          /* 1: the head stages them in passes (the tests compare) */
@@ -4295,7 +4295,7 @@ typedef struct mnistcu__cuda {
     uint64_t bias_steps;       /* dense layers' biases stepped by mnistcu__k_bias_grad (the tests) */
     int side_in;               /* 1 between a fork and its unfork: no branch inside a branch */
     int side_pending;          /* 1: a branch the backward pass joins at its end (mnistcu__cuda_join_pending) */
-    uint64_t side_dw_forks;    /* of side_forks, dense weight gradients with their step */
+    uint64_t side_dw_forks;    /* of side_forks, dense weight gradients (with their step where fused) */
 } mnistcu__cuda;
 
 /* A dataset's copy on the GPU (resident mode). */
@@ -5211,11 +5211,12 @@ static mnistcu_result mnistcu__dense_cuda_backward(mnistcu_model *m, mnistcu__la
     mnistcu_result r;
     int done = 0, side = 0, bstep;
     /* the weight gradient (with its step, where the product takes it) a branch beside the first layer's passes
-       (>>cuda_side), joined at the end of the backward pass: that layer takes no input gradient, so nothing
-       after writes dy or this layer's input, and only the optimizer and the next forward pass read what the
-       branch writes. In every step where it can be, the first of each batch size too, so that the second
-       stream's split-K parts are grown before a graph's capture */
-    const mnistcu__layer *Q = mnistcu__layer_before(m, (int)(L - m->layers));
+       (>>cuda_side), joined at the end of the backward pass (mnistcu__backward_from's; the head step joins
+       too): this layer takes an input gradient (dx: the first layer's passes follow in that backward pass)
+       and the first layer none, so nothing after writes dy or this layer's input, and only the optimizer and
+       the next forward pass read what the branch writes. In every step where it can be, the first of each
+       batch size too, so that the second stream's split-K parts are grown before a graph's capture */
+    const mnistcu__layer *Q = dx ? mnistcu__layer_before(m, (int)(L - m->layers)) : NULL;
     const int dw_side = Q && !Q->need_dx && !mnistcu__layer_before(m, (int)(Q - m->layers)) &&
                         mnistcu__cuda_side_ready(ctx);
     if (P && (P->d.kind != MNISTCU_LAYER_DENSE || P->act == MNISTCU_ACT_IDENTITY || P->out != L->in)) P = NULL;
@@ -15581,7 +15582,13 @@ static mnistcu_result mnistcu__cuda_ctx_init(mnistcu_ctx *ctx)
    columns path's scratch holds dcol apart from col for it (17.8 MB more for
    P5). Measured on the H200, one call, the same losses to the bit: P5 with
    cuBLAS's products 223.5-224.1 -> 207.7-207.9 ms an epoch, with ours 316.3
-   -> 283.1, in TF32 149.0 -> 142.7 (bench/RESULTS.md). */
+   -> 283.1, in TF32 149.0 -> 142.7 (bench/RESULTS.md). Most branches are
+   joined where their layer's backward pass ends; two run longer: the head
+   layer's weight gradient with the step's statistics (>>cuda_head), and the
+   weight gradient of a dense layer after the model's first (which takes no
+   input gradient) beside that first layer's passes (side_pending, joined by
+   mnistcu__cuda_join_pending at the end of the backward pass and of the head
+   step). Branches queue in order on the one second stream. */
 static void mnistcu__cuda_lane_swap(mnistcu__cuda *cu, mnistcu__cuda_lane *l)
 {
 #define MNISTCU__SWAP(T, a, b) \
@@ -16670,6 +16677,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
             m->layers[i].dy_pool = 0;
         }
     }
+    r = mnistcu__cuda_join_pending(m->ctx, r); /* a layer's branch left to the backward pass's end, if any */
     if (side) { /* the branch joined on every path, a failed one's too (a capture must not end with it loose) */
         mnistcu_result j = mnistcu__cuda_join(m->ctx);
         return r ? r : j;
@@ -20289,9 +20297,12 @@ static mnistcu_result mnistcu__cuda_dyn_upload(mnistcu_model *m, const mnistcu__
 }
 
 /* A launched step takes its entry too, so the cursor stays with the steps. The
-   step's gather takes it where it can (mnistcu__k_gather4's beg), else
-   mnistcu__cuda_begin_flush launches mnistcu__k_step_begin before the step's
-   first other kernel; mnistcu__cuda_begin_end after the step, if nothing did. */
+   step's gather, its first kernel, takes it where it can (mnistcu__k_gather4's
+   beg), else mnistcu__cuda_begin_flush launches mnistcu__k_step_begin just
+   before the gather. Should a step launch nothing through mnistcu__cuda_gather,
+   its entry is taken after it (a launched step's kernels read the host's
+   values, so only the cursor matters), and a capture fails (its kernels would
+   have read the last step's values): training goes on launched. */
 static mnistcu_result mnistcu__cuda_step_begin(mnistcu_model *m)
 {
     mnistcu__cuda_model *cm = (mnistcu__cuda_model *)m->cuda;
@@ -20358,12 +20369,13 @@ static int mnistcu__cuda_capture_end(mnistcu_model *m, mnistcu__step_graph *g, i
     cudaGraphExec_t exec = NULL;
     cudaError_t e;
     size_t nodes = 0;
-    if (ok && mnistcu__cuda_begin_flush(m)) ok = 0; /* a step without a gather still takes its entry */
+    const int untaken = ok && cm->begin_pending; /* no gather took the step's entry (mnistcu__cuda_step_begin) */
     cm->begin_pending = 0;
     e = cudaStreamEndCapture(st, &graph);
     cm->dyn_cur = NULL;
     *why = NULL;
-    if (!ok) *why = "a call of the step failed while captured";
+    if (untaken) *why = "the step's first kernel was not its gather";
+    else if (!ok) *why = "a call of the step failed while captured";
     else if (e != cudaSuccess || !graph) *why = cudaGetErrorString(e != cudaSuccess ? e : cudaErrorUnknown);
     else if ((e = cudaGraphInstantiate(&exec, graph, 0)) != cudaSuccess) *why = cudaGetErrorString(e);
     if (graph) {
