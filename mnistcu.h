@@ -343,8 +343,9 @@ typedef enum mnistcu_cnn {
    on P3's products, bench/gemm_tc3.cu), not FP32's bits; on an H200 P3 takes
    20.0-20.3 ms an epoch against 21.6-21.9 with cuBLAS's FP32, P5 186.8 against
    205.8 (bench/RESULTS.md). It takes the products of
-   16 or more 64x64 tiles whose dimensions are multiples of 4 (own kernels and
-   cuBLAS builds alike: cuBLAS has no such mode); the rest stay FP32. */
+   16 or more 64x64 tiles whose dimensions are multiples of 4, and of fewer
+   over a K of 2048 or more (own kernels and cuBLAS builds alike: cuBLAS has no
+   such mode); the rest stay FP32. */
 typedef enum mnistcu_precision {
     MNISTCU_PRECISION_DEFAULT = 0, /* FP32 */
     MNISTCU_PRECISION_FP32,
@@ -16194,13 +16195,18 @@ static int mnistcu__x3_dims(size_t M, size_t N, size_t K, const float *A, size_t
            !(M && N > SIZE_MAX / 16 / M); /* 16 slices of M x N at most */
 }
 /* Whether mnistcu__cuda_gemm_x3 takes a product (>>cuda_x3): a TF32X3 context, those dimensions, and 16 or
-   more 64x64 tiles (fewer stay FP32's, as in TF32, MNISTCU__TC_MIN_TILES). */
+   more 64x64 tiles, or fewer over a K of MNISTCU__X3_LONG_K or more, whose slices then make the blocks
+   (mnistcu__x3_split). Other products of fewer tiles stay FP32's, as in TF32 (MNISTCU__TC_MIN_TILES).
+   The Fashion CNN's first dense layer forward (64 x 256 x 3200, 4 tiles) took cuBLAS's FP32 kernel 10.7
+   us and its split's sum 4.0 of a 200 us step (ncu on an H200, bench/RESULTS.md). */
+#define MNISTCU__X3_LONG_K 2048
 static int mnistcu__x3_ok(const mnistcu__cuda *cu, size_t M, size_t N, size_t K, const float *A, size_t lda,
                           const float *B, size_t ldb, const float *C, size_t ldc)
 {
     if (cu->precision != MNISTCU_PRECISION_TF32X3 || !mnistcu__x3_dims(M, N, K, A, lda, B, ldb, C, ldc)) return 0;
     return ((M + MNISTCU__X3_T - 1) / MNISTCU__X3_T) * ((N + MNISTCU__X3_T - 1) / MNISTCU__X3_T) >=
-           MNISTCU__TC_MIN_TILES;
+               MNISTCU__TC_MIN_TILES ||
+           K >= MNISTCU__X3_LONG_K;
 }
 
 /* mnistcu__k_gemm_x3's slices of K: one where the tiles are 1.5 a multiprocessor or more, else enough for
