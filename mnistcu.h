@@ -16192,7 +16192,7 @@ static int mnistcu__x3_dims(size_t M, size_t N, size_t K, const float *A, size_t
     const size_t big = (size_t)INT_MAX;
     return ((M | N | K | lda | ldb | ldc) & 3) == 0 && (((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) & 15) == 0 &&
            M <= big && N <= big && K <= big && lda <= big && ldb <= big && ldc <= big &&
-           !(M && N > SIZE_MAX / 16 / M); /* 16 slices of M x N at most */
+           !(M && N > SIZE_MAX / 32 / M); /* 32 slices of M x N at most */
 }
 /* Whether mnistcu__cuda_gemm_x3 takes a product (>>cuda_x3): a TF32X3 context, those dimensions, and 16 or
    more 64x64 tiles, or fewer over a K of MNISTCU__X3_LONG_K or more, whose slices then make the blocks
@@ -16210,16 +16210,18 @@ static int mnistcu__x3_ok(const mnistcu__cuda *cu, size_t M, size_t N, size_t K,
 }
 
 /* mnistcu__k_gemm_x3's slices of K: one where the tiles are 1.5 a multiprocessor or more, else enough for
-   two blocks a multiprocessor, each of 128 k or more, at most 16. Measured on P3's and the Fashion CNN's
-   products on an H200 (bench/gemm_tc3.cu, 64x64 tiles): 512x1024x784 best in 3 slices, 1024x1024x512 in 1,
-   128x576x7744 in 6 (108 blocks) of those tried. */
+   two blocks a multiprocessor, each of 128 k or more, at most 16 (32 for fewer than
+   MNISTCU__TC_MIN_TILES tiles over a long K). Measured on P3's and the Fashion CNN's products on an H200
+   (bench/gemm_tc3.cu, 64x64 tiles): 512x1024x784 best in 3 slices, 1024x1024x512 in 1, 128x576x7744 in 6
+   (108 blocks) of those tried; the Fashion CNN's 64x256x3200 (4 tiles) took 10.2 us in 15 slices. */
 static size_t mnistcu__x3_split(size_t M, size_t N, size_t K, int sms)
 {
     const size_t tiles = ((M + MNISTCU__X3_T - 1) / MNISTCU__X3_T) * ((N + MNISTCU__X3_T - 1) / MNISTCU__X3_T);
     size_t S;
     if (sms <= 0) sms = 1;
     if (2 * tiles >= 3 * (size_t)sms) return 1;
-    S = MNISTCU__MIN((2 * (size_t)sms + tiles - 1) / tiles, MNISTCU__MIN(K / 128, (size_t)16));
+    S = MNISTCU__MIN((2 * (size_t)sms + tiles - 1) / tiles,
+                     MNISTCU__MIN(K / 128, (size_t)(tiles < MNISTCU__TC_MIN_TILES ? 32 : 16)));
     return S ? S : 1;
 }
 
