@@ -16185,13 +16185,14 @@ static void mnistcu__cuda_blas_workspace(mnistcu_ctx *ctx)
 #endif
 
 /* The tensor-core kernels' dimensions (mnistcu__k_gemm_x3 and _wg): every dimension and leading
-   dimension a multiple of 4 and the operands 16-byte aligned (their 16-byte copies), each below 2^31. */
+   dimension a multiple of 4 and the operands 16-byte aligned (their 16-byte copies), each below 2^31 (K
+   below 2^30, so that a slice's end, its start plus the slice's length, stays an int in the kernels). */
 static int mnistcu__x3_dims(size_t M, size_t N, size_t K, const float *A, size_t lda, const float *B, size_t ldb,
                             const float *C, size_t ldc)
 {
     const size_t big = (size_t)INT_MAX;
     return ((M | N | K | lda | ldb | ldc) & 3) == 0 && (((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) & 15) == 0 &&
-           M <= big && N <= big && K <= big && lda <= big && ldb <= big && ldc <= big &&
+           M <= big && N <= big && K <= big / 2 && lda <= big && ldb <= big && ldc <= big &&
            !(M && N > SIZE_MAX / 32 / M); /* 32 slices of M x N at most */
 }
 /* Whether mnistcu__cuda_gemm_x3 takes a product (>>cuda_x3): a TF32X3 context, those dimensions, and 16 or
