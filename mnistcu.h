@@ -4367,7 +4367,7 @@ typedef struct mnistcu__cuda_model {
     unsigned mc_step;         /* ... this model's steps in it so far (what the partial logits carry) */
     /* the training step as a CUDA graph (see >>cuda_graph) */
     mnistcu__dyn *dyn;        /* [dyn_cap] a chunk's per-step values, then the current step's, the cursor and a
-                                 ticket (mnistcu__begin_done) */
+                                 ticket (mnistcu__begin_arrive) */
     size_t dyn_cap;
     const mnistcu__dyn *dyn_cur; /* while a step is captured: where its kernels read the per-step values */
     int begin_pending;        /* a step's entry not yet taken (mnistcu__cuda_step_begin) */
@@ -15367,64 +15367,91 @@ __global__ void mnistcu__k_gather(const uint8_t *u8, const float *f32, const int
    where that is the gather: beg, the per-step values (mnistcu__cuda_model.dyn:
    cap entries, the current step's, the cursor, a ticket). Every block reads the
    cursor's entry at its start (the cursor's value returned; the batch's offset
-   from there where dyn is given); the block that takes the ticket last, when
-   every block has read it, copies the entry to where the step's later kernels
-   read it (beg[cap]), moves the cursor on and puts the ticket back to 0 (an
-   integer ticket, no float atomics). One kernel a step fewer: mnistcu__k_step_begin
-   took 2.1-2.5 us of P3's and the Fashion CNN's steps on an H200 (ncu at the
-   timed runs' clocks, bench/RESULTS.md). */
+   from there where dyn is given) and, once all its threads have, takes a ticket
+   (mnistcu__begin_arrive); the block that took the last ticket, when every block
+   had read the entry, copies the entry to where the step's later kernels read it
+   (beg[cap]) at its end, moves the cursor on and puts the ticket back to 0
+   (mnistcu__begin_finish; an integer ticket, no float atomics). One kernel a
+   step fewer: mnistcu__k_step_begin took 2.1-2.5 us of P3's and the Fashion
+   CNN's steps on an H200 (ncu at the timed runs' clocks, bench/RESULTS.md). The
+   ticket is taken before the gather's loads, not after its stores, so that its
+   round trip runs beside them (a fence after the stores waited for them). */
 static __device__ __forceinline__ unsigned long long mnistcu__begin_read(const mnistcu__dyn *beg, size_t cap)
 {
     return *(const volatile unsigned long long *)(beg + cap + 1);
 }
-static __device__ __forceinline__ void mnistcu__begin_done(mnistcu__dyn *beg, size_t cap, unsigned long long c)
+static __device__ __forceinline__ unsigned mnistcu__begin_arrive(mnistcu__dyn *beg, size_t cap)
 {
-    unsigned long long *cursor = (unsigned long long *)(beg + cap + 1);
-    unsigned *ticket = (unsigned *)(cursor + 1);
+    unsigned *ticket = (unsigned *)((unsigned long long *)(beg + cap + 1) + 1);
+    unsigned t = 0;
     __syncthreads(); /* the block's reads of the entry are done */
     if (threadIdx.x == 0) {
         __threadfence();
-        if (atomicAdd(ticket, 1u) == gridDim.x - 1) {
-            beg[cap] = beg[c];
-            *cursor = c + 1;
-            *ticket = 0;
-        }
+        t = atomicAdd(ticket, 1u);
+    }
+    return t;
+}
+static __device__ __forceinline__ void mnistcu__begin_finish(mnistcu__dyn *beg, size_t cap, unsigned long long c,
+                                                             unsigned t)
+{
+    unsigned long long *cursor = (unsigned long long *)(beg + cap + 1);
+    if (threadIdx.x == 0 && t == gridDim.x - 1) { /* every block has read the entry */
+        beg[cap] = beg[c];
+        *cursor = c + 1;
+        *(unsigned *)(cursor + 1) = 0;
     }
 }
 
 /* mnistcu__k_gather for bytes without targets and F a multiple of 4, the rows
    and the batch 4- and 16-byte aligned: four features a thread, one 4-byte load
-   and one 16-byte store, each value the same fmaf (P3's gather 5.4 us with one
-   feature a thread, ncu). beg: the step's start too (above), the offset from its
-   entry where dyn is given (a step replayed from a graph). */
+   and one 16-byte store, or with wide (F a multiple of 16, the rows 16-byte
+   aligned: mnistcu__gather_wide) sixteen, one 16-byte load and four stores;
+   each value the same fmaf (P3's gather 5.4 us with one feature a thread, ncu).
+   beg: the step's start too (above), the offset from its entry where dyn is
+   given (a step replayed from a graph). */
 __global__ void mnistcu__k_gather4(const uint8_t *u8, const int32_t *src_labels, const uint32_t *idx, size_t offset,
                                    int B, int F, float scale, float shift, float *x, int32_t *labels,
-                                   const mnistcu__dyn *dyn, mnistcu__dyn *beg, size_t cap)
+                                   const mnistcu__dyn *dyn, mnistcu__dyn *beg, size_t cap, int wide)
 {
     MNISTCU__PDL_WAIT();
-    const size_t F4 = (size_t)F / 4, n4 = (size_t)B * F4;
+    const size_t V = wide ? 16 : 4, FV = (size_t)F / V, nv = (size_t)B * FV;
     const unsigned long long c = beg ? mnistcu__begin_read(beg, cap) : 0;
+    unsigned t = 0;
     size_t e;
     if (dyn) offset = (size_t)(beg ? beg[c].offset : dyn->offset); /* a step replayed from a graph */
-    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n4; e += (size_t)gridDim.x * blockDim.x) {
-        const size_t i = mnistcu__div(e, F4), j4 = e - i * F4;
+    if (beg) t = mnistcu__begin_arrive(beg, cap);
+    for (e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < nv; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = mnistcu__div(e, FV), jv = e - i * FV;
         const size_t s = idx ? (size_t)idx[offset + i] : offset + i;
-        const uchar4 v = ((const uchar4 *)(u8 + s * (size_t)F))[j4];
-        float4 o;
-        o.x = fmaf((float)v.x, scale, shift);
-        o.y = fmaf((float)v.y, scale, shift);
-        o.z = fmaf((float)v.z, scale, shift);
-        o.w = fmaf((float)v.w, scale, shift);
-        ((float4 *)x)[e] = o;
-        if (j4 == 0) labels[i] = src_labels[s];
+        float4 *out = (float4 *)(x + i * (size_t)F + jv * V);
+        if (wide) {
+            const uint4 w = ((const uint4 *)(u8 + s * (size_t)F))[jv];
+            const uint32_t q[4] = {w.x, w.y, w.z, w.w};
+            int h;
+#pragma unroll
+            for (h = 0; h < 4; ++h) /* bytes in memory order: the low byte first */
+                out[h] = make_float4(fmaf((float)(q[h] & 0xffu), scale, shift),
+                                     fmaf((float)((q[h] >> 8) & 0xffu), scale, shift),
+                                     fmaf((float)((q[h] >> 16) & 0xffu), scale, shift),
+                                     fmaf((float)(q[h] >> 24), scale, shift));
+        } else {
+            const uchar4 v = ((const uchar4 *)(u8 + s * (size_t)F))[jv];
+            out[0] = make_float4(fmaf((float)v.x, scale, shift), fmaf((float)v.y, scale, shift),
+                                 fmaf((float)v.z, scale, shift), fmaf((float)v.w, scale, shift));
+        }
+        if (jv == 0) labels[i] = src_labels[s];
     }
-    if (beg) mnistcu__begin_done(beg, cap, c);
+    if (beg) mnistcu__begin_finish(beg, cap, c, t);
 }
 
-/* Whether mnistcu__k_gather4 takes a batch. */
+/* Whether mnistcu__k_gather4 takes a batch, and whether sixteen features a thread. */
 static int mnistcu__gather4_ok(const uint8_t *u8, const float *targets, size_t F, const float *x)
 {
     return u8 && !targets && F % 4 == 0 && ((uintptr_t)u8 & 3) == 0 && ((uintptr_t)x & 15) == 0;
+}
+static int mnistcu__gather_wide(const uint8_t *u8, size_t F)
+{
+    return u8 && F % 16 == 0 && ((uintptr_t)u8 & 15) == 0;
 }
 
 /* Divergence check (see >>train): partial[b] = 1 when block b's share of p[n]
@@ -20124,11 +20151,12 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
     if ((r = mnistcu__cuda_alive(ctx))) return r;
     if (!cm->streaming) {
         const mnistcu__cuda_dataset *dc = (const mnistcu__cuda_dataset *)ds->device_copy;
+        const int wide = mnistcu__gather_wide(dc->u8, F);
         if (cm->begin_pending && !aug && mnistcu__gather4_ok(dc->u8, dc->targets, F, m->input)) {
             cm->begin_pending = 0; /* the step's start in the gather */
-            mnistcu__launch(mnistcu__k_gather4, mnistcu__blocks(n / 4), MNISTCU__THREADS, 0, cu->stream, dc->u8,
-                            dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->input, m->labels,
-                            mnistcu__cuda_dyn(m), cm->dyn, cm->dyn_cap);
+            mnistcu__launch(mnistcu__k_gather4, mnistcu__blocks(n / (wide ? 16 : 4)), MNISTCU__THREADS, 0, cu->stream,
+                            dc->u8, dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->input, m->labels,
+                            mnistcu__cuda_dyn(m), cm->dyn, cm->dyn_cap, wide);
             MNISTCU__LAUNCHED(ctx, "gather");
             cu->begin_gathers++;
             return MNISTCU_OK;
@@ -20142,9 +20170,9 @@ static mnistcu_result mnistcu__cuda_gather(mnistcu_model *m, const mnistcu_datas
             return MNISTCU_OK;
         }
         if (mnistcu__gather4_ok(dc->u8, dc->targets, F, m->input)) {
-            mnistcu__launch(mnistcu__k_gather4, mnistcu__blocks(n / 4), MNISTCU__THREADS, 0, cu->stream, dc->u8,
-                            dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->input, m->labels,
-                            mnistcu__cuda_dyn(m), (mnistcu__dyn *)NULL, (size_t)0);
+            mnistcu__launch(mnistcu__k_gather4, mnistcu__blocks(n / (wide ? 16 : 4)), MNISTCU__THREADS, 0, cu->stream,
+                            dc->u8, dc->labels, cm->idx, offset, (int)B, (int)F, scale, shift, m->input, m->labels,
+                            mnistcu__cuda_dyn(m), (mnistcu__dyn *)NULL, (size_t)0, wide);
             MNISTCU__LAUNCHED(ctx, "gather");
             return MNISTCU_OK;
         }

@@ -821,12 +821,13 @@ TEST cuda_step_stats_and_gather(void)
             cudaFree(p1); cudaFree(p2); cudaFree(o1); cudaFree(o2);
         }
     }
-    { /* the batch from bytes, four features a thread, against one a thread: the same bits, labels too */
-        static const int shapes[][2] = {{300, 784}, {7, 20}, {64, 4}};
+    { /* the batch from bytes, four or sixteen features a thread, against one a thread: the same bits, labels
+         too; the step's start (beg) in each width */
+        static const int shapes[][3] = {{300, 784, 0}, {300, 784, 1}, {7, 20, 0}, {64, 4, 0}, {9, 48, 1}};
         const size_t count = 500;
         size_t k;
         for (k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
-            const int Bk = shapes[k][0], F = shapes[k][1];
+            const int Bk = shapes[k][0], F = shapes[k][1], wide = shapes[k][2], V = wide ? 16 : 4;
             const size_t nb = count * (size_t)F, nx = (size_t)Bk * F, off = 37;
             uint8_t *bytes = (uint8_t *)malloc(nb), *dbytes;
             uint32_t *perm = (uint32_t *)malloc(count * sizeof(uint32_t)), *dperm;
@@ -844,16 +845,18 @@ TEST cuda_step_stats_and_gather(void)
             cudaMemcpy(dperm, perm, count * sizeof(uint32_t), cudaMemcpyHostToDevice);
             cudaMemcpy(dlabs, labs, count * sizeof(int32_t), cudaMemcpyHostToDevice);
             ASSERT(mnistcu__gather4_ok(dbytes, NULL, (size_t)F, x2));
+            ASSERT_EQ(F % 16 == 0, mnistcu__gather_wide(dbytes, (size_t)F));
             mnistcu__k_gather<<<mnistcu__blocks(nx), MNISTCU__THREADS>>>(dbytes, NULL, dlabs, NULL, 0, dperm, off, Bk, F,
                                                                         1.0f / 255.0f, -0.1307f, x1, l1, NULL, NULL);
-            mnistcu__k_gather4<<<mnistcu__blocks(nx / 4), MNISTCU__THREADS>>>(dbytes, dlabs, dperm, off, Bk, F,
+            mnistcu__k_gather4<<<mnistcu__blocks(nx / V), MNISTCU__THREADS>>>(dbytes, dlabs, dperm, off, Bk, F,
                                                                              1.0f / 255.0f, -0.1307f, x2, l2, NULL,
-                                                                             NULL, 0);
+                                                                             NULL, 0, wide);
             ASSERT_EQ(cudaSuccess, cudaGetLastError());
             h1 = tc_down(x1, nx), h2 = tc_down(x2, nx);
             ASSERT_ARRAY_EQ_BITS_F(h1, h2, nx);
-            if (k == 0) { /* the step's start in the gather (beg): the cursor's entry's offset where dyn is given,
-                             the entry copied to [cap], the cursor moved on, the ticket back to 0; twice */
+            if (k < 2 || k == 4) { /* the step's start in the gather (beg): the cursor's entry's offset where dyn
+                                      is given, the entry copied to [cap], the cursor moved on, the ticket back to 0;
+                                      twice; in one block and in several */
                 enum { CAP = 3 };
                 mnistcu__dyn hd[CAP + 1], back[CAP + 1], *dd;
                 unsigned long long ctl[2] = {1, 0}, bctl[2];
@@ -868,9 +871,9 @@ TEST cuda_step_stats_and_gather(void)
                 for (pass = 0; pass < 2; ++pass) {
                     /* pass 0 replayed (the offset argument, 0, ignored), pass 1 launched (the argument's) */
                     cudaMemset(x2, 0xff, nx * sizeof(float));
-                    mnistcu__k_gather4<<<mnistcu__blocks(nx / 4), MNISTCU__THREADS>>>(
+                    mnistcu__k_gather4<<<mnistcu__blocks(nx / V), MNISTCU__THREADS>>>(
                         dbytes, dlabs, dperm, pass == 0 ? (size_t)0 : off, Bk, F, 1.0f / 255.0f, -0.1307f, x2, l2,
-                        pass == 0 ? dd + CAP : NULL, dd, (size_t)CAP);
+                        pass == 0 ? dd + CAP : NULL, dd, (size_t)CAP, wide);
                     ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
                     h3 = tc_down(x2, nx);
                     ASSERT_ARRAY_EQ_BITS_F(h1, h3, nx);
