@@ -6276,6 +6276,17 @@ static int mnistcu__conv_dw_tile_plan(const mnistcu_ctx *ctx, mnistcu__dwgeom *d
         if (per <= limit) break;
     }
     if (ub < 1) return 0;
+    /* few blocks (a first convolution's few units over a small batch): halve the units a block while the
+       blocks stay within about two a multiprocessor of an H100, so that each unit's positions take more
+       warps (ps below) and each lane's chain of positions, a round trip apiece for its output gradients
+       (GDY, loaded a position ahead), is shorter; the stage shrinks with the units (the Fashion CNN's first
+       convolution at batch 64: 128 blocks of 8 units, 21 positions a lane, 14.5 us under ncu; now 256 of
+       4; bench/RESULTS.md) */
+    while (ub > 1 && (size_t)d->B * (size_t)((U + ub / 2 - 1) / (ub / 2)) <= 264) {
+        const int nco = ((ub / 2 - 1 + g.c / H - 1) / (g.c / H) + 1) * G;
+        ub /= 2;
+        per = (xs + (d->gdy ? 0 : (size_t)(nco < d->oc ? nco : d->oc) * P)) * sizeof(float);
+    }
     nblk = (U + ub - 1) / ub;
     d->ps = 8 / ub < (P + 31) / 32 ? 8 / ub : (P + 31) / 32;
     if (d->ps < 1) d->ps = 1;
