@@ -5638,6 +5638,34 @@ __global__ void mnistcu__k_im2col_rows(const float *x, mnistcu__geom g, int B, s
     }
 }
 
+/* col as mnistcu__k_im2col_rows for a square KS x KS kernel (3 or 5): grid (positions, C, B), a thread
+   copying its position's whole window of channel c, every load issued before the first store, with the
+   division, the bounds and the addresses made once a window instead of once a kernel row (the Fashion
+   CNN's conv2 under ncu: mnistcu__k_im2col_rows issue-bound, a third of its warps' cycles eligible but not
+   selected, 10.3-11.0 us; bench/RESULTS.md). The same values in the same places. */
+template <int KS>
+__global__ void mnistcu__k_im2col_win(const float *x, mnistcu__geom g, int B, size_t in_size, float *col)
+{
+    MNISTCU__PDL_WAIT();
+    const int P = g.oh * g.ow, p = (int)(blockIdx.x * blockDim.x + threadIdx.x), c = (int)blockIdx.y;
+    const int b = (int)blockIdx.z, oy = p / g.ow, ox = p - oy * g.ow, iy0 = oy * g.sh - g.pad, ix0 = ox * g.sw - g.pad;
+    const size_t BP = (size_t)B * (size_t)P;
+    const float *xc = x + (size_t)b * in_size + (size_t)c * g.h * g.w;
+    float *o = col + (size_t)c * KS * KS * BP + (size_t)b * P + p;
+    float v[KS * KS];
+    int i, j;
+    if (p >= P) return;
+#pragma unroll
+    for (i = 0; i < KS; ++i)
+#pragma unroll
+        for (j = 0; j < KS; ++j) {
+            const int iy = iy0 + i, ix = ix0 + j;
+            v[i * KS + j] = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? xc[iy * g.w + ix] : 0.0f;
+        }
+#pragma unroll
+    for (i = 0; i < KS * KS; ++i) o[(size_t)i * BP] = v[i];
+}
+
 /* dx as mnistcu__k_col2im for stride 1 (each input's terms in (i, j) order, as
    mnistcu__col2im_at): grid (positions, C, B). KS (3, 5; 0: the kernel size
    at run time) known at compile time: a thread's KS*KS loads issued together,
@@ -6253,7 +6281,8 @@ __global__ void __launch_bounds__(256) mnistcu__k_conv_dw_tile(const float *__re
 
 /* Plans the tiles of the weight gradient: stride 1; 3x3 with G = 4 (output channels a multiple of
    4), 5x5 with G = 2 (a multiple of 2), H = 2 where the input channels are even, else 1; up to 8
-   units a block, fewer where one sample's stage would not fit MNISTCU__CONV_TILE_BYTES; slices that
+   units a block, fewer where one sample's stage would not fit MNISTCU__CONV_TILE_BYTES or where the
+   blocks would be few (each unit's positions then over more warps); slices that
    make about two blocks a multiprocessor of an H100 (P6's second convolution: 4 samples, 256
    blocks), staged as many samples at a time as fit.
    Returns G, or 0 where the tiles do not apply. */
@@ -6276,12 +6305,11 @@ static int mnistcu__conv_dw_tile_plan(const mnistcu_ctx *ctx, mnistcu__dwgeom *d
         if (per <= limit) break;
     }
     if (ub < 1) return 0;
-    /* few blocks (a first convolution's few units over a small batch): halve the units a block while the
-       blocks stay within about two a multiprocessor of an H100, so that each unit's positions take more
-       warps (ps below) and each lane's chain of positions, a round trip apiece for its output gradients
-       (GDY, loaded a position ahead), is shorter; the stage shrinks with the units (the Fashion CNN's first
-       convolution at batch 64: 128 blocks of 8 units, 21 positions a lane, 14.5 us under ncu; now 256 of
-       4; bench/RESULTS.md) */
+    /* few blocks (few units over a small batch, as a first convolution's): halve the units a block while
+       the blocks stay within about two a multiprocessor of an H100, so that each unit's positions take more
+       warps (ps below) and each lane's chain of positions is shorter; the stage shrinks with the units (the
+       Fashion CNN's first convolution at batch 64: 128 blocks of 8 units, 21 positions a lane, 18.5-19.4 us
+       under ncu; now 256 blocks of 4 units, 14.3-15.6 us; bench/RESULTS.md) */
     while (ub > 1 && (size_t)d->B * (size_t)((U + ub / 2 - 1) / (ub / 2)) <= 264) {
         const int nco = ((ub / 2 - 1 + g.c / H - 1) / (g.c / H) + 1) * G;
         ub /= 2;
@@ -6771,11 +6799,16 @@ static mnistcu_result mnistcu__conv_dnn(mnistcu_model *m, mnistcu__layer *L, siz
 }
 #endif
 
-/* The columns of a batch: a thread a (position, kernel row) where the grid holds them, else one an entry. */
+/* The columns of a batch: a thread a (position, channel) for a square 3x3 or 5x5 kernel, else a (position,
+   kernel row) where the grid holds them, else one an entry. */
 static void mnistcu__im2col(cudaStream_t st, const mnistcu__layer *L, mnistcu__geom g, size_t B, float *col)
 {
     const size_t P = (size_t)g.oh * g.ow, K = (size_t)g.c * g.kh * g.kw;
-    if (mnistcu__grid_yz_ok((size_t)g.c * g.kh, B))
+    if (g.kh == g.kw && (g.kw == 3 || g.kw == 5) && mnistcu__grid_yz_ok((size_t)g.c, B))
+        mnistcu__launch(g.kw == 3 ? mnistcu__k_im2col_win<3> : mnistcu__k_im2col_win<5>,
+                        mnistcu__grid_plane(P, (size_t)g.c, B), MNISTCU__PLANE_THREADS, 0, st, (const float *)L->in, g,
+                        (int)B, L->in_size, col);
+    else if (mnistcu__grid_yz_ok((size_t)g.c * g.kh, B))
         mnistcu__launch(g.kw == 3 ? mnistcu__k_im2col_rows<3> : g.kw == 5 ? mnistcu__k_im2col_rows<5> : mnistcu__k_im2col_rows<0>,
                         mnistcu__grid_plane(P, (size_t)g.c * g.kh, B), MNISTCU__PLANE_THREADS, 0, st, (const float *)L->in,
                         g, (int)B, L->in_size, col);
@@ -15407,6 +15440,7 @@ static __device__ __forceinline__ void mnistcu__begin_finish(mnistcu__dyn *beg, 
 {
     unsigned long long *cursor = (unsigned long long *)(beg + cap + 1);
     if (threadIdx.x == 0 && t == gridDim.x - 1) { /* every block has read the entry */
+        __threadfence(); /* the ticket's atomic ordered before the writes below */
         beg[cap] = beg[c];
         *cursor = c + 1;
         *(unsigned *)(cursor + 1) = 0;

@@ -1764,9 +1764,11 @@ static const tc_layer_case tc_layer_cases[] = {
     /* the columns path (more than 16 input channels): stride 2 with padding, and stride 1 with padding (the
        columns a kernel row a thread, the input gradient a position a thread) */
     {MNISTCU_LAYER_CONV2D, "18x9x9 conv3x3x6:s=2:p=1 relu conv3x3x20:p=1 relu conv3x3x4:p=1 flatten dense5", 3},
-    /* 5x5 on the columns path at stride 1 (mnistcu__k_im2col_rows<5>, mnistcu__k_col2im_s1<5>), a max pool
+    /* 5x5 on the columns path at stride 1 (mnistcu__k_im2col_win<5>, mnistcu__k_col2im_s1<5>), a max pool
        of 2x2 on a 9x7 map after it */
     {MNISTCU_LAYER_CONV2D, "2x11x9 conv1x1x18 conv5x5x7:p=1 relu maxpool2 flatten dense5", 3},
+    /* a rectangular kernel on the columns path (mnistcu__k_im2col_rows<5>: the window kernel takes squares) */
+    {MNISTCU_LAYER_CONV2D, "18x9x9 conv3x5x6:p=1 relu flatten dense5", 3},
     {MNISTCU_LAYER_CONV2D, "lenet5", 3},
     {MNISTCU_LAYER_CONV2D, "fashion-cnn", 2},
     {MNISTCU_LAYER_DENSE, "784-128-10", 1},
