@@ -1762,7 +1762,7 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_CONV2D, "2x16x16 conv5x5x4:p=2 relu flatten dense5", 9},
     {MNISTCU_LAYER_CONV2D, "16x20x17 conv1x1x16 conv5x5x12:p=2 relu flatten dense5", 80},
     /* the columns path (more than 16 input channels): stride 2 with padding, and stride 1 with padding (the
-       columns a kernel row a thread, the input gradient a position a thread) */
+       columns a window a thread, the input gradient a position a thread) */
     {MNISTCU_LAYER_CONV2D, "18x9x9 conv3x3x6:s=2:p=1 relu conv3x3x20:p=1 relu conv3x3x4:p=1 flatten dense5", 3},
     /* 5x5 on the columns path at stride 1 (mnistcu__k_im2col_win<5>, mnistcu__k_col2im_s1<5>), a max pool
        of 2x2 on a 9x7 map after it */
