@@ -1769,6 +1769,11 @@ static const tc_layer_case tc_layer_cases[] = {
     {MNISTCU_LAYER_CONV2D, "2x11x9 conv1x1x18 conv5x5x7:p=1 relu maxpool2 flatten dense5", 3},
     /* a rectangular kernel on the columns path (mnistcu__k_im2col_rows<5>: the window kernel takes squares) */
     {MNISTCU_LAYER_CONV2D, "18x9x9 conv3x5x6:p=1 relu flatten dense5", 3},
+    /* the window kernel past its first block of positions (14x14 and 16x16 outputs, P > 128), and 5x5 at
+       stride 2 with padding on the columns path */
+    {MNISTCU_LAYER_CONV2D, "18x14x14 conv3x3x5:p=1 relu flatten dense5", 3},
+    {MNISTCU_LAYER_CONV2D, "18x16x16 conv5x5x4:p=2 flatten dense5", 2},
+    {MNISTCU_LAYER_CONV2D, "18x14x13 conv5x5x6:s=2:p=2 relu conv3x3x4:p=1 flatten dense5", 3},
     {MNISTCU_LAYER_CONV2D, "lenet5", 3},
     {MNISTCU_LAYER_CONV2D, "fashion-cnn", 2},
     {MNISTCU_LAYER_DENSE, "784-128-10", 1},
