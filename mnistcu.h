@@ -4257,6 +4257,11 @@ typedef struct mnistcu__cuda {
     unsigned head_smem;        /* bit 1: mnistcu__k_head<10, 1> was given its shared memory; bit 2: <0, 1> */
     size_t head_res;           /* head kernels launched with the weights and rows resident (the tests) */
     int head_res_off;          /* 1: the head stages them in passes (the tests compare) */
+    int keep_parts;            /* 1: mnistcu__cuda_gemm_wg leaves a plain product's K slices unsummed, in
+                                  kept_part [kept_S][M][N] (kept_S 0: it summed them, or another kernel ran) */
+    const float *kept_part;
+    int kept_S;
+    size_t col_pool_parts;     /* mnistcu__k_conv_out_pool2 launches that added kept parts (the tests) */
     int wg_epi_off;            /* 1: mnistcu__cuda_gemm_x leaves mnistcu__k_gemm_wg's products to the plain
                                   path (the tests compare the two) */
     size_t smem_optin;         /* the most shared memory a block may ask for */
@@ -4687,11 +4692,14 @@ typedef struct mnistcu__layer {
     int passthrough;           /* the output is the input: flatten, or an activation done by the layer before */
     int need_dx;               /* backward computes the input gradient: a layer before has parameters */
     int trained;               /* the last forward ran in TRAIN mode (batch norm, dropout) */
+    int dprod_done;            /* conv on the columns path, CUDA: the max pool after it wrote this step's output
+                                  gradient in the product's layout (mnistcu__col_pool_after) */
     int dy_done;               /* dense and conv, CUDA: this step's output gradient has act' applied already (the
                                   head, or the pooling layer after, in a head step) */
     int db_done;               /* dense, CUDA: this step's bias gradient is computed already (the head) */
-    int fwd_done;              /* max pool, CUDA: this step's output was made by the batch norm before it, in a head
-                                  step (mnistcu__bn_pool_after) */
+    int fwd_done;              /* max pool, CUDA: this step's output was made by the batch norm or the columns-path
+                                  convolution before it, in a head step (mnistcu__bn_pool_after,
+                                  mnistcu__col_pool_after) */
     int dy_pool;               /* batch norm, and a first convolution (its weight gradient), CUDA: this step's
                                   output gradient is the max pool's after it, which that pool's backward pass left
                                   as it was for ours to route (a head step) */
@@ -4733,6 +4741,10 @@ struct mnistcu_model {
     int dy_kept;             /* set by a layer's backward pass that left its output gradient as it was, to be the
                                 layer before's (mnistcu__backward_from) */
     uint64_t bn_pool_steps;  /* passes in which a batch norm took the max pool after it (forward and backward each) */
+    uint64_t col_pool_steps; /* forward passes in which a convolution on the columns path made the max pool's
+                                output after it (mnistcu__col_pool_after) */
+    uint64_t col_pool_back_steps; /* backward passes in which that pool wrote the convolution's output gradient in
+                                     its product's layout */
     uint64_t conv_pool_steps; /* backward passes in which a first convolution's weight gradient routed the max
                                  pool's output gradient (mnistcu__conv_pool_route) */
     int upd_off;             /* mnistcu_train_desc.no_fused_update of the training running */
@@ -5167,6 +5179,7 @@ __global__ void __launch_bounds__(256) mnistcu__k_bias_grad(float *dz, const flo
 
 static mnistcu__layer *mnistcu__layer_before(const mnistcu_model *m, int i);
 static mnistcu__layer *mnistcu__bn_pool_after(mnistcu_model *m, const mnistcu__layer *L);
+static mnistcu__layer *mnistcu__col_pool_after(mnistcu_model *m, const mnistcu__layer *L, size_t B);
 /* 2x2 windows of stride 2 on a map of at least 2x2: mnistcu__k_pool2_forward and _backward's */
 static int mnistcu__pool2(const mnistcu__layer *L)
 {
@@ -5578,6 +5591,64 @@ __global__ void mnistcu__k_conv_dout4(const float *dy, const float *y, int act, 
             dprod[o * BP + b * P + p] = mnistcu__act_backward_one((mnistcu_act)act, d[k], u[k]);
             mnistcu__step32(&p, &o, &b, P, OC);
         }
+}
+
+/* In a head step (a training step's passes, never a layer's pass alone) a convolution on the columns path
+   without an activation of its own, followed by a max pool of 2x2 windows and stride 2 (the Fashion CNN's
+   second: its ReLU folded into the pool), makes the pool's output and argmax from its product
+   (mnistcu__k_conv_out_pool2), where mnistcu__k_gemm_wg leaves the product's K slices, from those
+   (keep_parts); the pool launches nothing (fwd_done). The convolution's own output is never written: the
+   pool's backward pass reads its argmax and its own output, the convolution's backward pass reads its output
+   only for an activation's derivative. Three passes (the slices' sum, mnistcu__k_conv_out4 and
+   mnistcu__k_pool2_forward) in one, with the same operations on the same values
+   (cuda_head_step_matches_step_by_step compares the bits). The pool after L, where it is one; else NULL. */
+static mnistcu__layer *mnistcu__col_pool_after(mnistcu_model *m, const mnistcu__layer *L, size_t B)
+{
+    const int i = (int)(L - m->layers);
+    mnistcu__layer *P = i + 1 < m->num_layers ? &m->layers[i + 1] : NULL;
+    if (!P || P->d.kind != MNISTCU_LAYER_MAXPOOL2D || P->in != L->out || !mnistcu__pool2(P) ||
+        L->act != MNISTCU_ACT_IDENTITY || !mnistcu__grid_1d_ok(B * P->out_size))
+        return NULL;
+    return P;
+}
+
+/* The pool's output y [B][OC][oh][ow] and argmax (in the plane, as mnistcu__k_pool2_forward's) over the
+   convolution's output as it would be: each of a window's four values the sum of the product's S parts
+   ([S][OC][B][h][w], stride floats apart) in order, as mnistcu__k_splitk_sum4 adds them, then the bias
+   and activation as mnistcu__k_conv_out4 applies them, then the comparisons of mnistcu__k_pool2_forward
+   and the pool's activation (pact): the same bits. A thread an output, in the product's order (plane (o,
+   b) after plane), so that a warp's loads cover one run of the product. */
+static __device__ __forceinline__ void mnistcu__ld_pair(const float *p, float *v);
+__global__ void mnistcu__k_conv_out_pool2(const float *src, int S, size_t stride, const float *bias, int act, int B,
+                                          int OC, int h, int w, int oh, int ow, int pact, float *y, int32_t *arg)
+{
+    MNISTCU__PDL_WAIT();
+    const int P = oh * ow, t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (t >= B * OC * P) return;
+    const int pl = t / P, q = t - pl * P, o = pl / B, b = pl - o * B, py = q / ow, px = q - py * ow;
+    const int32_t a = (int32_t)(2 * py * w + 2 * px), at[4] = {a, a + 1, a + w, a + w + 1};
+    const float *r = src + (size_t)pl * h * w + a;
+    const size_t e = ((size_t)b * OC + o) * P + q;
+    float v[4], u[4], best = -INFINITY;
+    int32_t bi = a;
+    int s, k;
+    mnistcu__ld_pair(r, v);
+    mnistcu__ld_pair(r + w, v + 2);
+    for (s = 1; s < S; ++s) {
+        mnistcu__ld_pair(r + (size_t)s * stride, u);
+        mnistcu__ld_pair(r + (size_t)s * stride + w, u + 2);
+        for (k = 0; k < 4; ++k) v[k] += u[k];
+    }
+    const float c = bias ? bias[o] : 0.0f;
+    for (k = 0; k < 4; ++k) {
+        const float z = mnistcu__act_f((mnistcu_act)act, bias ? v[k] + c : v[k]);
+        if (z > best || z != z) {
+            best = z;
+            bi = at[k];
+        }
+    }
+    arg[e] = bi;
+    y[e] = mnistcu__act_f((mnistcu_act)pact, best);
 }
 
 /* dx [B][C][H][W] from dcol [K][B*P], one thread per input element. */
@@ -6847,12 +6918,31 @@ static mnistcu_result mnistcu__conv_cuda_forward(mnistcu_model *m, mnistcu__laye
     mnistcu__geom g = mnistcu__geom_of(L);
     size_t K = (size_t)g.c * g.kh * g.kw, P = (size_t)g.oh * g.ow, BP = B * P, OC = (size_t)L->oc;
     float *col = m->scratch, *prod = m->scratch + K * BP;
+    mnistcu__layer *Q = m->fwd_fuse ? mnistcu__col_pool_after(m, L, B) : NULL;
+    mnistcu__cuda *cu = mnistcu__cu(ctx);
     mnistcu_result r;
     mnistcu__im2col(st, L, g, B, col);
     MNISTCU__LAUNCHED(ctx, "im2col");
     m->scratch_layer = L->index + 1; /* the backward pass may find its columns still there */
     m->scratch_batch = B;
-    if ((r = mnistcu__cuda_gemm(ctx, 0, 0, OC, BP, K, m->params + L->wo, K, col, BP, prod, BP, NULL, 0))) return r;
+    cu->keep_parts = Q != NULL;
+    cu->kept_S = 0;
+    r = mnistcu__cuda_gemm(ctx, 0, 0, OC, BP, K, m->params + L->wo, K, col, BP, prod, BP, NULL, 0);
+    cu->keep_parts = 0;
+    if (r) return r;
+    if (Q) { /* the pool's output and argmax from the product (or its K slices), ours never written */
+        const size_t n = B * OC * (size_t)Q->oh * Q->ow;
+        mnistcu__launch(mnistcu__k_conv_out_pool2, mnistcu__blocks(n), MNISTCU__THREADS, 0, st,
+                        cu->kept_S ? cu->kept_part : (const float *)prod, cu->kept_S ? cu->kept_S : 1, OC * BP,
+                        L->nb ? m->params + L->bo : NULL, (int)L->act, (int)B, (int)OC, Q->h, Q->w, Q->oh, Q->ow,
+                        (int)Q->act, Q->out, (int32_t *)Q->aux);
+        cu->col_pool_parts += cu->kept_S > 0;
+        cu->kept_S = 0;
+        MNISTCU__LAUNCHED(ctx, "conv_out_pool");
+        Q->fwd_done = 1;
+        m->col_pool_steps++;
+        return MNISTCU_OK;
+    }
     if (mnistcu__grid_1d_ok(OC * BP))
         mnistcu__launch(mnistcu__k_conv_out4, mnistcu__blocks4(OC * BP), MNISTCU__THREADS, 0, st, prod,
                         L->nb ? m->params + L->bo : NULL, (int)L->act, (int)B, (int)OC, (int)P, L->out);
@@ -6892,7 +6982,9 @@ static mnistcu_result mnistcu__conv_cuda_backward(mnistcu_model *m, mnistcu__lay
     float *col = m->scratch, *dprod = m->scratch + K * BP, *dcol;
     mnistcu_result r;
     int side;
-    if (mnistcu__grid_1d_ok(OC * BP))
+    if (L->dprod_done) /* the max pool after it wrote dprod (mnistcu__cuda_pool_backward) */
+        L->dprod_done = 0;
+    else if (mnistcu__grid_1d_ok(OC * BP))
         mnistcu__launch(mnistcu__k_conv_dout4, mnistcu__blocks4(OC * BP), MNISTCU__THREADS, 0, st, dy, L->out,
                         L->dy_done ? (int)MNISTCU_ACT_IDENTITY : (int)L->act, (int)B, (int)OC, (int)P, dprod);
     else
@@ -7240,7 +7332,7 @@ __global__ void mnistcu__k_pool2_forward(const float *x, int h, int w, int oh, i
 }
 
 __global__ void mnistcu__k_pool2_backward(const float *dy, const int32_t *arg, const float *y, int h, int w, int oh,
-                                          int ow, int n, float *dx, int act_in, const float *y_in)
+                                          int ow, int n, float *dx, int act_in, const float *y_in, int oc, int B)
 {
     MNISTCU__PDL_WAIT();
     const int e = (int)(blockIdx.x * blockDim.x + threadIdx.x), cw = (w + 1) >> 1, Q = ((h + 1) >> 1) * cw;
@@ -7248,7 +7340,8 @@ __global__ void mnistcu__k_pool2_backward(const float *dy, const int32_t *arg, c
     const int pl = e / Q, q = e - pl * Q, cy = q / cw, cx = q - cy * cw, iy = 2 * cy, ix = 2 * cx;
     const int32_t a = (int32_t)(iy * w + ix), at[4] = {a, a + 1, a + w, a + w + 1};
     const int right = ix + 1 < w, low = iy + 1 < h;
-    const size_t base = (size_t)pl * h * w + a;
+    /* oc: dx in a columns-path convolution's product layout, plane (channel, sample) for (sample, channel) */
+    const size_t base = (size_t)(oc ? (pl % oc) * B + pl / oc : pl) * h * w + a;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, yi[4];
     int k;
     if (cy < oh && cx < ow) {
@@ -7352,6 +7445,23 @@ static mnistcu_result mnistcu__cuda_pool_backward(mnistcu_model *m, mnistcu__lay
         m->dy_kept = 1;
         return MNISTCU_OK;
     }
+    if (C && is_max && C->d.kind == MNISTCU_LAYER_CONV2D && !mnistcu__conv_direct(C) && mnistcu__col_pool_after(m, C, B) == L &&
+        mnistcu__grid_1d_ok(planes * (size_t)((L->h + 1) / 2) * (size_t)((L->w + 1) / 2))) {
+        /* a columns-path convolution without an activation: its output gradient written straight into its
+           product's layout (the scratch after its columns), which mnistcu__k_conv_dout4 would make from dx with
+           the same values; the convolution's backward pass skips that pass (dprod_done) */
+        const mnistcu__geom cg = mnistcu__geom_of(C);
+        const size_t Q = (size_t)((L->h + 1) / 2) * (size_t)((L->w + 1) / 2);
+        float *dprod = m->scratch + (size_t)cg.c * cg.kh * cg.kw * B * (size_t)cg.oh * cg.ow;
+        mnistcu__launch(mnistcu__k_pool2_backward, mnistcu__blocks(planes * Q), MNISTCU__THREADS, 0,
+                        mnistcu__cuda_stream(m->ctx), dy, (const int32_t *)L->aux,
+                        L->act == MNISTCU_ACT_RELU ? (const float *)L->out : NULL, L->h, L->w, L->oh, L->ow,
+                        (int)(planes * Q), dprod, (int)MNISTCU_ACT_IDENTITY, (const float *)NULL, L->c, (int)B);
+        MNISTCU__LAUNCHED(m->ctx, "pool_backward_cols");
+        C->dprod_done = 1;
+        m->col_pool_back_steps++;
+        return MNISTCU_OK;
+    }
     if (C && (C->d.kind != MNISTCU_LAYER_CONV2D || C->act == MNISTCU_ACT_IDENTITY || C->out != L->in || C->dy_done))
         C = NULL;
     {
@@ -7364,7 +7474,7 @@ static mnistcu_result mnistcu__cuda_pool_backward(mnistcu_model *m, mnistcu__lay
         const size_t Q = (size_t)((L->h + 1) / 2) * (size_t)((L->w + 1) / 2);
         if (is_max && mnistcu__pool2(L) && mnistcu__grid_1d_ok(planes * Q)) {
             mnistcu__launch(mnistcu__k_pool2_backward, mnistcu__blocks(planes * Q), MNISTCU__THREADS, 0, st, dy, arg, y,
-                            L->h, L->w, L->oh, L->ow, (int)(planes * Q), dx, act_in, y_in);
+                            L->h, L->w, L->oh, L->ow, (int)(planes * Q), dx, act_in, y_in, 0, 0);
         } else if (g.sh == g.kh && g.sw == g.kw && mnistcu__grid_yz_ok(planes, 1)) { /* windows that do not overlap */
             if (g.kh == 2 && g.kw == 2)
                 mnistcu__launch(mnistcu__k_pool_backward_y<1>, mnistcu__grid_plane(S, planes, 1),
@@ -16428,6 +16538,9 @@ static mnistcu_result mnistcu__cuda_gemm_wg(mnistcu_ctx *ctx, int which, size_t 
         mnistcu__launch(mnistcu__k_splitk_step, mnistcu__blocks(n), MNISTCU__THREADS, 0, cu->stream, p.part, (int)S,
                         (int)M, (int)N, C, (int)ldc, p.w, p.s, p.opt, p.dyn, vec);
         MNISTCU__LAUNCHED(ctx, "splitk_step");
+    } else if (S > 1 && cu->keep_parts && fuse == 0 && ldc == N) { /* the caller's kernel adds them */
+        cu->kept_part = p.part;
+        cu->kept_S = (int)S;
     } else if (S > 1) { /* the parts added in order, with the bias and the activation, or act'(y) */
         mnistcu__splitk_sum(cu->stream, p.part, (int)S, (int)M, (int)N, C, (int)ldc, bias, act, fuse, y);
         MNISTCU__LAUNCHED(ctx, "splitk_sum");
@@ -16775,6 +16888,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
         for (i = 0; i < m->num_layers; ++i) {
             m->layers[i].dy_done = 0;
             m->layers[i].dy_pool = 0;
+            m->layers[i].dprod_done = 0;
         }
     }
     r = mnistcu__cuda_join_pending(m->ctx, r); /* a layer's branch left to the backward pass's end, if any */

@@ -3001,6 +3001,10 @@ typedef struct tc_graph_run {
     uint64_t steps;
     uint64_t bn_pool;         /* passes in which a batch norm took the max pool after it */
     uint64_t conv_pool;       /* backward passes in which a first convolution routed its max pool's gradient */
+    uint64_t col_pool;        /* forward passes in which a convolution on the columns path made its pool's output */
+    size_t col_pool_parts;    /* ... from its product's K slices (likewise) */
+    uint64_t col_pool_back;   /* backward passes in which that pool wrote the convolution's output gradient */
+    int wg;                   /* the context had Hopper's warp-group kernel */
     uint64_t side_forks;      /* branches launched on the second stream (graph captures count once) */
     size_t wg_epi;            /* Hopper's TF32X3 products with act' or the optimizer's step in them (likewise) */
     size_t wg64;              /* ... of them all, in 128 x 64 tiles (likewise) */
@@ -3087,6 +3091,10 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
         out->steps = m->steps;
         out->bn_pool = m->bn_pool_steps;
         out->conv_pool = m->conv_pool_steps;
+        out->col_pool = m->col_pool_steps;
+        out->col_pool_parts = mnistcu__cu(ctx)->col_pool_parts;
+        out->col_pool_back = m->col_pool_back_steps;
+        out->wg = mnistcu__cu(ctx)->wg;
         out->side_forks = mnistcu__cu(ctx)->side_forks;
         out->wg_epi = mnistcu__cu(ctx)->wg_epi;
         out->wg64 = mnistcu__cu(ctx)->wg64_products;
@@ -3410,7 +3418,7 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
 TEST cuda_head_step_matches_step_by_step(void)
 {
     static tc_graph_case cases[20];
-    int exact[20], pairs[20] = {0}, routes[20] = {0}, i, ncases = 0;
+    int exact[20], pairs[20] = {0}, routes[20] = {0}, colpools[20] = {0}, x3[20] = {0}, i, ncases = 0;
     tc_graph_case *c;
     memset(cases, 0, sizeof cases);
     c = &cases[ncases];
@@ -3528,6 +3536,25 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->spec = "1x20x20 conv5x5x4:p=1 maxpool2 flatten dense10";
     c->F = 400; c->n = 60; c->B = 9; c->epochs = 2;
     c->optim.learning_rate = 0.02f;
+    /* a convolution on the columns path (over 16 input channels), no activation, then a max pool with the
+       ReLU folded: the convolution makes the pool's output (mnistcu__col_pool_after); 11x11 maps, whose last
+       row and column no window covers. Then one whose product is Hopper's TF32X3 kernel's in two slices of
+       K, which the convolution adds itself (keep_parts; elsewhere the mma.sync kernel's, summed before) */
+    c = &cases[ncases];
+    colpools[ncases] = 1;
+    exact[ncases++] = 1;
+    c->name = "columns-path convolution making its pool's output, 11x11";
+    c->spec = "18x13x13 conv3x3x8 maxpool2 relu flatten dense16 relu dense10";
+    c->F = 18 * 169; c->n = 40; c->B = 12; c->epochs = 2;
+    c->optim.learning_rate = 0.02f; c->optim.momentum = 0.9f;
+    c = &cases[ncases];
+    colpools[ncases] = 1;
+    x3[ncases] = 1;
+    exact[ncases++] = 1;
+    c->name = "the same from TF32X3's K slices, 128 channels, batch 20";
+    c->spec = "32x13x13 conv3x3x128 maxpool2 relu flatten dense16 relu dense10";
+    c->F = 32 * 169; c->n = 40; c->B = 20; c->epochs = 2;
+    c->optim.learning_rate = 0.01f;
 #ifdef MNISTCU_CUBLAS
     c = &cases[ncases];
     exact[ncases++] = 0;
@@ -3554,6 +3581,7 @@ TEST cuda_head_step_matches_step_by_step(void)
         c = &cases[i];
         if (c->gemm == MNISTCU_GEMM_DEFAULT) c->gemm = MNISTCU_GEMM_OWN;
         c->cnn = MNISTCU_CNN_OWN;
+        tc_graph_prec = x3[i] ? MNISTCU_PRECISION_TF32X3 : MNISTCU_PRECISION_DEFAULT;
         ASSERTm(c->name, tc_graph_train(c, 0, 0, &a));
         ASSERTm(c->name, tc_graph_train(c, 0, 1, &b));
         ASSERT_EQm(c->name, a.res.steps, a.res.head_steps); /* the head ran every step of one, */
@@ -3599,6 +3627,26 @@ TEST cuda_head_step_matches_step_by_step(void)
         } else {
             ASSERT_EQm(c->name, (uint64_t)0, a.conv_pool);
         }
+        /* a columns-path convolution made its pool's output in every head step's forward pass, and the pool its
+           output gradient in every backward pass, never step by step; launched without graphs, once a step
+           each, with the same bits; with TF32X3 on Hopper, from the product's K slices */
+        ASSERT_EQm(c->name, (uint64_t)0, b.col_pool);
+        ASSERT_EQm(c->name, (uint64_t)0, b.col_pool_back);
+        if (colpools[i]) {
+            tc_graph_run l;
+            ASSERTm(c->name, a.col_pool >= 1 && a.col_pool_back >= 1);
+            ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
+            ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.col_pool);
+            ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.col_pool_back);
+            ASSERT_EQm(c->name, x3[i] && l.wg ? (size_t)l.res.steps : (size_t)0, l.col_pool_parts);
+            ASSERT_EQm(c->name, a.np, l.np);
+            ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
+            free(l.p);
+        } else {
+            ASSERT_EQm(c->name, (uint64_t)0, a.col_pool);
+            ASSERT_EQm(c->name, (uint64_t)0, a.col_pool_back);
+        }
+        tc_graph_prec = MNISTCU_PRECISION_DEFAULT;
         ASSERT_EQm(c->name, a.np, b.np);
         for (j = 0; j < 2 * a.np; ++j) {
             num += ((double)a.p[j] - b.p[j]) * ((double)a.p[j] - b.p[j]);
