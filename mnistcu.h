@@ -14755,7 +14755,9 @@ __global__ void mnistcu__k_splitk_sum(const float *part, int S, int M, int N, fl
 /* mnistcu__k_splitk_sum four outputs a thread (16-byte loads of the parts,
    16-byte stores): N and ldc multiples of 4, part, C and y 16-byte aligned
    (mnistcu__splitk_sum decides). Each output's sums and epilogue are the same
-   operations in the same order, so the same bits. */
+   operations in the same order, so the same bits. AHEAD: the parts loaded that
+   many at a time (mnistcu__splitk_sum decides). */
+template <int AHEAD>
 __global__ void mnistcu__k_splitk_sum4(const float *part, int S, int M, int N, float *C, int ldc, const float *bias,
                                        int act, int fuse, const float *y)
 {
@@ -14767,10 +14769,15 @@ __global__ void mnistcu__k_splitk_sum4(const float *part, int S, int M, int N, f
         float4 acc = p4[e];
         const size_t row = mnistcu__div(e, N4), col = (e - row * N4) * 4, at = row * (size_t)ldc + col;
         float v[4];
-        int s2, q;
-        for (s2 = 1; s2 < S; ++s2) {
-            const float4 b = p4[(size_t)s2 * n4 + e];
-            acc.x += b.x, acc.y += b.y, acc.z += b.z, acc.w += b.w;
+        int s2, q, j;
+        for (s2 = 1; s2 < S; s2 += AHEAD) { /* AHEAD parts' loads issued together, then added in order */
+            float4 b[AHEAD];
+#pragma unroll
+            for (j = 0; j < AHEAD; ++j)
+                if (s2 + j < S) b[j] = p4[(size_t)(s2 + j) * n4 + e];
+#pragma unroll
+            for (j = 0; j < AHEAD; ++j)
+                if (s2 + j < S) acc.x += b[j].x, acc.y += b[j].y, acc.z += b[j].z, acc.w += b[j].w;
         }
         v[0] = acc.x, v[1] = acc.y, v[2] = acc.z, v[3] = acc.w;
         if (fuse == 1)
@@ -14833,15 +14840,22 @@ __global__ void mnistcu__k_splitk_step(const float *part, int S, int M, int N, f
    cuBLAS's products 24.6 -> 23.6 ms an epoch (means of six alternated runs),
    though ncu with flushed caches times each sum slower (7.4-7.8 -> 9.4-10.0
    us): in the step the parts are still in L2. Loading up to four parts at
-   once measured slower again (24.1 ms), bench/RESULTS.md. */
+   once measured slower again there (24.1 ms), bench/RESULTS.md. A small
+   output over many parts (under MNISTCU__SUM_AHEAD_N groups of four outputs,
+   more than two parts) has its parts loaded eight at a time: the Fashion CNN's
+   first dense layer's 64 x 256 over 25 parts 4.6-4.8 -> 4.2-4.4 us under ncu,
+   its second convolution's weight gradient's 128 x 576 over 8 parts 3.2-3.6
+   -> 2.7-3.3 us; P5 169.2-169.6 -> 168.4-168.8 ms an epoch on an H200
+   (bench/RESULTS.md). */
+#define MNISTCU__SUM_AHEAD_N 65536
 static void mnistcu__splitk_sum(cudaStream_t st, const float *part, int S, int M, int N, float *C, int ldc,
                                 const float *bias, int act, int fuse, const float *y)
 {
     const size_t n = (size_t)M * N;
     if (N % 4 == 0 && ldc % 4 == 0 && ((uintptr_t)part & 15) == 0 && ((uintptr_t)C & 15) == 0 &&
         (fuse != 2 || ((uintptr_t)y & 15) == 0))
-        mnistcu__launch(mnistcu__k_splitk_sum4, mnistcu__blocks(n / 4), MNISTCU__THREADS, 0, st, part, S, M, N, C, ldc,
-                        bias, act, fuse, y);
+        mnistcu__launch(n / 4 < MNISTCU__SUM_AHEAD_N && S > 2 ? mnistcu__k_splitk_sum4<8> : mnistcu__k_splitk_sum4<1>,
+                        mnistcu__blocks(n / 4), MNISTCU__THREADS, 0, st, part, S, M, N, C, ldc, bias, act, fuse, y);
     else
         mnistcu__launch(mnistcu__k_splitk_sum, mnistcu__blocks(n), MNISTCU__THREADS, 0, st, part, S, M, N, C, ldc,
                         bias, act, fuse, y);

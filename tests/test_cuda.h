@@ -1363,15 +1363,18 @@ TEST cuda_gemm_skinny_agrees_bitwise(void)
 }
 
 /* The split product's sum four outputs a thread against one a thread: the same bits for every epilogue
-   (plain, bias and activation, the derivative from y), 1 to 4 parts, a row stride wider than N. */
+   (plain, bias and activation, the derivative from y), 1 to 4 parts and, on the small shapes, 9, 17 and 25
+   (the parts loaded eight at a time: a last group of one, of eight, and the Fashion CNN's first dense
+   layer's count), a row stride wider than N; both the part a load and eight parts at a time. */
 TEST cuda_splitk_sum4_agrees_bitwise(void)
 {
-    static const int dims[][3] = {{3, 8, 8}, {512, 1024, 1024}, {5, 12, 16}, {7, 4, 4}};
-    size_t d;
-    int S, fuse;
+    static const int dims[][3] = {{3, 8, 8}, {512, 1024, 1024}, {5, 12, 16}, {7, 4, 4}, {64, 256, 256}};
+    static const int parts[] = {1, 2, 3, 4, 9, 17, 25};
+    size_t d, si;
+    int S, fuse, ahead;
     for (d = 0; d < sizeof dims / sizeof dims[0]; ++d)
-        for (S = 1; S <= 4; ++S)
-            for (fuse = 0; fuse < 3; ++fuse) {
+        for (si = 0; si < sizeof parts / sizeof parts[0] && (parts[si] <= 4 || dims[d][0] * dims[d][1] <= 65536); ++si)
+            for (fuse = 0, S = parts[si]; fuse < 3; ++fuse) {
                 const int M = dims[d][0], N = dims[d][1], ldc = dims[d][2];
                 const size_t np = (size_t)S * M * N, nc = (size_t)M * ldc;
                 const int act = fuse == 1 ? MNISTCU_ACT_TANH : MNISTCU_ACT_RELU;
@@ -1379,16 +1382,26 @@ TEST cuda_splitk_sum4_agrees_bitwise(void)
                 float *part = tu_random_floats(&rng, np, -1, 1), *bias = tu_random_floats(&rng, (size_t)N, -1, 1);
                 float *y = tu_random_floats(&rng, nc, -1, 1);
                 float *dp = tc_up(part, np), *db = tc_up(bias, (size_t)N), *dy = tc_up(y, nc);
-                float *c1 = tc_poisoned(nc), *c4 = tc_poisoned(nc), *h1, *h4;
+                float *c1 = tc_poisoned(nc), *c4, *h1, *h4;
                 mnistcu__k_splitk_sum<<<mnistcu__blocks((size_t)M * N), MNISTCU__THREADS>>>(dp, S, M, N, c1, ldc, db, act,
                                                                                            fuse, dy);
-                mnistcu__k_splitk_sum4<<<mnistcu__blocks((size_t)M * N / 4), MNISTCU__THREADS>>>(dp, S, M, N, c4, ldc, db,
-                                                                                               act, fuse, dy);
-                ASSERT_EQ(cudaSuccess, cudaGetLastError());
-                h1 = tc_down(c1, nc), h4 = tc_down(c4, nc);
-                ASSERT_ARRAY_EQ_BITS_F(h1, h4, nc); /* the stride's gap stays poisoned on both */
-                free(h1); free(h4); free(part); free(bias); free(y);
-                cudaFree(dp); cudaFree(db); cudaFree(dy); cudaFree(c1); cudaFree(c4);
+                h1 = tc_down(c1, nc);
+                for (ahead = 0; ahead < 2; ++ahead) {
+                    c4 = tc_poisoned(nc);
+                    if (ahead)
+                        mnistcu__k_splitk_sum4<8><<<mnistcu__blocks((size_t)M * N / 4), MNISTCU__THREADS>>>(
+                            dp, S, M, N, c4, ldc, db, act, fuse, dy);
+                    else
+                        mnistcu__k_splitk_sum4<1><<<mnistcu__blocks((size_t)M * N / 4), MNISTCU__THREADS>>>(
+                            dp, S, M, N, c4, ldc, db, act, fuse, dy);
+                    ASSERT_EQ(cudaSuccess, cudaGetLastError());
+                    h4 = tc_down(c4, nc);
+                    cudaFree(c4);
+                    ASSERT_ARRAY_EQ_BITS_F(h1, h4, nc); /* the stride's gap stays poisoned on both */
+                    free(h4);
+                }
+                free(h1); free(part); free(bias); free(y);
+                cudaFree(dp); cudaFree(db); cudaFree(dy); cudaFree(c1);
             }
     PASS();
 }
