@@ -4692,6 +4692,8 @@ typedef struct mnistcu__layer {
     int passthrough;           /* the output is the input: flatten, or an activation done by the layer before */
     int need_dx;               /* backward computes the input gradient: a layer before has parameters */
     int trained;               /* the last forward ran in TRAIN mode (batch norm, dropout) */
+    int cols_done;             /* conv on the columns path, CUDA: the max pool before it wrote this step's columns
+                                  (mnistcu__pool_cols_after) */
     int dprod_done;            /* conv on the columns path, CUDA: the max pool after it wrote this step's output
                                   gradient in the product's layout (mnistcu__col_pool_after) */
     int dy_done;               /* dense and conv, CUDA: this step's output gradient has act' applied already (the
@@ -4745,6 +4747,7 @@ struct mnistcu_model {
                                 output after it (mnistcu__col_pool_after) */
     uint64_t col_pool_back_steps; /* backward passes in which that pool wrote the convolution's output gradient in
                                      its product's layout */
+    uint64_t pool_cols_steps; /* forward passes in which a max pool wrote the columns of the convolution after it */
     uint64_t conv_pool_steps; /* backward passes in which a first convolution's weight gradient routed the max
                                  pool's output gradient (mnistcu__conv_pool_route) */
     int upd_off;             /* mnistcu_train_desc.no_fused_update of the training running */
@@ -5610,6 +5613,30 @@ static mnistcu__layer *mnistcu__col_pool_after(mnistcu_model *m, const mnistcu__
         L->act != MNISTCU_ACT_IDENTITY || !mnistcu__grid_1d_ok(B * P->out_size))
         return NULL;
     return P;
+}
+
+/* In a head step's forward pass a 2x2 max pool of stride 2 followed by a convolution on the columns path
+   (square 3x3 or 5x5, stride 1, no padding: the Fashion CNN's first pool, its ReLU folded, and second
+   convolution) writes
+   the convolution's columns as it writes its output (mnistcu__k_pool2_forward_cols), and the convolution
+   skips its im2col (cols_done): the same values in the same places, without the output's read back. The
+   convolution after L, where it is one; else NULL. */
+static mnistcu__layer *mnistcu__pool_cols_after(mnistcu_model *m, const mnistcu__layer *L, size_t B)
+{
+    int i = (int)(L - m->layers) + 1;
+    mnistcu__layer *N;
+    mnistcu__geom g;
+    while (i < m->num_layers && m->layers[i].passthrough) ++i; /* a ReLU folded into the pool */
+    N = i < m->num_layers ? &m->layers[i] : NULL;
+#ifdef MNISTCU_CUDNN
+    if (mnistcu__use_cudnn(m->ctx)) return NULL;
+#endif
+    if (!N || N->d.kind != MNISTCU_LAYER_CONV2D || N->in != L->out || mnistcu__conv_direct(N) || !mnistcu__pool2(L) ||
+        !mnistcu__grid_1d_ok(B * L->out_size))
+        return NULL;
+    g = mnistcu__geom_of(N);
+    if (g.kh != g.kw || (g.kh != 3 && g.kh != 5) || g.sh != 1 || g.sw != 1 || g.pad != 0 || g.c != L->c) return NULL;
+    return N;
 }
 
 /* The pool's output y [B][OC][oh][ow] and argmax (in the plane, as mnistcu__k_pool2_forward's) over the
@@ -6921,8 +6948,12 @@ static mnistcu_result mnistcu__conv_cuda_forward(mnistcu_model *m, mnistcu__laye
     mnistcu__layer *Q = m->fwd_fuse ? mnistcu__col_pool_after(m, L, B) : NULL;
     mnistcu__cuda *cu = mnistcu__cu(ctx);
     mnistcu_result r;
-    mnistcu__im2col(st, L, g, B, col);
-    MNISTCU__LAUNCHED(ctx, "im2col");
+    if (L->cols_done) { /* the max pool before wrote them (mnistcu__pool_cols_after) */
+        L->cols_done = 0;
+    } else {
+        mnistcu__im2col(st, L, g, B, col);
+        MNISTCU__LAUNCHED(ctx, "im2col");
+    }
     m->scratch_layer = L->index + 1; /* the backward pass may find its columns still there */
     m->scratch_batch = B;
     cu->keep_parts = Q != NULL;
@@ -7331,6 +7362,45 @@ __global__ void mnistcu__k_pool2_forward(const float *x, int h, int w, int oh, i
     y[e] = mnistcu__act_f((mnistcu_act)act, best);
 }
 
+/* mnistcu__k_pool2_forward, each output also copied into the columns of the convolution after the pool (KS
+   x KS, stride 1, no padding: mnistcu__pool_cols_after) wherever mnistcu__k_im2col_win would put it: entry
+   (c KS KS + i KS + j, b P + (oy - i) cw + (ox - j)) for each kernel offset (i, j) whose output position is
+   on the convolution's map (ch x cw, P = ch cw, BP = B P). planes = B C, plane b C + c. */
+template <int KS>
+__global__ void mnistcu__k_pool2_forward_cols(const float *x, int h, int w, int oh, int ow, int n, int act, float *y,
+                                              int32_t *arg, int C, int ch, int cw, size_t BP, float *col)
+{
+    MNISTCU__PDL_WAIT();
+    const int e = (int)(blockIdx.x * blockDim.x + threadIdx.x), P = oh * ow;
+    if (e >= n) return;
+    const int pl = e / P, o = e - pl * P, oy = o / ow, ox = o - oy * ow, b = pl / C, c = pl - b * C;
+    const int32_t a = (int32_t)(2 * oy * w + 2 * ox), at[4] = {a, a + 1, a + w, a + w + 1};
+    const float *r = x + (size_t)pl * h * w + a;
+    float v[4], best = -INFINITY;
+    int32_t bi = a;
+    int k, i, j;
+    mnistcu__ld_pair(r, v);
+    mnistcu__ld_pair(r + w, v + 2);
+    for (k = 0; k < 4; ++k)
+        if (v[k] > best || v[k] != v[k]) {
+            best = v[k];
+            bi = at[k];
+        }
+    arg[e] = bi;
+    best = mnistcu__act_f((mnistcu_act)act, best);
+    y[e] = best;
+    {
+        float *cc = col + (size_t)c * KS * KS * BP + (size_t)b * ch * cw;
+#pragma unroll
+        for (i = 0; i < KS; ++i)
+#pragma unroll
+            for (j = 0; j < KS; ++j) {
+                const int py = oy - i, px = ox - j;
+                if (py >= 0 && py < ch && px >= 0 && px < cw) cc[(size_t)(i * KS + j) * BP + py * cw + px] = best;
+            }
+    }
+}
+
 __global__ void mnistcu__k_pool2_backward(const float *dy, const int32_t *arg, const float *y, int h, int w, int oh,
                                           int ow, int n, float *dx, int act_in, const float *y_in, int oc, int B)
 {
@@ -7404,6 +7474,19 @@ static mnistcu_result mnistcu__cuda_pool_forward(mnistcu_model *m, mnistcu__laye
     if (mnistcu__use_cudnn(m->ctx)) return mnistcu__pool_dnn(m, L, B, NULL, NULL);
 #endif
     size_t planes = B * (size_t)L->c, P = (size_t)L->oh * (size_t)L->ow;
+    mnistcu__layer *N = m->fwd_fuse && is_max ? mnistcu__pool_cols_after(m, L, B) : NULL;
+    if (N) { /* the convolution after takes its columns from here (mnistcu__pool_cols_after) */
+        const mnistcu__geom g = mnistcu__geom_of(N);
+        const size_t BP = B * (size_t)g.oh * (size_t)g.ow;
+        mnistcu__launch(g.kh == 3 ? mnistcu__k_pool2_forward_cols<3> : mnistcu__k_pool2_forward_cols<5>,
+                        mnistcu__blocks(planes * P), MNISTCU__THREADS, 0, mnistcu__cuda_stream(m->ctx),
+                        (const float *)L->in, L->h, L->w, L->oh, L->ow, (int)(planes * P), (int)L->act, L->out,
+                        (int32_t *)L->aux, L->c, g.oh, g.ow, BP, m->scratch);
+        MNISTCU__LAUNCHED(m->ctx, "pool_forward_cols");
+        N->cols_done = 1;
+        m->pool_cols_steps++;
+        return MNISTCU_OK;
+    }
     if (is_max && mnistcu__pool2(L) && mnistcu__grid_1d_ok(planes * P))
         mnistcu__launch(mnistcu__k_pool2_forward, mnistcu__blocks(planes * P), MNISTCU__THREADS, 0,
                         mnistcu__cuda_stream(m->ctx), (const float *)L->in, L->h, L->w, L->oh, L->ow, (int)(planes * P),
@@ -16837,7 +16920,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
         if (!L->passthrough) r = mnistcu__kinds[L->d.kind]->forward[m->backend](m, L, B);
     }
     m->fwd_fuse = 0;
-    for (i = 0; i < m->num_layers; ++i) m->layers[i].fwd_done = 0;
+    for (i = 0; i < m->num_layers; ++i) m->layers[i].fwd_done = m->layers[i].cols_done = 0;
     if (r) return r;
     memset(&p, 0, sizeof p);
     p.x = H->in;

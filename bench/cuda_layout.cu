@@ -125,7 +125,7 @@ static void pool(const char *name, int planes, int h, int w, int relu, int relu_
     auto f1 = [&] { mnistcu__k_pool2_forward<<<mnistcu__blocks(planes * P), MNISTCU__THREADS>>>(x, h, w, g.oh, g.ow, (int)(planes * P), act, y1, a1); };
     const float *yb = relu ? y0 : NULL, *yin = relu_in ? x : NULL;
     auto b0 = [&] { mnistcu__k_pool_backward_y<1><<<gs, MNISTCU__PLANE_THREADS>>>(dy, a0, yb, g, dx0, act_in, yin); };
-    auto b1 = [&] { mnistcu__k_pool2_backward<<<mnistcu__blocks(planes * Q), MNISTCU__THREADS>>>(dy, a0, yb, h, w, g.oh, g.ow, (int)(planes * Q), dx1, act_in, yin); };
+    auto b1 = [&] { mnistcu__k_pool2_backward<<<mnistcu__blocks(planes * Q), MNISTCU__THREADS>>>(dy, a0, yb, h, w, g.oh, g.ow, (int)(planes * Q), dx1, act_in, yin, 0, 0); };
     printf("%s: %d planes of %dx%d%s%s\n", name, planes, h, w, relu ? ", ReLU folded" : "", relu_in ? ", the ReLU derivative before" : "");
     f0(); f1(); b0(); b1(); CK(cudaDeviceSynchronize());
     same("forward output", y0, y1, planes * P * 4); same("forward argmax", a0, a1, planes * P * 4);

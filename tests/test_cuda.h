@@ -3017,7 +3017,9 @@ typedef struct tc_graph_run {
     uint64_t col_pool;        /* forward passes in which a convolution on the columns path made its pool's output */
     size_t col_pool_parts;    /* ... from its product's K slices (likewise) */
     uint64_t col_pool_back;   /* backward passes in which that pool wrote the convolution's output gradient */
+    uint64_t pool_cols;       /* forward passes in which a max pool wrote the next convolution's columns */
     int wg;                   /* the context had Hopper's warp-group kernel */
+    int sms;                  /* ... and counted that many multiprocessors */
     uint64_t side_forks;      /* branches launched on the second stream (graph captures count once) */
     size_t wg_epi;            /* Hopper's TF32X3 products with act' or the optimizer's step in them (likewise) */
     size_t wg64;              /* ... of them all, in 128 x 64 tiles (likewise) */
@@ -3107,7 +3109,9 @@ static int tc_graph_train(const tc_graph_case *c, int no_graph, int no_head, tc_
         out->col_pool = m->col_pool_steps;
         out->col_pool_parts = mnistcu__cu(ctx)->col_pool_parts;
         out->col_pool_back = m->col_pool_back_steps;
+        out->pool_cols = m->pool_cols_steps;
         out->wg = mnistcu__cu(ctx)->wg;
+        out->sms = mnistcu__cu(ctx)->sms;
         out->side_forks = mnistcu__cu(ctx)->side_forks;
         out->wg_epi = mnistcu__cu(ctx)->wg_epi;
         out->wg64 = mnistcu__cu(ctx)->wg64_products;
@@ -3430,8 +3434,9 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
    pass, graphs and launched steps. */
 TEST cuda_head_step_matches_step_by_step(void)
 {
-    static tc_graph_case cases[20];
-    int exact[20], pairs[20] = {0}, routes[20] = {0}, colpools[20] = {0}, x3[20] = {0}, i, ncases = 0;
+    static tc_graph_case cases[24];
+    int exact[24], pairs[24] = {0}, routes[24] = {0}, colpools[24] = {0}, poolcols[24] = {0}, x3[24] = {0}, i,
+        ncases = 0;
     tc_graph_case *c;
     memset(cases, 0, sizeof cases);
     c = &cases[ncases];
@@ -3568,6 +3573,24 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->spec = "32x13x13 conv3x3x128 maxpool2 relu flatten dense16 relu dense10";
     c->F = 32 * 169; c->n = 40; c->B = 20; c->epochs = 2;
     c->optim.learning_rate = 0.01f;
+    /* a max pool writing the columns of the columns-path convolution after it (mnistcu__pool_cols_after),
+       3x3 on a 7x7 map, then that convolution making its own pool's output; and 5x5 on a 9x9 map */
+    c = &cases[ncases];
+    routes[ncases] = -1; /* the first convolution's routing as its tiles' plan decides, not asserted */
+    colpools[ncases] = poolcols[ncases] = 1;
+    exact[ncases++] = 1;
+    c->name = "a pool writing the next convolution's columns, 3x3";
+    c->spec = "1x16x16 conv3x3x18 maxpool2 relu conv3x3x20 maxpool2 relu flatten dense16 relu dense10";
+    c->F = 256; c->n = 45; c->B = 10; c->epochs = 2;
+    c->optim.learning_rate = 0.02f; c->optim.momentum = 0.9f;
+    c = &cases[ncases];
+    routes[ncases] = -1;
+    poolcols[ncases] = 1;
+    exact[ncases++] = 1;
+    c->name = "a pool writing the next convolution's columns, 5x5";
+    c->spec = "1x20x20 conv3x3x18 maxpool2 relu conv5x5x8 relu flatten dense10";
+    c->F = 400; c->n = 45; c->B = 10; c->epochs = 2;
+    c->optim.learning_rate = 0.02f;
 #ifdef MNISTCU_CUBLAS
     c = &cases[ncases];
     exact[ncases++] = 0;
@@ -3587,6 +3610,7 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->n = 600; c->B = 300; c->epochs = 2;
     c->optim.learning_rate = 0.1f;
 #endif
+    ASSERT(ncases <= (int)(sizeof cases / sizeof cases[0]));
     for (i = 0; i < ncases; ++i) {
         tc_graph_run a, b;
         size_t j;
@@ -3629,7 +3653,7 @@ TEST cuda_head_step_matches_step_by_step(void)
         /* a first convolution routed its max pool's gradient in every head step's backward pass, never step by
            step; launched without graphs, once a step, with the same bits */
         ASSERT_EQm(c->name, (uint64_t)0, b.conv_pool);
-        if (routes[i]) {
+        if (routes[i] > 0) {
             tc_graph_run l;
             ASSERTm(c->name, a.conv_pool >= 1);
             ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
@@ -3637,7 +3661,7 @@ TEST cuda_head_step_matches_step_by_step(void)
             ASSERT_EQm(c->name, a.np, l.np);
             ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
             free(l.p);
-        } else {
+        } else if (routes[i] == 0) {
             ASSERT_EQm(c->name, (uint64_t)0, a.conv_pool);
         }
         /* a columns-path convolution made its pool's output in every head step's forward pass, and the pool its
@@ -3651,13 +3675,32 @@ TEST cuda_head_step_matches_step_by_step(void)
             ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
             ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.col_pool);
             ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.col_pool_back);
-            ASSERT_EQm(c->name, x3[i] && l.wg ? (size_t)l.res.steps : (size_t)0, l.col_pool_parts);
+            if (x3[i]) { /* the product (128 x 20*121 x 288) in slices where the GPU has the multiprocessors */
+                const int sliced = l.wg && mnistcu__wg_split(mnistcu__wg_tiles(128, c->B * 121, 128), 288, l.sms) > 1;
+                ASSERT_EQm(c->name, sliced ? (size_t)l.res.steps : (size_t)0, l.col_pool_parts);
+            } else {
+                ASSERT_EQm(c->name, (size_t)0, l.col_pool_parts);
+            }
             ASSERT_EQm(c->name, a.np, l.np);
             ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
             free(l.p);
         } else {
             ASSERT_EQm(c->name, (uint64_t)0, a.col_pool);
             ASSERT_EQm(c->name, (uint64_t)0, a.col_pool_back);
+        }
+        /* a max pool wrote the next convolution's columns in every head step's forward pass, never step by
+           step; launched, once a step, with the same bits */
+        ASSERT_EQm(c->name, (uint64_t)0, b.pool_cols);
+        if (poolcols[i]) {
+            tc_graph_run l;
+            ASSERTm(c->name, a.pool_cols >= 1);
+            ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
+            ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.pool_cols);
+            ASSERT_EQm(c->name, a.np, l.np);
+            ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
+            free(l.p);
+        } else {
+            ASSERT_EQm(c->name, (uint64_t)0, a.pool_cols);
         }
         tc_graph_prec = MNISTCU_PRECISION_DEFAULT;
         ASSERT_EQm(c->name, a.np, b.np);
