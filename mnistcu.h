@@ -4739,7 +4739,10 @@ struct mnistcu_model {
     mnistcu_mode mode;
     int head_off;            /* mnistcu_train_desc.no_head of the training running */
     int head_step;           /* 1 while a head step's backward pass runs (>>cuda_head) */
-    int fwd_fuse;            /* 1 while a head step's forward pass runs: a batch norm may take the max pool after it */
+    int fwd_fuse;            /* 1 while a head step's forward pass runs: a batch norm or a columns-path convolution
+                                may take the max pool after it, and a max pool may write the columns of the
+                                convolution after it (mnistcu__bn_pool_after, mnistcu__col_pool_after,
+                                mnistcu__pool_cols_after) */
     int dy_kept;             /* set by a layer's backward pass that left its output gradient as it was, to be the
                                 layer before's (mnistcu__backward_from) */
     uint64_t bn_pool_steps;  /* passes in which a batch norm took the max pool after it (forward and backward each) */
@@ -16914,7 +16917,7 @@ static mnistcu_result mnistcu__cuda_head_step(mnistcu_model *m, int h, size_t B,
     const int side_ok = H->need_dx && mnistcu__cuda_side_ready(m->ctx);
     const size_t step0 = step;
     if ((r = mnistcu__cuda_alive(m->ctx))) return r;
-    m->fwd_fuse = 1; /* a batch norm may take the max pool after it (mnistcu__bn_pool_after) */
+    m->fwd_fuse = 1; /* the forward pass's fusions of a layer and a max pool (see fwd_fuse) */
     for (i = 0; i < h && !r; ++i) {
         mnistcu__layer *L = &m->layers[i];
         if (!L->passthrough) r = mnistcu__kinds[L->d.kind]->forward[m->backend](m, L, B);

@@ -3591,6 +3591,15 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->spec = "1x20x20 conv3x3x18 maxpool2 relu conv5x5x8 relu flatten dense10";
     c->F = 400; c->n = 45; c->B = 10; c->epochs = 2;
     c->optim.learning_rate = 0.02f;
+    /* a pool whose output the columns-path convolution before it makes (fwd_done) launches nothing, so it
+       does not write the next convolution's columns either: that one makes its own */
+    c = &cases[ncases];
+    colpools[ncases] = 1;
+    exact[ncases++] = 1;
+    c->name = "a pool made by the convolution before, then a convolution";
+    c->spec = "18x12x12 conv3x3x18 maxpool2 relu conv3x3x20 flatten dense10";
+    c->F = 18 * 144; c->n = 30; c->B = 8; c->epochs = 2;
+    c->optim.learning_rate = 0.02f;
 #ifdef MNISTCU_CUBLAS
     c = &cases[ncases];
     exact[ncases++] = 0;
