@@ -4,7 +4,9 @@
    GPU:  nvcc -x cu -O3 -arch=sm_90 -DMNISTCU_CUBLAS -o build/bench_cuda bench/bench.c -lcublas
          (add -DMNISTCU_CUDNN -I$CUDNN_DIR/include ... -lcudnn for --cnn cudnn; bench/run.sh finds cuDNN)
 
-   Usage: bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
+   Usage: bench --build-info   prints what this build has, a word each: cuda, cublas, cudnn (bench/run.sh
+                               reads it when PREBUILT=1)
+          bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
                        [--threads N] [--seed S] [--limit N] [--warmup-limit N] [--fused on|off]
                        [--graph on|off] [--head on|off] [--fused-update on|off]
                        [--precision fp32|tf32|bf16|tf32x3]
@@ -131,7 +133,8 @@ static double median(const double *v, int n)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench P1|P2|P3|P4|P5|P7 [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn]\n"
+    fprintf(stderr, "usage: bench --build-info\n"
+                    "       bench P1|P2|P3|P4|P5|P7 [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn]\n"
                     "                               [--epochs N] [--data DIR] [--threads N] [--seed S] [--limit N]\n"
                     "                               [--warmup-limit N] [--fused on|off] [--graph on|off]\n"
                     "                               [--head on|off] [--fused-update on|off] [--fused-cnn on|off]\n"
@@ -176,6 +179,26 @@ int main(int argc, char **argv)
     float p6_lr = 0.15f, p6_momentum = 0.9f, p6_wd = 5e-4f, p6_smoothing = 0.1f;
     double p6_target = 0.99;
 
+    if (argc == 2 && !strcmp(argv[1], "--build-info")) {
+        printf("%s%s%s\n",
+#ifdef __CUDACC__
+               "cuda",
+#else
+               "cpu",
+#endif
+#ifdef MNISTCU_CUBLAS
+               " cublas",
+#else
+               "",
+#endif
+#ifdef MNISTCU_CUDNN
+               " cudnn"
+#else
+               ""
+#endif
+        );
+        return 0;
+    }
     if (argc < 2 || argv[1][0] == '-') { usage(); return 2; }
     config = argv[1];
     for (i = 2; i < argc; ++i) {

@@ -37,6 +37,9 @@
 #                    FP32 (speed and test accuracy against the same path), never as mnistcu's best;
 #                    none when CUDA_ARCH is below 80 (no tensor cores)
 #   KERNELS          kernel programs after the configurations (default "gemm conv"; "" for none)
+#   PREBUILT         1: use build/bench_cuda as it is (built by an earlier run, or by hand as in
+#                    bench/bench.c's header), its cuBLAS and cuDNN rows as `build/bench_cuda --build-info`
+#                    says; default 0: build it
 #   TORCH_CPU_EPOCHS PyTorch's timed P7 epochs (default 5)
 #   CPU_CNN_EPOCHS   timed epochs of the CPU LeNet-5 rows (default 1)
 #   CPU_CNN_LIMIT    training images of the CPU LeNet-5 rows (default 0: all 60,000; a full epoch took
@@ -85,6 +88,7 @@ CNN_EPOCHS=${CNN_EPOCHS:-3}
 CUDNN_BENCH=${CUDNN_BENCH:-1}
 PRECISIONS=${PRECISIONS-tf32 bf16 tf32x3}
 KERNELS=${KERNELS-gemm conv}
+PREBUILT=${PREBUILT:-0}
 PEERS=$(echo ${PEERS-eager graph compile jax})
 TORCH_CPU_EPOCHS=${TORCH_CPU_EPOCHS:-5}
 CPU_CNN_EPOCHS=${CPU_CNN_EPOCHS:-1}
@@ -354,18 +358,9 @@ build_cuda_conv() {
     $bc_base
 }
 
-gpu_configs() {
-    [ -n "$NVCCBIN" ] || { failed "nvcc not found (set NVCC); for the CPU run use: sh bench/run.sh cpu"; return; }
-    nvidia-smi -L > /dev/null 2>&1 || { failed "no GPU (nvidia-smi -L fails); for the CPU run use: sh bench/run.sh cpu"; return; }
-    [ -n "$PY" ] || failed "PyTorch not importable: the PyTorch side will be missing"
-    for gc_peer in $PEERS; do
-        case $gc_peer in
-            eager|graph|compile|jax) ;;
-            *) failed "unknown peer $gc_peer in PEERS (eager graph compile jax)" ;;
-        esac
-    done
-    HAVE_BENCH=0; HAVE_CUBLAS=0; HAVE_CUDNN=0
-    # one binary serves every --gemm/--cnn choice: with cuBLAS and cuDNN, else cuBLAS only, else neither
+# build_bench: build/bench_cuda, one binary serving every --gemm/--cnn choice: with cuBLAS and cuDNN,
+# else cuBLAS only, else neither; sets HAVE_BENCH, HAVE_CUBLAS, HAVE_CUDNN
+build_bench() {
     gc_base="$NVCCBIN -x cu -O3 -arch=sm_$CUDA_SM -o build/bench_cuda bench/bench.c"
     gc_dnn=$(cudnn_flags MNISTCU_CUDNN)
     if [ -n "$gc_dnn" ]; then
@@ -384,6 +379,37 @@ gpu_configs() {
             if $gc_base; then HAVE_BENCH=1; echo "(mnistcu without cuBLAS: no cuBLAS rows)" >&2
             else failed "building build/bench_cuda (mnistcu rows missing)"; fi
         fi
+    fi
+}
+
+# prebuilt_bench (PREBUILT=1): build/bench_cuda as it is; its rows as its --build-info says
+prebuilt_bench() {
+    if pb_info=$(build/bench_cuda --build-info 2> /dev/null); then
+        echo "---- PREBUILT=1: build/bench_cuda as it is ($pb_info)" >&2
+        case " $pb_info " in *" cuda "*) HAVE_BENCH=1 ;; esac
+        case " $pb_info " in *" cublas "*) HAVE_CUBLAS=1 ;; esac
+        case " $pb_info " in *" cudnn "*) HAVE_CUDNN=1 ;; esac
+        [ "$HAVE_BENCH" = 1 ] || failed "PREBUILT=1: build/bench_cuda is not a CUDA build ($pb_info)"
+    else
+        failed "PREBUILT=1: build/bench_cuda is missing or does not run (mnistcu rows missing)"
+    fi
+}
+
+gpu_configs() {
+    [ -n "$NVCCBIN" ] || { failed "nvcc not found (set NVCC); for the CPU run use: sh bench/run.sh cpu"; return; }
+    nvidia-smi -L > /dev/null 2>&1 || { failed "no GPU (nvidia-smi -L fails); for the CPU run use: sh bench/run.sh cpu"; return; }
+    [ -n "$PY" ] || failed "PyTorch not importable: the PyTorch side will be missing"
+    for gc_peer in $PEERS; do
+        case $gc_peer in
+            eager|graph|compile|jax) ;;
+            *) failed "unknown peer $gc_peer in PEERS (eager graph compile jax)" ;;
+        esac
+    done
+    HAVE_BENCH=0; HAVE_CUBLAS=0; HAVE_CUDNN=0
+    if [ "$PREBUILT" = 1 ]; then
+        prebuilt_bench
+    else
+        build_bench
     fi
     for C in $CONFIGS; do
         case $C in
@@ -574,7 +600,7 @@ main() {
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (working tree modified)')"
     if [ "$MODE" = gpu ]; then
         echo "cudnn: ${CUDNN:-none found (CUDNN_DIR)}"
-        echo "settings: CONFIGS=\"$CONFIGS\" PEERS=\"$PEERS\" EPOCHS=$EPOCHS CNN_EPOCHS=$CNN_EPOCHS CUDNN_BENCH=$CUDNN_BENCH KERNELS=\"$KERNELS\" BENCH_TIMEOUT=$BENCH_TIMEOUT"
+        echo "settings: CONFIGS=\"$CONFIGS\" PEERS=\"$PEERS\" EPOCHS=$EPOCHS CNN_EPOCHS=$CNN_EPOCHS CUDNN_BENCH=$CUDNN_BENCH KERNELS=\"$KERNELS\" PRECISIONS=\"$PRECISIONS\" PREBUILT=$PREBUILT BENCH_TIMEOUT=$BENCH_TIMEOUT"
     else
         echo "settings: EPOCHS=$EPOCHS TORCH_CPU_EPOCHS=$TORCH_CPU_EPOCHS CPU_CNN_EPOCHS=$CPU_CNN_EPOCHS CPU_CNN_LIMIT=$CPU_CNN_LIMIT CPU_CNN_WARMUP=$CPU_CNN_WARMUP BENCH_TIMEOUT=$BENCH_TIMEOUT"
     fi

@@ -3645,71 +3645,44 @@ TEST cuda_head_step_matches_step_by_step(void)
             ASSERT_EQm(c->name, 0, memcmp(&a.res.train_loss, &l.res.train_loss, sizeof(double)));
             free(l.p);
         }
-        /* batch norm took its max pool in both passes of the head steps (replays of a graph count none),
-           never step by step; launched without graphs, in every step, with the same bits */
+        /* The fusions of a head step, counted (replays of a graph count none): batch norm taking the max pool
+           after it (in both passes), a first convolution routing its pool's gradient (backward), a
+           columns-path convolution making its pool's output (forward; with TF32X3 on Hopper from the
+           product's K slices) and the pool writing that convolution's output gradient (backward), a max pool
+           writing the next convolution's columns (forward). Step by step runs none of them; the head steps
+           each fusion the case names and no other (routes -1: as the tiles' plan decides, not asserted). */
         ASSERT_EQm(c->name, (uint64_t)0, b.bn_pool);
-        if (pairs[i]) {
-            tc_graph_run l;
-            ASSERTm(c->name, a.bn_pool >= (uint64_t)(2 * pairs[i]));
-            ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
-            ASSERT_EQm(c->name, (uint64_t)(2 * pairs[i]) * (uint64_t)l.res.steps, l.bn_pool);
-            ASSERT_EQm(c->name, a.np, l.np);
-            ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
-            free(l.p);
-        } else {
-            ASSERT_EQm(c->name, (uint64_t)0, a.bn_pool);
-        }
-        /* a first convolution routed its max pool's gradient in every head step's backward pass, never step by
-           step; launched without graphs, once a step, with the same bits */
         ASSERT_EQm(c->name, (uint64_t)0, b.conv_pool);
-        if (routes[i] > 0) {
-            tc_graph_run l;
-            ASSERTm(c->name, a.conv_pool >= 1);
-            ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
-            ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.conv_pool);
-            ASSERT_EQm(c->name, a.np, l.np);
-            ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
-            free(l.p);
-        } else if (routes[i] == 0) {
-            ASSERT_EQm(c->name, (uint64_t)0, a.conv_pool);
-        }
-        /* a columns-path convolution made its pool's output in every head step's forward pass, and the pool its
-           output gradient in every backward pass, never step by step; launched without graphs, once a step
-           each, with the same bits; with TF32X3 on Hopper, from the product's K slices */
         ASSERT_EQm(c->name, (uint64_t)0, b.col_pool);
         ASSERT_EQm(c->name, (uint64_t)0, b.col_pool_back);
-        if (colpools[i]) {
+        ASSERT_EQm(c->name, (uint64_t)0, b.pool_cols);
+        ASSERTm(c->name, pairs[i] ? a.bn_pool >= (uint64_t)(2 * pairs[i]) : a.bn_pool == 0);
+        if (routes[i] >= 0) ASSERTm(c->name, routes[i] ? a.conv_pool >= 1 : a.conv_pool == 0);
+        ASSERTm(c->name, colpools[i] ? a.col_pool >= 1 && a.col_pool_back >= 1
+                                     : a.col_pool == 0 && a.col_pool_back == 0);
+        ASSERTm(c->name, poolcols[i] ? a.pool_cols >= 1 : a.pool_cols == 0);
+        if (pairs[i] || routes[i] > 0 || colpools[i] || poolcols[i]) {
+            /* launched without graphs: each of them in every step, with the same bits as step by step */
             tc_graph_run l;
-            ASSERTm(c->name, a.col_pool >= 1 && a.col_pool_back >= 1);
+            uint64_t steps;
             ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
-            ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.col_pool);
-            ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.col_pool_back);
-            if (x3[i]) { /* the product (128 x 20*121 x 288) in slices where the GPU has the multiprocessors */
+            steps = (uint64_t)l.res.steps;
+            if (pairs[i]) ASSERT_EQm(c->name, (uint64_t)(2 * pairs[i]) * steps, l.bn_pool);
+            if (routes[i] > 0) ASSERT_EQm(c->name, steps, l.conv_pool);
+            if (colpools[i]) {
+                ASSERT_EQm(c->name, steps, l.col_pool);
+                ASSERT_EQm(c->name, steps, l.col_pool_back);
+            }
+            if (x3[i] && colpools[i]) { /* the product (128 x 20*121 x 288) in slices where the GPU has the SMs */
                 const int sliced = l.wg && mnistcu__wg_split(mnistcu__wg_tiles(128, c->B * 121, 128), 288, l.sms) > 1;
-                ASSERT_EQm(c->name, sliced ? (size_t)l.res.steps : (size_t)0, l.col_pool_parts);
+                ASSERT_EQm(c->name, sliced ? (size_t)steps : (size_t)0, l.col_pool_parts);
             } else {
                 ASSERT_EQm(c->name, (size_t)0, l.col_pool_parts);
             }
+            if (poolcols[i]) ASSERT_EQm(c->name, steps, l.pool_cols);
             ASSERT_EQm(c->name, a.np, l.np);
             ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
             free(l.p);
-        } else {
-            ASSERT_EQm(c->name, (uint64_t)0, a.col_pool);
-            ASSERT_EQm(c->name, (uint64_t)0, a.col_pool_back);
-        }
-        /* a max pool wrote the next convolution's columns in every head step's forward pass, never step by
-           step; launched, once a step, with the same bits */
-        ASSERT_EQm(c->name, (uint64_t)0, b.pool_cols);
-        if (poolcols[i]) {
-            tc_graph_run l;
-            ASSERTm(c->name, a.pool_cols >= 1);
-            ASSERTm(c->name, tc_graph_train(c, 1, 0, &l));
-            ASSERT_EQm(c->name, (uint64_t)l.res.steps, l.pool_cols);
-            ASSERT_EQm(c->name, a.np, l.np);
-            ASSERT_ARRAY_EQ_BITS_F(l.p, b.p, 2 * a.np + a.nb);
-            free(l.p);
-        } else {
-            ASSERT_EQm(c->name, (uint64_t)0, a.pool_cols);
         }
         tc_graph_prec = MNISTCU_PRECISION_DEFAULT;
         ASSERT_EQm(c->name, a.np, b.np);
@@ -3940,8 +3913,24 @@ TEST cuda_fused_update_equals_pass_bitwise(void)
     PASS();
 }
 
+/* Before each test: the knobs above as a test that failed midway (an ASSERT returns at once) may have
+   left them, so that one failure cannot change the tests after it. */
+static void tc_reset_knobs(void *unused)
+{
+    (void)unused;
+    tc_cnn_path = MNISTCU_CNN_OWN;
+    tc_upd_off = 0;
+    tc_side_off = 0;
+    tc_want_state = 0;
+    tc_wg_epi_off = 0;
+    tc_sms = 0;
+    tc_head_res_off = 0;
+    tc_graph_prec = MNISTCU_PRECISION_DEFAULT;
+}
+
 SUITE(cuda_suite)
 {
+    SET_SETUP(tc_reset_knobs, NULL);
     RUN_TEST(cuda_reports_device);
     RUN_TEST(cuda_gemm_own_kernel_matches_cpu);
     RUN_TEST(cuda_gemm_wide_matches_cpu);
