@@ -4,8 +4,8 @@
    GPU:  nvcc -x cu -O3 -arch=sm_90 -DMNISTCU_CUBLAS -o build/bench_cuda bench/bench.c -lcublas
          (add -DMNISTCU_CUDNN -I$CUDNN_DIR/include ... -lcudnn for --cnn cudnn; bench/run.sh finds cuDNN)
 
-   Usage: bench --build-info   prints what this build has, a word each: cuda, cublas, cudnn (bench/run.sh
-                               reads it when PREBUILT=1)
+   Usage: bench --build-info   prints what this build has, a word each: cuda (or cpu), then cublas and
+                               cudnn where built with them (bench/run.sh reads it when PREBUILT=1)
           bench CONFIG [--device cpu|cuda] [--gemm own|cublas] [--cnn own|cudnn] [--epochs N] [--data DIR]
                        [--threads N] [--seed S] [--limit N] [--warmup-limit N] [--fused on|off]
                        [--graph on|off] [--head on|off] [--fused-update on|off]

@@ -51,11 +51,15 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ "$PART" != 1 ]; then
         run $cs --tool racecheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
     # the head step's test under racecheck whole did not finish in 7 minutes on an H200: racecheck there
-    # checks the kernels with shared memory that only it runs, the others running unchecked: the
-    # classifier head's over every case, batch norm's with the max pool folded over its batch-norm cases
+    # checks the kernels with shared memory that only it runs, each over the cases that run it (the others
+    # run unchecked): the classifier head's over every case, batch norm's with the max pool folded over the
+    # batch-norm cases (9-11), the first convolution's weight gradient routing its pool's gradient over
+    # the routing cases (1, 13, 15); the test asserts those indices
     run $cs --tool racecheck --kernel-name kns=k_head "$B/tests-cuda" -s cuda_suite -t cuda_head_step
-    MNISTCU_TEST_HEAD_CASES=9-11 run $cs --tool racecheck --kernel-name kns=k_bn_ "$B/tests-cuda" -s cuda_suite \
-        -t cuda_head_step
+    run env MNISTCU_TEST_HEAD_CASES=9-11 $cs --tool racecheck --kernel-name kns=k_bn_ "$B/tests-cuda" \
+        -s cuda_suite -t cuda_head_step
+    run env MNISTCU_TEST_HEAD_CASES=1,13,15 $cs --tool racecheck --kernel-name kns=k_conv_dw_tile \
+        "$B/tests-cuda" -s cuda_suite -t cuda_head_step
     for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_finite_flag cuda_streaming cuda_layers_match_cpu \
              cuda_dropout_mask cuda_optimizers cuda_augment cuda_gemm_reduced_precision_small cuda_gemm_wide_agrees \
              cuda_gemm_skinny cuda_splitk_sum4 cuda_fused_update cuda_conv_tile cuda_head_step cuda_fused_lenet_declines \

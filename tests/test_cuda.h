@@ -3434,27 +3434,28 @@ TEST cuda_graph_step_equals_launched_bitwise(void)
    pass, graphs and launched steps. */
 
 /* MNISTCU_TEST_HEAD_CASES (e.g. "0-6,9"): the test below runs only the cases listed, 0-based in the
-   order of its table, as ranges A-B or single numbers with commas between; unset, every case. make
-   test-gpu's racecheck of batch norm's kernels with the max pool folded runs its batch-norm cases (9-11)
-   so, as racecheck over the whole test did not finish in 7 minutes on an H200. */
+   order of its table, as ranges A-B or single numbers with commas between; unset, every case; a list
+   that does not parse, none (and the test fails, having run none). make test-gpu's racecheck uses it
+   (tests/run_gpu_tests.sh), as racecheck over the whole test did not finish in 7 minutes on an H200. */
 static int tc_head_case_wanted(int i)
 {
     const char *e = getenv("MNISTCU_TEST_HEAD_CASES");
+    int hit = 0;
     if (!e) return 1;
-    while (*e) {
+    for (;;) {
         char *end;
         long a = strtol(e, &end, 10), b = a;
-        if (end == e) return 0; /* not a list: no case (the test then fails: it ran none) */
+        if (end == e) return 0;
         if (*end == '-') {
             const char *s = end + 1;
             b = strtol(s, &end, 10);
             if (end == s) return 0;
         }
-        if (i >= a && i <= b) return 1;
+        hit |= i >= a && i <= b;
+        if (*end == '\0') return hit;
         if (*end != ',') return 0;
         e = end + 1;
     }
-    return 0;
 }
 
 TEST cuda_head_step_matches_step_by_step(void)
@@ -3523,7 +3524,7 @@ TEST cuda_head_step_matches_step_by_step(void)
     ASSERT_EQ((size_t)4, mnistcu__gemm_wide_split(512, 1024, 784));
     ASSERT_EQ((size_t)1, mnistcu__gemm_wide_split(1024, 1024, 512));
     /* batch norm taking the max pool after it (mnistcu__bn_pool_after), with and without a folded ReLU, a
-       partial last batch (cases 9-11: tests/run_gpu_tests.sh names them) */
+       partial last batch (cases 9-11, which tests/run_gpu_tests.sh names) */
     c = &cases[ncases];
     pairs[ncases] = 2;
     exact[ncases++] = 1;
@@ -3645,7 +3646,10 @@ TEST cuda_head_step_matches_step_by_step(void)
     c->optim.learning_rate = 0.1f;
 #endif
     ASSERT(ncases <= (int)(sizeof cases / sizeof cases[0]));
-    ASSERT(pairs[9] && pairs[10] && pairs[11]); /* the batch-norm cases where run_gpu_tests.sh looks for them */
+    for (i = 0; i < ncases; ++i) { /* the cases tests/run_gpu_tests.sh names for racecheck, by their index */
+        ASSERT_EQm("batch norm's cases are 9-11", i >= 9 && i <= 11, pairs[i] != 0);
+        ASSERT_EQm("the routing cases are 1, 13 and 15", i == 1 || i == 13 || i == 15, routes[i] > 0);
+    }
     for (i = 0; i < ncases; ++i) {
         tc_graph_run a, b;
         size_t j;
