@@ -195,8 +195,10 @@ $(B)/tests-cuda: $(TEST_SRC) tests/test_cuda.h $(TEST_HDR) $(HDR) | $(B)
 	$(NVCC) -x cu -std=c++17 $(NVCC_ARCH) $(NVCC_WARN) -lineinfo $(NVCC_HOST) -DMNISTCU_CUBLAS $(CUDNN_FLAGS) -o $@ \
 	  $(TEST_SRC) -lcublas $(CUDNN_LIBS) -lz $(if $(OMP),-Xcompiler $(OMP) -lgomp)
 
+# GPU_TESTS_PART=1|2: half of it (tests/run_gpu_tests.sh says which); GPU_TESTS_JOBS=N: N sanitizer runs at a time
+GPU_TESTS_JOBS ?= 1
 test-gpu: $(B)/tests-cuda $(B)/train_mnist_cuda $(B)/perceptron $(B)/regression
-	sh tests/run_gpu_tests.sh $(B) $(GPU_TESTS_PART)
+	GPU_TESTS_JOBS=$(GPU_TESTS_JOBS) sh tests/run_gpu_tests.sh $(B) $(GPU_TESTS_PART)
 
 bench:
 	sh bench/run.sh
