@@ -60,10 +60,12 @@ help:
 	@echo "make run        fetch MNIST, build, train 784-128-10, print the test accuracy"
 	@echo "make data       fetch and verify MNIST and Fashion-MNIST into data/"
 	@echo "make test       CPU test suites, compile tests, fuzzing (what CI runs)"
-	@echo "make test-gpu   the suites with CUDA parity tests and compute-sanitizer (needs a GPU)"
+	@echo "make test-gpu   the suites with CUDA parity tests and compute-sanitizer (needs a GPU);"
+	@echo "                GPU_TESTS_PART=1|2 runs half of it, GPU_TESTS_JOBS=N the sanitizer runs N at a time"
 	@echo "make fuzz       fuzz the IDX/gzip loader for FUZZ_SECONDS (default 30), spec strings for FUZZ_SPEC_SECONDS (15),"
 	@echo "                model files for FUZZ_MODEL_SECONDS (15), images for FUZZ_IMAGE_SECONDS (15)"
-	@echo "make bench      time our configurations against PyTorch (needs a GPU and PyTorch)"
+	@echo "make bench      time our configurations against PyTorch and JAX (needs a GPU, PyTorch and JAX;"
+	@echo "                knobs in bench/run.sh: CONFIGS, PEERS, PRECISIONS, PREBUILT=1, ...)"
 	@echo "make clean      remove build/"
 
 $(B):
