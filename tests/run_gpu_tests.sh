@@ -8,8 +8,9 @@
 # the time of one call: 1 the suites, memcheck and the examples; 2 racecheck,
 # initcheck and synccheck. Both halves together are the whole run.
 # GPU_TESTS_JOBS=N (make test-gpu GPU_TESTS_JOBS=N; default 1) runs the compute-sanitizer runs N at a
-# time, in batches, each one's output kept under BUILD_DIR/gpu-test-logs and shown in order after them:
-# the sanitizers are bound by the host's cores, and N of them share the GPU.
+# time, in batches (each tool's runs apart from the other tools'), each one's output kept under
+# BUILD_DIR/gpu-test-logs and shown in order after them: the sanitizers are bound by the host's cores,
+# and N of them share the GPU.
 set -u
 B=${1:-build}
 PART=${2:-all}
@@ -95,12 +96,19 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ "$PART" != 1 ]; then
         -s cuda_suite -t cuda_head_step
     srun env MNISTCU_TEST_HEAD_CASES=1,13,15 $cs --tool racecheck --kernel-name kns=k_conv_dw_tile \
         "$B/tests-cuda" -s cuda_suite -t cuda_head_step
+    # each tool's runs in batches of their own: initcheck of cuda_layers_match_cpu reported 54 reads of
+    # uninitialised memory at address 0x0 inside cuBLAS's SGEMM kernel (sm80_xmma_gemm_..._nt_n
+    # _tilesize32x32x8), in the weight gradient of a dense layer without bias, each of the five times it
+    # shared the GPU with six or seven racecheck runs, and none in 21 runs alone or beside initcheck runs
+    # only (memcheck of it beside the same racecheck runs: 0 errors); bench/RESULTS.md, sixteenth block
+    drain
     for t in cuda_gemm_own cuda_elementwise cuda_step_stats cuda_finite_flag cuda_streaming cuda_layers_match_cpu \
              cuda_dropout_mask cuda_optimizers cuda_augment cuda_gemm_reduced_precision_small cuda_gemm_wide_agrees \
              cuda_gemm_skinny cuda_splitk_sum4 cuda_fused_update cuda_conv_tile cuda_head_step cuda_fused_lenet_declines \
              cuda_conv_branch cuda_fused_mlp_clusters_close; do
         srun $cs --tool initcheck "$B/tests-cuda" -s cuda_suite -t "$t"
     done
+    drain
     for t in cuda_gemm_own cuda_step_stats cuda_finite_flag cuda_layers_match_cpu cuda_augment cuda_gemm_reduced_precision_small \
              cuda_gemm_wide_agrees cuda_gemm_skinny cuda_fused_update cuda_conv_tile cuda_head_step cuda_fused_lenet_declines \
              cuda_fused_mlp_clusters_close; do
