@@ -151,6 +151,13 @@ test-compile: | $(B)
 	$(CXX) -std=c++17 $(WARN) -x c++ -fsyntax-only tests/compile/impl.c
 	$(CC) -std=c99 $(WARN) -Wunused-function -DMNISTCU_STATIC -fsyntax-only tests/compile/impl.c
 	$(CC) -std=c99 $(WARN) $(OMP) -fsyntax-only tests/compile/impl.c
+ifeq ($(shell uname -m),x86_64)
+	$(CC) -std=c99 $(WARN) -mavx -fsyntax-only tests/compile/impl.c
+	$(CXX) -std=c++17 $(WARN) -mavx -x c++ -fsyntax-only tests/compile/impl.c
+endif
+# the CPU products' tests with the packing's plain loops (make test-cpu's build takes AVX's where it has it)
+	$(CC) -std=c99 $(WARN) -O2 -march=native -DMNISTCU_NO_AVX $(OMP) -o $(B)/tests_noavx $(TEST_SRC) -lz -lm && \
+	    $(B)/tests_noavx -t cpu_
 	$(CC) -std=c99 $(WARN) -o $(B)/two_units tests/compile/unit_a.c tests/compile/unit_b.c -lm && $(B)/two_units
 	$(CC) -x c $(WARN) -o $(B)/train_mnist_c examples/train_mnist.cu -lm
 	$(CC) -std=c99 $(WARN) -O2 -o $(B)/perceptron_c examples/perceptron.c -lm && $(B)/perceptron_c

@@ -113,6 +113,10 @@
      MNISTCU_NO_PDL            nvcc builds: launch kernels plainly, without
                                programmatic dependent launch (>>cuda_pdl;
                                implied before CUDA 12.3)
+     MNISTCU_NO_AVX            C and C++ builds with AVX (-mavx, -march=native):
+                               pack the CPU products' transposed panels with
+                               plain loops, not AVX's register transposes (the
+                               same bits either way; nvcc builds always do)
 
    MEMORY & OWNERSHIP
      Every object (dataset, model) belongs to the context that made it and is
@@ -1013,6 +1017,13 @@ MNISTCU_DEF mnistcu_result mnistcu_predict_u8(mnistcu_model *m, const uint8_t *p
 #include <errno.h>
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+/* AVX's register transposes for the CPU product's packing (>>cpu_ops): copies, so no result depends on
+   them. Left out under nvcc (its front end need not parse every compiler's intrinsics headers; a .cu
+   build's CPU path packs with plain loops) and with MNISTCU_NO_AVX. */
+#if defined(__AVX__) && !defined(__CUDACC__) && !defined(MNISTCU_NO_AVX)
+#define MNISTCU__AVX 1
+#include <immintrin.h>
 #endif
 
 #ifndef MNISTCU_MALLOC
@@ -3558,6 +3569,9 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_sample(const mnistcu_dataset *ds, siz
 #endif
 #define MNISTCU__KC 256
 #define MNISTCU__MC 144  /* multiple of MR */
+#if MNISTCU__NR % 8 != 0 || MNISTCU__NRW % 8 != 0
+#error "the tile widths are multiples of 8 (mnistcu__pack_bt_blocks packs 8 columns at a time)"
+#endif
 #define MNISTCU__NC 1024 /* multiple of NR */
 #define MNISTCU__KC_WHOLE 1024 /* up to this depth, a small op(B) is packed whole (see below) */
 #define MNISTCU__GEMM_WORK_FLOATS ((size_t)MNISTCU__MC * MNISTCU__KC_WHOLE + (size_t)MNISTCU__KC * MNISTCU__NC)
@@ -3624,6 +3638,78 @@ static size_t mnistcu__gemm_nr(size_t N, size_t K)
     return MNISTCU__NRW != MNISTCU__NR && N >= MNISTCU__NRW_MIN && K >= MNISTCU__NRW_MIN ? MNISTCU__NRW : MNISTCU__NR;
 }
 
+#ifdef MNISTCU__AVX
+/* An 8 x 8 block s[r][c] (rows lds apart) written transposed, d[c][r] (rows ldd apart), for the
+   transposed panels of op(B): pairs of rows interleaved (unpack), pairs of pairs (shuffle), then 128-bit
+   halves swapped, 24 shuffles for 64 values in place of 64 loads from 8 rows and 64 stores (P7's
+   128 x 784 weights in 32-wide panels 37-54 -> 21 us on one core of a 2-core AVX-512 VM,
+   bench/cpu_pack.c). Written out value by value: an array of eight registers, transposed by one helper
+   for both functions, packed 1.2-1.4x slower under GCC 12. */
+static void mnistcu__avx_t8x8(const float *s, size_t lds, float *d, size_t ldd)
+{
+    __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + lds), r2 = _mm256_loadu_ps(s + 2 * lds),
+           r3 = _mm256_loadu_ps(s + 3 * lds), r4 = _mm256_loadu_ps(s + 4 * lds), r5 = _mm256_loadu_ps(s + 5 * lds),
+           r6 = _mm256_loadu_ps(s + 6 * lds), r7 = _mm256_loadu_ps(s + 7 * lds);
+    /* t: rows 2i and 2i+1 interleaved (columns 0,1 | 4,5 and 2,3 | 6,7 of each 128-bit half) */
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+           t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+           t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    /* u: four rows of one column in each half (column c in the low half, c + 4 in the high) */
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+           u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+           u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+           u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(d + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(d + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(d + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(d + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(d + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(d + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(d + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+/* The same for a 6-row panel of op(A) not transposed: 6 rows of 8 depths (two rows of zeros making the
+   eighth), each depth's 6 values stored with a mask, so nothing past the panel is written (66 rows of
+   784 inputs 14.0-15.8 -> 6.9 us on the same core, bench/cpu_pack.c) */
+static void mnistcu__avx_t6x8(const float *s, size_t lds, float *d)
+{
+    const __m256i m6 = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+    const __m256 z = _mm256_setzero_ps();
+    __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + lds), r2 = _mm256_loadu_ps(s + 2 * lds),
+           r3 = _mm256_loadu_ps(s + 3 * lds), r4 = _mm256_loadu_ps(s + 4 * lds), r5 = _mm256_loadu_ps(s + 5 * lds);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+           t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+           u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+           u4 = _mm256_shuffle_ps(t4, z, 0x44), u5 = _mm256_shuffle_ps(t4, z, 0xEE),
+           u6 = _mm256_shuffle_ps(t5, z, 0x44), u7 = _mm256_shuffle_ps(t5, z, 0xEE);
+    _mm256_maskstore_ps(d, m6, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_maskstore_ps(d + 6, m6, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_maskstore_ps(d + 12, m6, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_maskstore_ps(d + 18, m6, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_maskstore_ps(d + 24, m6, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_maskstore_ps(d + 30, m6, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_maskstore_ps(d + 36, m6, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_maskstore_ps(d + 42, m6, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#endif
+
+/* A whole transposed panel of op(B) (nr rows of B from src, ldb apart, a multiple of 8 of them): its
+   first kc - kc % 8 depths packed by 8 x 8 transposes in registers where AVX is compiled in; returns
+   how many depths it packed (none without AVX) */
+static size_t mnistcu__pack_bt_blocks(const float *src, size_t ldb, size_t kc, float *p, size_t nr)
+{
+#ifdef MNISTCU__AVX
+    size_t k, j;
+    for (k = 0; k + 8 <= kc; k += 8)
+        for (j = 0; j < nr; j += 8) mnistcu__avx_t8x8(src + j * ldb + k, ldb, p + k * nr + j, nr);
+    return k;
+#else
+    (void)src; (void)ldb; (void)kc; (void)p; (void)nr;
+    return 0;
+#endif
+}
+
 /* op(A)[i][k] for i in [i0, i0+mc), k in [k0, k0+kc) -> MR-row micro-panels, zero-padded.
    The loop order follows the source's contiguous direction. */
 static void mnistcu__pack_a(int trans, const float *A, size_t lda, size_t i0, size_t mc, size_t k0, size_t kc,
@@ -3631,6 +3717,15 @@ static void mnistcu__pack_a(int trans, const float *A, size_t lda, size_t i0, si
 {
     size_t i, k, ib = panel * MNISTCU__MR;
     float *p = dst + panel * MNISTCU__MR * kc;
+#if defined(MNISTCU__AVX) && MNISTCU__MR == 6
+    if (!trans && ib + MNISTCU__MR <= mc) { /* six whole rows: 6 x 8 transposes, then the last depths */
+        const float *src = A + (i0 + ib) * lda + k0;
+        for (k = 0; k + 8 <= kc; k += 8) mnistcu__avx_t6x8(src + k, lda, p + k * MNISTCU__MR);
+        for (; k < kc; ++k)
+            for (i = 0; i < MNISTCU__MR; ++i) p[k * MNISTCU__MR + i] = src[i * lda + k];
+        return;
+    }
+#endif
     for (i = 0; i < MNISTCU__MR; ++i) {
         size_t r = ib + i;
         if (r >= mc) {
@@ -3666,7 +3761,7 @@ static void mnistcu__pack_a(int trans, const float *A, size_t lda, size_t i0, si
             }                                                                                                     \
         } else if (valid == NR_) { /* a transpose: each packed row gathers one k of NR_ rows of B */             \
             const float *src = B + (j0 + jb) * ldb + k0;                                                          \
-            for (k = 0; k < kc; ++k) {                                                                            \
+            for (k = mnistcu__pack_bt_blocks(src, ldb, kc, p, NR_); k < kc; ++k) {                                \
                 float *row = p + k * NR_;                                                                         \
                 for (j = 0; j < NR_; ++j) row[j] = src[j * ldb + k];                                              \
             }                                                                                                     \

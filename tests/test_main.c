@@ -136,6 +136,75 @@ TEST cpu_gemm_tile_width_changes_no_bit(void)
     PASS();
 }
 
+/* The packed panels hold exactly op(A)'s and op(B)'s values, zero past the matrix, in the micro-kernel's
+   layout, whichever packing loops the build has (AVX's register transposes or plain loops): every depth
+   left over from 8, panels cut short, rows of the sources padded, blocks that start inside them. */
+static int check_packing(size_t kc, size_t len, size_t k0, size_t x0, char *msg, size_t msg_size)
+{
+    /* a square source, each of its rows 3 floats longer than either use of it needs */
+    const size_t ld = (x0 + len > k0 + kc ? x0 + len : k0 + kc) + 3, wide = MNISTCU__NRW;
+    float *S = (float *)malloc(ld * ld * sizeof(float)),
+          *P = (float *)malloc(((len + 2 * wide + 2 * MNISTCU__MR) * kc + 1) * sizeof(float));
+    const size_t widths[2] = {MNISTCU__NR, MNISTCU__NRW};
+    size_t i, k, panel, nr, w;
+    int tr, ok = 1;
+    for (i = 0; i < ld * ld; ++i) S[i] = (float)i + 0.25f;
+    /* op(B) as it is ([K][N], ld apart) and transposed ([N][K]), each tile width the build has */
+    for (w = 0; w < (MNISTCU__NRW != MNISTCU__NR ? 2u : 1u) && ok; ++w)
+        for (tr = 0, nr = widths[w]; tr < 2 && ok; ++tr)
+            for (panel = 0; panel * nr < len + nr && ok; ++panel) {
+                const size_t guard = nr * kc; /* the float after the panel must stay as it was */
+                P[panel * nr * kc + guard] = -1.0f;
+                if (nr == MNISTCU__NR) mnistcu__pack_b(tr, S, ld, k0, kc, x0, len, P, panel);
+#if MNISTCU__NRW != MNISTCU__NR
+                else mnistcu__pack_b_w(tr, S, ld, k0, kc, x0, len, P, panel);
+#endif
+                for (k = 0; k < kc && ok; ++k)
+                    for (i = 0; i < nr && ok; ++i) {
+                        size_t j = panel * nr + i;
+                        float want = j >= len ? 0.0f : tr ? S[(x0 + j) * ld + k0 + k] : S[(k0 + k) * ld + x0 + j];
+                        if (memcmp(&P[panel * nr * kc + k * nr + i], &want, sizeof want) != 0) ok = 0;
+                    }
+                if (ok && P[panel * nr * kc + guard] != -1.0f) ok = 0;
+                if (!ok)
+                    snprintf(msg, msg_size, "op(B) panel %lu of %lu columns, transposed %d, width %lu, depth %lu from %lu",
+                             (unsigned long)panel, (unsigned long)len, tr, (unsigned long)nr, (unsigned long)kc,
+                             (unsigned long)k0);
+            }
+    /* op(A) as it is ([M][K]) and transposed ([K][M]) */
+    for (tr = 0; tr < 2 && ok; ++tr)
+        for (panel = 0; panel * MNISTCU__MR < len + MNISTCU__MR && ok; ++panel) {
+            const size_t guard = MNISTCU__MR * kc;
+            P[panel * MNISTCU__MR * kc + guard] = -1.0f;
+            mnistcu__pack_a(tr, S, ld, x0, len, k0, kc, P, panel);
+            for (k = 0; k < kc && ok; ++k)
+                for (i = 0; i < MNISTCU__MR && ok; ++i) {
+                    size_t r = panel * MNISTCU__MR + i;
+                    float want = r >= len ? 0.0f : tr ? S[(k0 + k) * ld + x0 + r] : S[(x0 + r) * ld + k0 + k];
+                    if (memcmp(&P[panel * MNISTCU__MR * kc + k * MNISTCU__MR + i], &want, sizeof want) != 0) ok = 0;
+                }
+            if (ok && P[panel * MNISTCU__MR * kc + guard] != -1.0f) ok = 0;
+            if (!ok)
+                snprintf(msg, msg_size, "op(A) panel %lu of %lu rows, transposed %d, depth %lu from %lu",
+                         (unsigned long)panel, (unsigned long)len, tr, (unsigned long)kc, (unsigned long)k0);
+        }
+    free(S);
+    free(P);
+    return ok;
+}
+
+TEST cpu_packing_lays_out_panels(void)
+{
+    static const size_t depths[] = {1, 7, 8, 9, 16, 23, 64, 785};
+    static const size_t lens[] = {3, 6, 16, 21, 32, 45};
+    char msg[256];
+    size_t d, l;
+    for (d = 0; d < sizeof depths / sizeof depths[0]; ++d)
+        for (l = 0; l < sizeof lens / sizeof lens[0]; ++l)
+            if (!check_packing(depths[d], lens[l], d % 3, l % 2 ? 5 : 0, msg, sizeof msg)) FAILm(msg);
+    PASS();
+}
+
 /* ---- the random generator ------------------------------------------------ */
 TEST rng_is_reproducible_and_streams_differ(void)
 {
@@ -437,6 +506,7 @@ SUITE(cpu_ops_suite)
     RUN_TEST(cpu_gemm_matches_reference);
     RUN_TEST(cpu_gemm_same_bits_for_any_thread_count);
     RUN_TEST(cpu_gemm_tile_width_changes_no_bit);
+    RUN_TEST(cpu_packing_lays_out_panels);
     RUN_TEST(rng_is_reproducible_and_streams_differ);
     RUN_TEST(rng_float_and_below_ranges);
     RUN_TEST(rng_below_matches_lemire_reference);
