@@ -3569,12 +3569,12 @@ MNISTCU_DEF mnistcu_result mnistcu_dataset_sample(const mnistcu_dataset *ds, siz
 #endif
 #define MNISTCU__KC 256
 #define MNISTCU__MC 144  /* multiple of MR */
-#if MNISTCU__NR % 8 != 0 || MNISTCU__NRW % 8 != 0
-#error "the tile widths are multiples of 8 (mnistcu__pack_bt_blocks packs 8 columns at a time)"
-#endif
 #define MNISTCU__NC 1024 /* multiple of NR */
 #define MNISTCU__KC_WHOLE 1024 /* up to this depth, a small op(B) is packed whole (see below) */
 #define MNISTCU__GEMM_WORK_FLOATS ((size_t)MNISTCU__MC * MNISTCU__KC_WHOLE + (size_t)MNISTCU__KC * MNISTCU__NC)
+#if MNISTCU__NR % 8 != 0 || MNISTCU__NRW % 8 != 0
+#error "the tile widths are multiples of 8 (mnistcu__pack_bt_blocks packs 8 columns at a time)"
+#endif
 
 static mnistcu_result mnistcu__cpu_reserve(mnistcu_ctx *ctx)
 {
@@ -3668,6 +3668,7 @@ static void mnistcu__avx_t8x8(const float *s, size_t lds, float *d, size_t ldd)
     _mm256_storeu_ps(d + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
     _mm256_storeu_ps(d + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
+
 /* The same for a 6-row panel of op(A) not transposed: 6 rows of 8 depths (two rows of zeros making the
    eighth), each depth's 6 values stored with a mask, so nothing past the panel is written (66 rows of
    784 inputs 14.0-15.8 -> 6.9 us on the same core, bench/cpu_pack.c) */
